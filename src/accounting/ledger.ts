@@ -1,0 +1,523 @@
+/**
+ * The delivery ledger: what happened to one logical request and each attempt Waybill made for it.
+ *
+ * Pure: no I/O, no clock, no framework. The shell (proxy/) reports facts as they happen, each stamped with a
+ * millisecond timestamp it chose, and obeys the verdict for every upstream event: hold it (nothing may reach the
+ * client before the first output-bearing event), commit (send the held bytes and this event), forward, or drop.
+ * `settle()` closes the record exactly once and returns every observation the metrics, logs and traces need.
+ * Its tests are plain sequences of these calls (test/ledger.test.ts).
+ */
+import type { EventFacts, UpstreamError, Usage } from '../sse/classify.js';
+import {
+  finishReasonLabel,
+  type AnomalyKind,
+  type AttemptResult,
+  type CancelPhase,
+  type FinishReason,
+  type Outcome,
+  type Route,
+  type SloResult,
+} from './outcomes.js';
+import { classifyPromptLen } from './prompt-len.js';
+
+export interface SloThresholds {
+  readonly ttftMs: number;
+  readonly tpotMs: number;
+  readonly e2eMs: number;
+  /** TTFT threshold per prompt_len class, overriding ttftMs for that class. */
+  readonly ttftByPromptLenMs: Readonly<Record<string, number>>;
+}
+
+export interface RequestInfo {
+  /** Label value for the model (already mapped to the closed set). */
+  readonly model: string;
+  readonly route: Route;
+  readonly stream: boolean;
+  /** Choice indices the response must finish: n × prompts. */
+  readonly expectedChoices: number;
+  /** Waybill asked the upstream for usage on the client's behalf: drop the usage-only chunk. */
+  readonly dropUsageChunk: boolean;
+  readonly slo: SloThresholds;
+  readonly promptLenBoundaries: readonly number[];
+  readonly promptLenClasses: readonly string[];
+}
+
+/** What the shell does with the bytes of one upstream event. */
+export type Verdict = 'hold' | 'commit' | 'forward' | 'drop';
+
+/** Why an attempt's upstream stream stopped, as the shell saw it. */
+export type StreamEnd = 'eof' | 'reset' | 'idle_timeout' | 'first_output_timeout' | 'total_timeout' | 'oversized';
+
+/** How the client response must end once the ledger knows. */
+export type Ending =
+  /** `[DONE]` was forwarded: end the response. */
+  | { kind: 'complete' }
+  /** The upstream's error event was forwarded: end the response. */
+  | { kind: 'upstream_error' }
+  /** After commit the stream broke: write Waybill's own error event naming the cause, then end. */
+  | { kind: 'gateway_error'; cause: StreamEnd | 'unfinished_choices' }
+  /** Before commit: answer with a status and an error body. */
+  | { kind: 'failure'; failure: Failure };
+
+export type FailureCause = 'upstream_4xx' | 'upstream_5xx' | 'error_payload' | 'connect_error' | 'reset' | 'incomplete' | 'timeout';
+
+/** A pre-commit failure of an attempt, as the client would be told about it. */
+export interface Failure {
+  readonly status: number;
+  readonly outcome: Outcome;
+  readonly cause: FailureCause;
+  /** The upstream's own error, when it sent one. */
+  readonly upstreamError: UpstreamError | undefined;
+}
+
+export interface AttemptRecord {
+  readonly upstream: string;
+  readonly startedAt: number;
+  status: number | undefined;
+  result: AttemptResult | undefined;
+  endedAt: number | undefined;
+  /** First output-bearing event seen on this attempt. */
+  firstOutputAt: number | undefined;
+  failure: Failure | undefined;
+}
+
+export interface Anomaly {
+  readonly upstream: string;
+  readonly kind: AnomalyKind;
+}
+
+export interface Settlement {
+  readonly model: string;
+  readonly route: Route;
+  readonly stream: boolean;
+  /** HTTP status the client received (200 for a stream that failed after commit; 499 if it left before any). */
+  readonly code: number;
+  readonly outcome: Outcome;
+  readonly attempts: readonly AttemptRecord[];
+  readonly anomalies: readonly Anomaly[];
+  /** One per choice of a committed response; empty when nothing was committed. */
+  readonly finishReasons: readonly FinishReason[];
+  readonly cancelPhase: CancelPhase | undefined;
+  readonly ttftMs: number | undefined;
+  readonly tpotMs: number | undefined;
+  readonly durationMs: number;
+  readonly usage: Usage | undefined;
+  readonly promptLen: string;
+  readonly slo: SloResult;
+  /** Upstream `[DONE]`s dropped because an error event came first. */
+  readonly doneAfterErrorDropped: number;
+}
+
+export interface LedgerHooks {
+  /** Called for each gap between consecutive output-bearing events written to the client. */
+  onInterTokenGap?(ms: number): void;
+}
+
+interface AttemptState extends AttemptRecord {
+  sawDone: boolean;
+  error: UpstreamError | undefined;
+}
+
+export class RequestLedger {
+  private readonly attempts: AttemptState[] = [];
+  private readonly anomalies: Anomaly[] = [];
+  private readonly finishes = new Map<number, string>();
+  private committedAt: number | undefined;
+  private firstOutputAt: number | undefined;
+  private lastOutputAt: number | undefined;
+  private usage: Usage | undefined;
+  private endingValue: Ending | undefined;
+  private clientEndAt: number | undefined;
+  private cancelledAt: number | undefined;
+  private rejection: { status: number } | undefined;
+  private doneAfterError = 0;
+  private settled = false;
+
+  constructor(
+    readonly info: RequestInfo,
+    readonly arrivalAt: number,
+    private readonly hooks: LedgerHooks = {},
+  ) {}
+
+  /** Has anything been sent to the client? Retries are only possible before this. */
+  get committed(): boolean {
+    return this.committedAt !== undefined;
+  }
+
+  /** Set once the client response's end is decided; the shell acts on it. */
+  get ending(): Ending | undefined {
+    return this.endingValue;
+  }
+
+  get attemptCount(): number {
+    return this.attempts.length;
+  }
+
+  get currentAttempt(): AttemptRecord | undefined {
+    return this.attempts.at(-1);
+  }
+
+  /** The gateway answered by itself, without any attempt (bad request, unknown model, body too large, ...). */
+  reject(status: number): void {
+    this.rejection = { status };
+  }
+
+  startAttempt(at: number, upstream: string): void {
+    this.attempts.push({
+      upstream,
+      startedAt: at,
+      status: undefined,
+      result: undefined,
+      endedAt: undefined,
+      firstOutputAt: undefined,
+      failure: undefined,
+      sawDone: false,
+      error: undefined,
+    });
+  }
+
+  /** The upstream's response status line arrived. */
+  responseStarted(_at: number, status: number): void {
+    this.attempt().status = status;
+  }
+
+  /** One classified upstream SSE event of the current attempt; returns what to do with its bytes. */
+  streamEvent(at: number, facts: EventFacts): Verdict {
+    const attempt = this.attempt();
+    if (attempt.sawDone) {
+      this.anomaly(attempt, 'data_after_done');
+      return 'drop';
+    }
+    if (attempt.error !== undefined) {
+      if (facts.kind === 'done') {
+        attempt.sawDone = true;
+        this.anomaly(attempt, 'done_after_error');
+        this.doneAfterError++;
+      }
+      return 'drop';
+    }
+    switch (facts.kind) {
+      case 'malformed':
+        this.anomaly(attempt, 'malformed_event');
+        return 'drop';
+      case 'error': {
+        attempt.error = facts;
+        this.anomaly(attempt, 'error_payload');
+        if (this.committed) {
+          this.endingValue = { kind: 'upstream_error' };
+          return 'forward';
+        }
+        this.fail(attempt, 'error_payload', failureForErrorPayload(facts));
+        return 'drop';
+      }
+      case 'done': {
+        attempt.sawDone = true;
+        if (this.unfinishedChoices() > 0) {
+          this.anomaly(attempt, 'missing_finish_reason');
+          if (this.committed) this.endingValue = { kind: 'gateway_error', cause: 'unfinished_choices' };
+          else this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
+          return 'drop';
+        }
+        this.endingValue = { kind: 'complete' };
+        if (this.committed) return 'forward';
+        // A stream that finished every choice without any output (e.g. max_tokens reached on an empty token).
+        this.committedAt = at;
+        return 'commit';
+      }
+      case 'chunk': {
+        for (const finish of facts.finishes) {
+          if (!this.finishes.has(finish.index)) this.finishes.set(finish.index, finish.reason);
+        }
+        if (facts.usage !== undefined) this.usage = facts.usage;
+        if (facts.usageOnly && this.info.dropUsageChunk) return 'drop';
+        if (facts.output.length === 0) return this.committed ? 'forward' : 'hold';
+        attempt.firstOutputAt ??= at;
+        if (this.lastOutputAt !== undefined) this.hooks.onInterTokenGap?.(at - this.lastOutputAt);
+        this.lastOutputAt = at;
+        if (this.committed) return 'forward';
+        this.committedAt = at;
+        this.firstOutputAt = at;
+        return 'commit';
+      }
+    }
+  }
+
+  /** The current attempt's upstream stream stopped (after a 200 event stream). */
+  streamEnded(at: number, how: StreamEnd): void {
+    const attempt = this.attempt();
+    if (attempt.result !== undefined) {
+      attempt.endedAt ??= at;
+      return;
+    }
+    attempt.endedAt = at;
+    if (attempt.error !== undefined) {
+      attempt.result = 'error_payload';
+      return;
+    }
+    if (attempt.sawDone) {
+      attempt.result = this.unfinishedChoices() > 0 ? 'incomplete' : 'ok';
+      return;
+    }
+    if (how === 'oversized') this.anomaly(attempt, 'oversized_event');
+    if (how === 'eof') {
+      this.anomaly(attempt, 'missing_done');
+      if (this.unfinishedChoices() > 0) this.anomaly(attempt, 'missing_finish_reason');
+    }
+    const result = resultForEnd(how);
+    if (this.committed) {
+      attempt.result = result;
+      this.endingValue ??= { kind: 'gateway_error', cause: how };
+      return;
+    }
+    this.fail(attempt, result, failureForEnd(how));
+  }
+
+  /** The current attempt failed before any response (refused, reset, DNS, connect timeout). */
+  connectFailed(at: number, result: 'connect_error' | 'reset' | 'timeout'): void {
+    const attempt = this.attempt();
+    attempt.endedAt = at;
+    const cause: FailureCause = result;
+    const failure: Failure =
+      result === 'timeout'
+        ? { status: 504, outcome: 'timeout', cause, upstreamError: undefined }
+        : { status: 502, outcome: 'failed', cause, upstreamError: undefined };
+    this.fail(attempt, result, failure);
+  }
+
+  /** A complete non-event-stream body: an HTTP error, or a whole non-stream response. */
+  bodyReceived(at: number, status: number, facts: EventFacts): void {
+    const attempt = this.attempt();
+    attempt.status = status;
+    attempt.endedAt = at;
+    if (status < 200 || status >= 300) {
+      const upstreamError = facts.kind === 'error' ? errorOf(facts) : undefined;
+      if (status >= 400 && status < 500) {
+        this.fail(attempt, 'http_4xx', { status, outcome: 'rejected', cause: 'upstream_4xx', upstreamError });
+      } else {
+        this.fail(attempt, 'http_5xx', { status: 502, outcome: 'failed', cause: 'upstream_5xx', upstreamError });
+      }
+      return;
+    }
+    if (facts.kind === 'error') {
+      this.anomaly(attempt, 'error_payload');
+      this.fail(attempt, 'error_payload', failureForErrorPayload(facts));
+      return;
+    }
+    if (facts.kind !== 'chunk' || this.info.stream) {
+      // Not a completion body, or JSON where an event stream was asked for: the upstream broke the protocol.
+      this.anomaly(attempt, 'malformed_event');
+      this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
+      return;
+    }
+    for (const finish of facts.finishes) if (!this.finishes.has(finish.index)) this.finishes.set(finish.index, finish.reason);
+    this.usage = facts.usage;
+    this.committedAt = at;
+    if (this.unfinishedChoices() > 0) {
+      this.anomaly(attempt, 'missing_finish_reason');
+      attempt.result = 'incomplete';
+    } else {
+      attempt.result = 'ok';
+    }
+    this.endingValue = { kind: 'complete' };
+  }
+
+  /** The failure the client is answered with when no further attempt is made. */
+  finalFailure(): Failure | undefined {
+    const ending = this.endingValue;
+    return ending?.kind === 'failure' ? ending.failure : undefined;
+  }
+
+  /** The client went away before its response ended. Ends the current attempt as cancelled. */
+  clientCancelled(at: number): void {
+    if (this.cancelledAt !== undefined || this.clientEndAt !== undefined) return;
+    this.cancelledAt = at;
+    const attempt = this.attempts.at(-1);
+    if (attempt !== undefined && attempt.result === undefined) {
+      attempt.result = 'cancelled';
+      attempt.endedAt = at;
+    }
+  }
+
+  /** The client response has been fully written and ended. */
+  clientEnded(at: number): void {
+    this.clientEndAt ??= at;
+  }
+
+  /** Closes the record. Call exactly once; a second call throws (a double count is a bug, not a race to hide). */
+  settle(at: number): Settlement {
+    if (this.settled) throw new Error('ledger settled twice');
+    this.settled = true;
+    for (const attempt of this.attempts) {
+      if (attempt.result === undefined) {
+        // The shell stopped watching an attempt without telling why: count it, never lose it.
+        attempt.result = this.committed ? 'incomplete' : 'cancelled';
+        attempt.endedAt ??= at;
+      }
+    }
+    const endAt = this.cancelledAt ?? this.clientEndAt ?? at;
+    const durationMs = endAt - this.arrivalAt;
+    const { outcome, code } = this.outcomeAndCode();
+    const ttftMs = this.firstOutputAt !== undefined && this.info.stream ? this.firstOutputAt - this.arrivalAt : undefined;
+    const promptLen = classifyPromptLen(this.info.promptLenBoundaries, this.info.promptLenClasses, this.usage?.promptTokens);
+    const tpotMs = outcome === 'delivered' ? this.tpot() : undefined;
+    return {
+      model: this.info.model,
+      route: this.info.route,
+      stream: this.info.stream,
+      code,
+      outcome,
+      attempts: this.attempts.map(({ sawDone: _d, error: _e, ...record }) => record),
+      anomalies: this.anomalies,
+      finishReasons: this.committed ? this.finishReasonLabels() : [],
+      cancelPhase: outcome === 'client_cancelled' ? (this.firstOutputAt === undefined ? 'before_first_token' : 'streaming') : undefined,
+      ttftMs,
+      tpotMs,
+      durationMs,
+      usage: this.usage,
+      promptLen,
+      slo: this.sloResult(outcome, code, promptLen, ttftMs, tpotMs, durationMs),
+      doneAfterErrorDropped: this.doneAfterError,
+    };
+  }
+
+  private outcomeAndCode(): { outcome: Outcome; code: number } {
+    if (this.rejection !== undefined) {
+      const status = this.rejection.status;
+      return { outcome: status >= 500 ? 'failed' : 'rejected', code: status };
+    }
+    const ending = this.endingValue;
+    if (this.cancelledAt !== undefined && (ending === undefined || this.clientEndAt === undefined)) {
+      // The client left before its response ended (a response already fully sent is not a cancellation).
+      return { outcome: 'client_cancelled', code: this.committed ? 200 : 499 };
+    }
+    if (ending === undefined) return { outcome: this.committed ? 'incomplete' : 'failed', code: this.committed ? 200 : 502 };
+    switch (ending.kind) {
+      case 'complete':
+        // A stream only completes with every choice finished; a non-stream body may still lack a finish_reason.
+        return { outcome: this.unfinishedChoices() === 0 ? 'delivered' : 'incomplete', code: 200 };
+      case 'upstream_error':
+        return { outcome: 'stream_error', code: 200 };
+      case 'gateway_error':
+        return {
+          outcome: ending.cause === 'idle_timeout' || ending.cause === 'total_timeout' || ending.cause === 'first_output_timeout' ? 'timeout' : 'incomplete',
+          code: 200,
+        };
+      case 'failure':
+        return { outcome: ending.failure.outcome, code: ending.failure.status };
+    }
+  }
+
+  private tpot(): number | undefined {
+    if (!this.info.stream || this.firstOutputAt === undefined || this.lastOutputAt === undefined) return undefined;
+    const completion = this.usage?.completionTokens;
+    if (completion === undefined) return undefined;
+    const perChoice = completion / Math.max(1, this.info.expectedChoices);
+    if (perChoice < 2) return undefined;
+    return (this.lastOutputAt - this.firstOutputAt) / (perChoice - 1);
+  }
+
+  private sloResult(
+    outcome: Outcome,
+    code: number,
+    promptLen: string,
+    ttftMs: number | undefined,
+    tpotMs: number | undefined,
+    durationMs: number,
+  ): SloResult {
+    const slo = this.info.slo;
+    const ttftLimit = slo.ttftByPromptLenMs[promptLen] ?? slo.ttftMs;
+    switch (outcome) {
+      case 'delivered': {
+        if (!this.info.stream) return durationMs > slo.e2eMs ? 'missed_e2e' : 'met';
+        // A delivered stream without any output: the time to its (empty) answer stands in for TTFT.
+        const ttft = ttftMs ?? (this.committedAt ?? this.arrivalAt) - this.arrivalAt;
+        const missedTtft = ttft > ttftLimit;
+        const missedTpot = tpotMs !== undefined && tpotMs > slo.tpotMs;
+        if (missedTtft && missedTpot) return 'missed_ttft_tpot';
+        if (missedTtft) return 'missed_ttft';
+        return missedTpot ? 'missed_tpot' : 'met';
+      }
+      case 'rejected':
+        return code === 429 || code === 503 ? 'failed' : 'excluded';
+      case 'client_cancelled': {
+        if (!this.info.stream) return durationMs > slo.e2eMs ? 'missed_e2e' : 'excluded';
+        const waited = ttftMs ?? durationMs;
+        return waited > ttftLimit ? 'missed_ttft' : 'excluded';
+      }
+      case 'failed':
+      case 'timeout':
+      case 'stream_error':
+      case 'incomplete':
+        return 'failed';
+    }
+  }
+
+  private finishReasonLabels(): FinishReason[] {
+    const labels: FinishReason[] = [];
+    for (let index = 0; index < this.choiceCount(); index++) labels.push(finishReasonLabel(this.finishes.get(index)));
+    for (const [index, reason] of this.finishes) if (index >= this.choiceCount()) labels.push(finishReasonLabel(reason));
+    return labels;
+  }
+
+  private choiceCount(): number {
+    return this.info.expectedChoices;
+  }
+
+  private unfinishedChoices(): number {
+    let missing = 0;
+    for (let index = 0; index < this.info.expectedChoices; index++) if (!this.finishes.has(index)) missing++;
+    return missing;
+  }
+
+  private fail(attempt: AttemptState, result: AttemptResult, failure: Failure): void {
+    attempt.result = result;
+    attempt.failure = failure;
+    this.endingValue = { kind: 'failure', failure };
+  }
+
+  private anomaly(attempt: AttemptState, kind: AnomalyKind): void {
+    this.anomalies.push({ upstream: attempt.upstream, kind });
+  }
+
+  private attempt(): AttemptState {
+    const attempt = this.attempts.at(-1);
+    if (attempt === undefined) throw new Error('no attempt started');
+    return attempt;
+  }
+}
+
+function errorOf(facts: Extract<EventFacts, { kind: 'error' }>): UpstreamError {
+  return { code: facts.code, type: facts.type, message: facts.message, param: facts.param };
+}
+
+/** An error event or error body under HTTP 200, before any output: the status its `code` names. */
+function failureForErrorPayload(facts: Extract<EventFacts, { kind: 'error' }>): Failure {
+  const code = facts.code;
+  const status = code !== undefined && code >= 400 && code <= 599 ? code : 502;
+  return {
+    status,
+    outcome: status < 500 ? 'rejected' : 'failed',
+    cause: 'error_payload',
+    upstreamError: errorOf(facts),
+  };
+}
+
+function resultForEnd(how: StreamEnd): AttemptResult {
+  switch (how) {
+    case 'eof':
+    case 'oversized':
+      return 'incomplete';
+    case 'reset':
+      return 'reset';
+    case 'idle_timeout':
+    case 'first_output_timeout':
+    case 'total_timeout':
+      return 'timeout';
+  }
+}
+
+function failureForEnd(how: StreamEnd): Failure {
+  const result = resultForEnd(how);
+  if (result === 'timeout') return { status: 504, outcome: 'timeout', cause: 'timeout', upstreamError: undefined };
+  return { status: 502, outcome: 'failed', cause: result === 'reset' ? 'reset' : 'incomplete', upstreamError: undefined };
+}

@@ -1,0 +1,64 @@
+/**
+ * The closed label sets of the metrics contract. Every label value Waybill exports comes from one of these
+ * lists or from configuration; docs/metrics.md lists the same values and test/metrics-contract.test.ts checks it.
+ */
+
+export const ROUTES = ['chat_completions', 'completions'] as const;
+export type Route = (typeof ROUTES)[number];
+
+export const OUTCOMES = ['delivered', 'rejected', 'failed', 'timeout', 'stream_error', 'incomplete', 'client_cancelled'] as const;
+export type Outcome = (typeof OUTCOMES)[number];
+
+export const ATTEMPT_RESULTS = [
+  'ok',
+  'http_4xx',
+  'http_5xx',
+  'error_payload',
+  'connect_error',
+  'reset',
+  'timeout',
+  'incomplete',
+  'cancelled',
+] as const;
+export type AttemptResult = (typeof ATTEMPT_RESULTS)[number];
+
+export const ANOMALY_KINDS = [
+  'error_payload',
+  'done_after_error',
+  'missing_done',
+  'missing_finish_reason',
+  'malformed_event',
+  'oversized_event',
+  'data_after_done',
+] as const;
+export type AnomalyKind = (typeof ANOMALY_KINDS)[number];
+
+export const FINISH_REASONS = [
+  'stop',
+  'length',
+  'tool_calls',
+  'content_filter',
+  'function_call',
+  'abort',
+  'repetition',
+  'other',
+  'none',
+] as const;
+export type FinishReason = (typeof FINISH_REASONS)[number];
+
+export const CANCEL_PHASES = ['before_first_token', 'streaming'] as const;
+export type CancelPhase = (typeof CANCEL_PHASES)[number];
+
+export const SLO_RESULTS = ['met', 'missed_ttft', 'missed_tpot', 'missed_ttft_tpot', 'missed_e2e', 'failed', 'excluded'] as const;
+export type SloResult = (typeof SLO_RESULTS)[number];
+
+/** Label value for a model (or upstream) name outside the configured and discovered set. */
+export const OTHER = '_other';
+
+const KNOWN_FINISH = new Set<string>(FINISH_REASONS);
+
+/** Maps an upstream finish_reason to the closed set; `none` is for a choice that never got one. */
+export function finishReasonLabel(reason: string | undefined): FinishReason {
+  if (reason === undefined) return 'none';
+  return KNOWN_FINISH.has(reason) && reason !== 'none' && reason !== 'other' ? (reason as FinishReason) : 'other';
+}

@@ -1,0 +1,211 @@
+import { readFile } from 'node:fs/promises';
+import { parseDocument } from 'yaml';
+import { z } from 'zod';
+import { promptLenClasses } from '../accounting/prompt-len.js';
+import type { SloThresholds } from '../accounting/ledger.js';
+import { configSchema, type ConfigInput, type RawConfig } from './schema.js';
+
+export interface UpstreamConfig {
+  readonly name: string;
+  readonly url: URL;
+  readonly weight: number;
+}
+
+export interface PoolConfig {
+  readonly name: string;
+  /** Served model names; undefined while they are to be discovered from the upstreams. */
+  readonly models: readonly string[] | undefined;
+  readonly upstreams: readonly UpstreamConfig[];
+}
+
+/** The validated, resolved, frozen configuration. Durations are milliseconds; buckets are seconds. */
+export interface Config {
+  readonly server: RawConfig['server'];
+  readonly pools: readonly PoolConfig[];
+  readonly discovery: { readonly refreshIntervalMs: number };
+  readonly health: { readonly intervalMs: number; readonly timeoutMs: number };
+  readonly timeouts: {
+    readonly connectMs: number;
+    readonly firstOutputMs: number;
+    readonly idleMs: number;
+    readonly totalMs: number;
+  };
+  readonly streaming: {
+    readonly maxEventBytes: number;
+    readonly maxResponseBytes: number;
+    readonly injectUsage: boolean;
+    readonly drainGraceMs: number;
+  };
+  readonly slo: {
+    readonly defaults: SloThresholds;
+    readonly models: Readonly<Record<string, SloThresholds>>;
+  };
+  readonly metrics: {
+    readonly promptLenBoundaries: readonly number[];
+    readonly promptLenClasses: readonly string[];
+    readonly buckets: { readonly ttft: number[]; readonly itl: number[]; readonly tpot: number[]; readonly duration: number[] };
+  };
+  readonly logging: RawConfig['logging'];
+}
+
+/** Every problem found in a configuration, each naming its field. */
+export class ConfigError extends Error {
+  constructor(
+    readonly source: string,
+    readonly problems: readonly string[],
+  ) {
+    super(`invalid configuration in ${source}:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
+    this.name = 'ConfigError';
+  }
+}
+
+function formatPath(path: readonly PropertyKey[]): string {
+  let out = '';
+  for (const key of path) {
+    if (typeof key === 'number') out += `[${key}]`;
+    else out += out === '' ? String(key) : `.${String(key)}`;
+  }
+  return out === '' ? '(root)' : out;
+}
+
+function issueMessages(error: z.ZodError): string[] {
+  return error.issues.map((issue) => {
+    if (issue.code === 'unrecognized_keys') {
+      return `${formatPath(issue.path)}: unknown key${issue.keys.length > 1 ? 's' : ''} ${issue.keys.map((k) => `"${k}"`).join(', ')}`;
+    }
+    return `${formatPath(issue.path)}: ${issue.message}`;
+  });
+}
+
+/** Adds each configured SLO threshold to the histogram's buckets, so attainment can be read from the histogram. */
+function withThresholds(buckets: readonly number[], thresholdsMs: readonly number[]): number[] {
+  const merged = new Set(buckets);
+  for (const ms of thresholdsMs) merged.add(ms / 1000);
+  return [...merged].sort((a, b) => a - b);
+}
+
+function resolveSlo(
+  base: { ttft?: number | undefined; tpot?: number | undefined; e2e?: number | undefined; ttft_by_prompt_len?: Record<string, number> | undefined },
+  fallback: SloThresholds,
+): SloThresholds {
+  return {
+    ttftMs: base.ttft ?? fallback.ttftMs,
+    tpotMs: base.tpot ?? fallback.tpotMs,
+    e2eMs: base.e2e ?? fallback.e2eMs,
+    ttftByPromptLenMs: { ...fallback.ttftByPromptLenMs, ...base.ttft_by_prompt_len },
+  };
+}
+
+function resolve(raw: RawConfig, problems: string[]): Config {
+  const classes = promptLenClasses(raw.metrics.prompt_len_boundaries);
+  const upstreamNames = new Map<string, string>();
+  const modelPools = new Map<string, string>();
+  const poolNames = new Set<string>();
+
+  const pools: PoolConfig[] = raw.pools.map((pool, p) => {
+    if (poolNames.has(pool.name)) problems.push(`pools[${p}].name: duplicate pool name "${pool.name}"`);
+    poolNames.add(pool.name);
+    for (const [m, model] of (pool.models ?? []).entries()) {
+      const other = modelPools.get(model);
+      if (other !== undefined) problems.push(`pools[${p}].models[${m}]: model "${model}" is already served by pool "${other}"`);
+      modelPools.set(model, pool.name);
+    }
+    const upstreams = pool.upstreams.map((upstream, u) => {
+      const url = new URL(upstream.url);
+      const name = upstream.name ?? url.host;
+      const field = `pools[${p}].upstreams[${u}]`;
+      const other = upstreamNames.get(name);
+      if (other !== undefined) problems.push(`${field}.name: duplicate upstream name "${name}" (also ${other}); set distinct names`);
+      upstreamNames.set(name, field);
+      return Object.freeze({ name, url, weight: upstream.weight });
+    });
+    return Object.freeze({ name: pool.name, models: pool.models && Object.freeze([...pool.models]), upstreams: Object.freeze(upstreams) });
+  });
+
+  const checkClasses = (field: string, byClass: Record<string, number> | undefined) => {
+    for (const key of Object.keys(byClass ?? {})) {
+      if (!classes.includes(key) || key === 'unknown') {
+        problems.push(`${field}: unknown prompt_len class "${key}" (one of ${classes.filter((c) => c !== 'unknown').join(', ')})`);
+      }
+    }
+  };
+  checkClasses('slo.ttft_by_prompt_len', raw.slo.ttft_by_prompt_len);
+
+  const defaults: SloThresholds = {
+    ttftMs: raw.slo.ttft,
+    tpotMs: raw.slo.tpot,
+    e2eMs: raw.slo.e2e,
+    ttftByPromptLenMs: raw.slo.ttft_by_prompt_len,
+  };
+  const allModelsKnown = pools.every((pool) => pool.models !== undefined);
+  const models: Record<string, SloThresholds> = {};
+  for (const [model, thresholds] of Object.entries(raw.slo.models)) {
+    if (allModelsKnown && !modelPools.has(model)) problems.push(`slo.models.${model}: no pool serves model "${model}"`);
+    checkClasses(`slo.models.${model}.ttft_by_prompt_len`, thresholds.ttft_by_prompt_len);
+    models[model] = Object.freeze(resolveSlo(thresholds, defaults));
+  }
+
+  const all = [defaults, ...Object.values(models)];
+  const ttftThresholds = all.flatMap((t) => [t.ttftMs, ...Object.values(t.ttftByPromptLenMs)]);
+  return {
+    server: Object.freeze(raw.server),
+    pools: Object.freeze(pools),
+    discovery: { refreshIntervalMs: raw.discovery.refresh_interval },
+    health: { intervalMs: raw.health.interval, timeoutMs: raw.health.timeout },
+    timeouts: {
+      connectMs: raw.timeouts.connect,
+      firstOutputMs: raw.timeouts.first_output,
+      idleMs: raw.timeouts.idle,
+      totalMs: raw.timeouts.total,
+    },
+    streaming: {
+      maxEventBytes: raw.streaming.max_event_bytes,
+      maxResponseBytes: raw.streaming.max_response_bytes,
+      injectUsage: raw.streaming.inject_usage,
+      drainGraceMs: raw.streaming.drain_grace,
+    },
+    slo: { defaults: Object.freeze(defaults), models: Object.freeze(models) },
+    metrics: {
+      promptLenBoundaries: Object.freeze([...raw.metrics.prompt_len_boundaries]),
+      promptLenClasses: Object.freeze(classes),
+      buckets: {
+        ttft: withThresholds(raw.metrics.buckets.ttft, ttftThresholds),
+        itl: [...raw.metrics.buckets.itl],
+        tpot: withThresholds(raw.metrics.buckets.tpot, all.map((t) => t.tpotMs)),
+        duration: withThresholds(raw.metrics.buckets.duration, all.map((t) => t.e2eMs)),
+      },
+    },
+    logging: Object.freeze(raw.logging),
+  };
+}
+
+/** Validates a configuration object (parsed YAML, or built from CLI flags); throws ConfigError with every problem. */
+export function parseConfig(input: unknown, source = 'configuration'): Config {
+  const parsed = configSchema.safeParse(input ?? {});
+  if (!parsed.success) throw new ConfigError(source, issueMessages(parsed.error));
+  const problems: string[] = [];
+  const config = resolve(parsed.data, problems);
+  if (problems.length > 0) throw new ConfigError(source, problems);
+  return deepFreeze(config);
+}
+
+/** Reads and validates a YAML configuration file. */
+export async function loadConfigFile(path: string, overrides: (input: ConfigInput) => ConfigInput = (c) => c): Promise<Config> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    throw new ConfigError(path, [`cannot read file: ${(err as Error).message}`]);
+  }
+  const doc = parseDocument(text, { prettyErrors: true, uniqueKeys: true });
+  if (doc.errors.length > 0) throw new ConfigError(path, doc.errors.map((e) => `YAML: ${e.message.split('\n')[0] ?? ''}`));
+  return parseConfig(overrides((doc.toJS() ?? {}) as ConfigInput), path);
+}
+
+function deepFreeze<T>(value: T): T {
+  if (value && typeof value === 'object' && !(value instanceof URL) && !Object.isFrozen(value)) {
+    for (const child of Object.values(value)) deepFreeze(child);
+    Object.freeze(value);
+  }
+  return value;
+}

@@ -74,24 +74,24 @@ export const configSchema = z.strictObject({
   pools: z.array(poolSchema).min(1),
   discovery: z
     .strictObject({
-      refresh_interval: positiveDuration.default(30_000 / 1000),
+      refresh_interval: positiveDuration.prefault(30),
     })
     .prefault({}),
   health: z
     .strictObject({
-      interval: positiveDuration.default(5),
-      timeout: positiveDuration.default(2),
+      interval: positiveDuration.prefault(5),
+      timeout: positiveDuration.prefault(2),
     })
     .prefault({}),
   timeouts: z
     .strictObject({
-      connect: positiveDuration.default(5),
+      connect: positiveDuration.prefault(5),
       /** Request sent → first output-bearing event (stream) or complete body (non-stream). */
-      first_output: positiveDuration.default(120),
+      first_output: positiveDuration.prefault(120),
       /** Gap between upstream events after commit. */
-      idle: positiveDuration.default(30),
+      idle: positiveDuration.prefault(30),
       /** Arrival → end of the logical request. */
-      total: positiveDuration.default(600),
+      total: positiveDuration.prefault(600),
     })
     .prefault({}),
   streaming: z
@@ -101,14 +101,14 @@ export const configSchema = z.strictObject({
       /** Ask upstreams for usage when the client did not, and drop the usage-only chunk before the client. */
       inject_usage: z.boolean().default(true),
       /** After an upstream error event or [DONE], how long to keep reading the upstream for accounting. */
-      drain_grace: duration.default(1),
+      drain_grace: duration.prefault(1),
     })
     .prefault({}),
   slo: z
     .strictObject({
-      ttft: positiveDuration.default(2),
-      tpot: positiveDuration.default(0.1),
-      e2e: positiveDuration.default(60),
+      ttft: positiveDuration.prefault(2),
+      tpot: positiveDuration.prefault(0.1),
+      e2e: positiveDuration.prefault(60),
       ttft_by_prompt_len: z.record(z.string(), positiveDuration).default({}),
       models: z.record(z.string(), sloThresholds).default({}),
     })

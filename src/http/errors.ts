@@ -1,0 +1,80 @@
+/**
+ * Every error Waybill itself answers with, in one table with stable codes. Bodies are OpenAI-shaped:
+ * `{"error":{"message","type","param","code"}}`. docs/errors.md lists the same codes (test/errors.test.ts).
+ * Errors passed through from an upstream keep the upstream's message, type, param and code.
+ */
+import type { Failure } from '../accounting/ledger.js';
+
+export interface ErrorSpec {
+  readonly status: number;
+  readonly type: string;
+}
+
+export const ERRORS = {
+  invalid_json: { status: 400, type: 'invalid_request_error' },
+  invalid_request: { status: 400, type: 'invalid_request_error' },
+  unsupported_media_type: { status: 415, type: 'invalid_request_error' },
+  body_too_large: { status: 413, type: 'invalid_request_error' },
+  model_not_found: { status: 404, type: 'invalid_request_error' },
+  not_found: { status: 404, type: 'invalid_request_error' },
+  method_not_allowed: { status: 405, type: 'invalid_request_error' },
+  upstream_error: { status: 502, type: 'upstream_error' },
+  upstream_unreachable: { status: 502, type: 'upstream_error' },
+  upstream_reset: { status: 502, type: 'upstream_error' },
+  upstream_incomplete: { status: 502, type: 'upstream_error' },
+  upstream_timeout: { status: 504, type: 'timeout_error' },
+  no_upstream: { status: 503, type: 'upstream_error' },
+  internal_error: { status: 500, type: 'internal_error' },
+  /** Written as an SSE error event when a committed stream breaks. */
+  stream_truncated: { status: 200, type: 'upstream_error' },
+  stream_timeout: { status: 200, type: 'timeout_error' },
+} as const satisfies Record<string, ErrorSpec>;
+
+export type ErrorCode = keyof typeof ERRORS;
+
+export interface ErrorBody {
+  error: { message: string; type: string; param: string | null; code: string | number | null };
+}
+
+export function errorBody(code: ErrorCode, message: string, param: string | null = null): ErrorBody {
+  return { error: { message, type: ERRORS[code].type, param, code } };
+}
+
+/** The status and body a client gets for a pre-commit failure. */
+export function failureResponse(failure: Failure): { status: number; body: ErrorBody } {
+  const upstream = failure.upstreamError;
+  switch (failure.cause) {
+    case 'upstream_4xx':
+    case 'error_payload':
+      if (failure.status < 500 || upstream !== undefined) {
+        return {
+          status: failure.status,
+          body: {
+            error: {
+              message: upstream?.message || `upstream answered ${failure.status}`,
+              type: upstream?.type ?? (failure.status < 500 ? 'invalid_request_error' : 'upstream_error'),
+              param: upstream?.param ?? null,
+              code: upstream?.code ?? failure.status,
+            },
+          },
+        };
+      }
+      return { status: failure.status, body: errorBody('upstream_error', `upstream error (${failure.status})`) };
+    case 'upstream_5xx':
+      return {
+        status: failure.status,
+        body: errorBody('upstream_error', `upstream failed: ${upstream?.message || 'server error'}`),
+      };
+    case 'connect_error':
+      return { status: failure.status, body: errorBody('upstream_unreachable', 'could not connect to an upstream') };
+    case 'reset':
+      return { status: failure.status, body: errorBody('upstream_reset', 'the upstream connection was reset before any output') };
+    case 'incomplete':
+      return {
+        status: failure.status,
+        body: errorBody('upstream_incomplete', 'the upstream ended its response before any output'),
+      };
+    case 'timeout':
+      return { status: failure.status, body: errorBody('upstream_timeout', 'the upstream did not produce output in time') };
+  }
+}

@@ -1,0 +1,156 @@
+/**
+ * One attempt: an undici dispatch handler that turns the upstream's response into ledger facts and hands the
+ * bytes to the exchange. Bytes flow through untouched; the framer and classifier only watch them.
+ */
+import type { Dispatcher } from 'undici';
+import type { StreamEnd } from '../accounting/ledger.js';
+import { createFramer, type Framer, type SseEvent } from '../sse/framer.js';
+import type { Upstream } from './upstreams.js';
+
+/** Why Waybill itself aborted an attempt. */
+export type AbortReason = Exclude<StreamEnd, 'eof' | 'reset'> | 'cancelled' | 'drained';
+
+export type NetworkFailure = 'connect_error' | 'reset';
+
+/** What the attempt reports to the logical request that owns it. */
+export interface AttemptSink {
+  onResponseStart(attempt: Attempt, status: number): void;
+  onBlock(attempt: Attempt, raw: Buffer, event: SseEvent | null): void;
+  /** All blocks of one upstream read have been reported: the moment to write what they produced in one go. */
+  onChunkDone(attempt: Attempt): void;
+  onBody(attempt: Attempt, status: number, body: Buffer): void;
+  onStreamEnd(attempt: Attempt, how: StreamEnd): void;
+  onNetworkFailure(attempt: Attempt, failure: NetworkFailure, error: Error): void;
+  /** Terminal: the attempt holds no upstream resources any more. Called exactly once. */
+  onSettled(attempt: Attempt): void;
+}
+
+const NETWORK_CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT']);
+
+function networkFailure(error: Error): NetworkFailure {
+  const code = (error as { code?: unknown }).code;
+  return typeof code === 'string' && NETWORK_CONNECT_CODES.has(code) ? 'connect_error' : 'reset';
+}
+
+function isEventStream(headers: Record<string, string | string[] | undefined>): boolean {
+  const type = headers['content-type'];
+  return typeof type === 'string' && type.toLowerCase().startsWith('text/event-stream');
+}
+
+export class Attempt implements Dispatcher.DispatchHandler {
+  private controller: Dispatcher.DispatchController | undefined;
+  private framer: Framer | undefined;
+  private body: Buffer[] = [];
+  private bodyBytes = 0;
+  private status = 0;
+  private abortReason: AbortReason | undefined;
+  private done = false;
+  /** The upstream response has started (status line received). */
+  started = false;
+  contentType: string | undefined;
+
+  constructor(
+    readonly upstream: Upstream,
+    readonly number: number,
+    private readonly sink: AttemptSink,
+    private readonly options: { streaming: boolean; maxEventBytes: number; maxResponseBytes: number },
+  ) {}
+
+  get finished(): boolean {
+    return this.done;
+  }
+
+  /** Stops the attempt; its socket is closed, which is how vLLM learns to free the request's GPU slot. */
+  abort(reason: AbortReason): void {
+    if (this.done) return;
+    this.abortReason ??= reason;
+    if (this.controller !== undefined) this.controller.abort(new Error(`waybill: ${reason}`));
+  }
+
+  pause(): void {
+    this.controller?.pause();
+  }
+
+  resume(): void {
+    this.controller?.resume();
+  }
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.controller = controller;
+    if (this.abortReason !== undefined) controller.abort(new Error(`waybill: ${this.abortReason}`));
+  }
+
+  onResponseStart(
+    _controller: Dispatcher.DispatchController,
+    statusCode: number,
+    headers: Record<string, string | string[] | undefined>,
+  ): void {
+    this.started = true;
+    this.status = statusCode;
+    const type = headers['content-type'];
+    this.contentType = typeof type === 'string' ? type : undefined;
+    if (this.options.streaming && statusCode === 200 && isEventStream(headers)) {
+      this.framer = createFramer(
+        {
+          onBlock: (raw, event) => {
+            if (!this.done && this.abortReason === undefined) this.sink.onBlock(this, raw, event);
+          },
+          onOversized: () => this.abort('oversized'),
+        },
+        { maxEventBytes: this.options.maxEventBytes },
+      );
+    }
+    this.sink.onResponseStart(this, statusCode);
+  }
+
+  onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.done || this.abortReason !== undefined) return;
+    if (this.framer !== undefined) {
+      this.framer.feed(chunk);
+      this.sink.onChunkDone(this);
+      return;
+    }
+    this.bodyBytes += chunk.length;
+    if (this.bodyBytes > this.options.maxResponseBytes) {
+      this.body = [];
+      this.abort('oversized');
+      return;
+    }
+    this.body.push(chunk);
+  }
+
+  onResponseEnd(): void {
+    if (this.done) return;
+    if (this.framer !== undefined) {
+      // end() may still dispatch a block: one whose last line ended in a CR that could have begun a CRLF.
+      this.framer.end();
+      this.sink.onChunkDone(this);
+      this.sink.onStreamEnd(this, 'eof');
+    } else {
+      const body = this.body.length === 1 ? (this.body[0] as Buffer) : Buffer.concat(this.body);
+      this.body = [];
+      this.sink.onBody(this, this.status, body);
+    }
+    this.settle();
+  }
+
+  onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
+    if (this.done) return;
+    const reason = this.abortReason;
+    if (reason === 'cancelled' || reason === 'drained') {
+      // The exchange already knows why it stopped listening; nothing to report.
+    } else if (reason !== undefined) {
+      this.sink.onStreamEnd(this, reason);
+    } else if (!this.started) {
+      this.sink.onNetworkFailure(this, networkFailure(error), error);
+    } else {
+      this.sink.onStreamEnd(this, 'reset');
+    }
+    this.settle();
+  }
+
+  private settle(): void {
+    this.done = true;
+    this.sink.onSettled(this);
+  }
+}

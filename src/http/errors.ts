@@ -17,7 +17,6 @@ export const ERRORS = {
   body_too_large: { status: 413, type: 'invalid_request_error' },
   model_not_found: { status: 404, type: 'invalid_request_error' },
   not_found: { status: 404, type: 'invalid_request_error' },
-  method_not_allowed: { status: 405, type: 'invalid_request_error' },
   upstream_error: { status: 502, type: 'upstream_error' },
   upstream_unreachable: { status: 502, type: 'upstream_error' },
   upstream_reset: { status: 502, type: 'upstream_error' },

@@ -15,6 +15,8 @@ export interface StackOptions {
   sim?: Partial<SimOptions>;
   /** Merged over the generated config (pools are generated from the simulators unless given). */
   config?: Partial<ConfigInput>;
+  /** Leave the pool's models out, so they are discovered from the simulators. */
+  discover?: boolean;
   /** Extra upstream URLs added to the pool (e.g. a closed port). */
   extraUpstreams?: Array<{ name: string; url: string }>;
 }
@@ -51,7 +53,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
       pools: [
         {
           name: 'sim',
-          models: ['sim-model'],
+          ...(options.discover === true ? {} : { models: ['sim-model'] }),
           upstreams: [...urls.map((url, i) => ({ name: `sim-${i}`, url })), ...(options.extraUpstreams ?? [])],
         },
       ],

@@ -1,6 +1,8 @@
 /**
- * Framer micro-benchmark: realistic vLLM chat streams from the seeded fixtures the tests use, chunked as a
- * socket delivers them, framed on one core. Reports the median of several timed runs.
+ * Framing + ledger micro-benchmark: realistic vLLM chat streams from the seeded fixtures the tests use, chunked as
+ * a socket delivers them, framed on one core — once with the framer alone, once with every event classified and
+ * fed to a delivery ledger (one per stream, settled at its end), as the gateway does. Reports the median of
+ * several timed runs.
  *
  *   npm run bench:framing      (= tsc -p tsconfig.build.json && node dist/bench/framing.js)
  *   node dist/bench/framing.js --streams 2000 --runs 9 --seed 42
@@ -9,6 +11,9 @@
  * they run inside the timed loop, so their cost shows up in ns/event.
  */
 import { pathToFileURL } from 'node:url';
+import { RequestLedger, type RequestInfo } from '../src/accounting/ledger.js';
+import { promptLenClasses } from '../src/accounting/prompt-len.js';
+import { classifyEventData } from '../src/sse/classify.js';
 import { createFramer, type SseEvent } from '../src/sse/framer.js';
 import { generateCorpus, type FixtureStream } from '../test/fixtures/sse-fixtures.js';
 
@@ -111,6 +116,41 @@ function readFlag(args: readonly string[], name: string): number | undefined {
   return value;
 }
 
+const LEDGER_INFO: RequestInfo = {
+  model: 'm',
+  route: 'chat_completions',
+  stream: true,
+  expectedChoices: 1,
+  dropUsageChunk: true,
+  slo: { ttftMs: 2000, tpotMs: 100, e2eMs: 60_000, ttftByPromptLenMs: {} },
+  promptLenBoundaries: [1024, 4096, 16384, 65536],
+  promptLenClasses: promptLenClasses([1024, 4096, 16384, 65536]),
+};
+
+/** The gateway's per-event work beside framing: classify each event and rule on it in the stream's ledger. */
+export function ledgerObserver(): Pick<FramingBenchOptions, 'onEvent' | 'onStreamEnd'> {
+  let current = -1;
+  let clock = 0;
+  let ledger = new RequestLedger(LEDGER_INFO, 0);
+  return {
+    onEvent(streamIndex, _raw, event) {
+      if (streamIndex !== current) {
+        current = streamIndex;
+        ledger = new RequestLedger(LEDGER_INFO, clock);
+        ledger.startAttempt(clock, 'u0');
+        ledger.responseStarted(clock, 200);
+      }
+      if (event !== null) ledger.streamEvent(++clock, classifyEventData(event.data));
+    },
+    onStreamEnd() {
+      ledger.streamEnded(clock, 'eof');
+      ledger.clientEnded(clock);
+      const settlement = ledger.settle(clock);
+      if (settlement.outcome !== 'delivered') throw new Error(`stream ${current} settled ${settlement.outcome}`);
+    },
+  };
+}
+
 function main(args: readonly string[]): void {
   const options: FramingBenchOptions = {};
   const streams = readFlag(args, 'streams');
@@ -120,21 +160,24 @@ function main(args: readonly string[]): void {
   if (runs !== undefined) options.runs = Math.max(1, runs);
   if (seed !== undefined) options.seed = seed;
 
-  const r = runFramingBench(options);
-  const ms = r.runNs.map((ns) => (ns / 1e6).toFixed(1));
-  const rows: [string, string][] = [
-    ['node', process.version],
-    ['streams / chunks', `${r.streams} / ${r.chunks}`],
-    ['events / bytes', `${r.events} / ${(r.bytes / 1e6).toFixed(1)} MB`],
-    ['runs (ms)', ms.join(' ')],
-    ['median run', `${(r.medianNs / 1e6).toFixed(1)} ms`],
-    ['ns / event', r.nsPerEvent.toFixed(0)],
-    ['events / s', Math.round(r.eventsPerSecond).toLocaleString('en-US')],
-    ['MB / s', r.megabytesPerSecond.toFixed(0)],
+  const framing = runFramingBench(options);
+  const withLedger = runFramingBench({ ...options, ...ledgerObserver() });
+  const ms = (r: FramingBenchResult) => r.runNs.map((ns) => (ns / 1e6).toFixed(1)).join(' ');
+  const rows: [string, string, string][] = [
+    ['', 'framer', 'framer + ledger'],
+    ['node', process.version, ''],
+    ['streams / chunks', `${framing.streams} / ${framing.chunks}`, ''],
+    ['events / bytes', `${framing.events} / ${(framing.bytes / 1e6).toFixed(1)} MB`, ''],
+    ['runs (ms)', ms(framing), ms(withLedger)],
+    ['median run (ms)', (framing.medianNs / 1e6).toFixed(1), (withLedger.medianNs / 1e6).toFixed(1)],
+    ['ns / event', framing.nsPerEvent.toFixed(0), withLedger.nsPerEvent.toFixed(0)],
+    ['events / s', Math.round(framing.eventsPerSecond).toLocaleString('en-US'), Math.round(withLedger.eventsPerSecond).toLocaleString('en-US')],
+    ['MB / s', framing.megabytesPerSecond.toFixed(0), withLedger.megabytesPerSecond.toFixed(0)],
   ];
   const width = Math.max(...rows.map(([k]) => k.length));
-  console.log('SSE framer, one core, median of timed runs');
-  for (const [key, value] of rows) console.log(`  ${key.padEnd(width)}  ${value}`);
+  const width2 = Math.max(...rows.map(([, v]) => v.length));
+  console.log('SSE framing and delivery ledger, one core, median of timed runs');
+  for (const [key, a, b] of rows) console.log(`  ${key.padEnd(width)}  ${a.padStart(width2)}  ${b}`);
 }
 
 const invokedPath = process.argv[1];

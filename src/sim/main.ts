@@ -1,0 +1,131 @@
+/** `waybill sim`: the simulated vLLM as a process. Flags are documented in docs/simulator.md. */
+import { parseArgs } from 'node:util';
+import { FAULT_KINDS, isFaultKind, type FaultKind } from './faults.js';
+import { validateSimOptions, type SimOptions } from './options.js';
+import { createSimulator } from './server.js';
+
+export interface SimArgs {
+  readonly port: number;
+  readonly host: string;
+  readonly options: Readonly<SimOptions>;
+}
+
+export type SimArgsResult = { readonly ok: true; readonly args: SimArgs } | { readonly ok: false; readonly message: string };
+
+/** The flag behind each option, for messages (and the docs check). */
+export const FLAG_OF: Readonly<Record<keyof SimOptions, string>> = {
+  models: '--model',
+  ttftMs: '--ttft-ms',
+  itlMs: '--itl-ms',
+  outputTokens: '--output-tokens',
+  jitter: '--jitter',
+  tokensPerEvent: '--tokens-per-event',
+  cachedTokens: '--cached-tokens',
+  promptTokensDetails: '--prompt-tokens-details',
+  forceIncludeUsage: '--force-include-usage',
+  apiKey: '--api-key',
+  seed: '--seed',
+  faultRate: '--fault-rate',
+  faultKinds: '--fault-kinds',
+};
+
+/** Parse `waybill sim` flags; every problem is reported, each naming its flag. */
+export function parseSimArgs(argv: string[]): SimArgsResult {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      strict: true,
+      allowPositionals: false,
+      options: {
+        port: { type: 'string', default: '8000' },
+        host: { type: 'string', default: '127.0.0.1' },
+        model: { type: 'string', multiple: true },
+        'ttft-ms': { type: 'string' },
+        'itl-ms': { type: 'string' },
+        'output-tokens': { type: 'string' },
+        jitter: { type: 'string' },
+        'tokens-per-event': { type: 'string' },
+        'cached-tokens': { type: 'string' },
+        'prompt-tokens-details': { type: 'boolean' },
+        'force-include-usage': { type: 'boolean' },
+        'api-key': { type: 'string' },
+        seed: { type: 'string' },
+        'fault-rate': { type: 'string' },
+        'fault-kinds': { type: 'string' },
+      },
+    }));
+  } catch (error) {
+    return { ok: false, message: error instanceof Error ? error.message : String(error) };
+  }
+
+  const problems: string[] = [];
+  const number = (flag: string, raw: string | undefined): number | undefined => {
+    if (raw === undefined) return undefined;
+    const parsed = raw.trim() === '' ? Number.NaN : Number(raw);
+    if (!Number.isFinite(parsed)) problems.push(`${flag}: "${raw}" is not a number`);
+    return parsed;
+  };
+
+  const port = number('--port', values.port) ?? 8000;
+  if (Number.isFinite(port) && !(Number.isInteger(port) && port >= 0 && port <= 65535)) {
+    problems.push(`--port: "${values.port}" is not a port number`);
+  }
+  const partial: Partial<SimOptions> = {};
+  const set = <K extends keyof SimOptions>(key: K, value: SimOptions[K] | undefined): void => {
+    if (value !== undefined) partial[key] = value;
+  };
+  set('models', values.model);
+  set('ttftMs', number('--ttft-ms', values['ttft-ms']));
+  set('itlMs', number('--itl-ms', values['itl-ms']));
+  set('outputTokens', number('--output-tokens', values['output-tokens']));
+  set('jitter', number('--jitter', values.jitter));
+  set('tokensPerEvent', number('--tokens-per-event', values['tokens-per-event']));
+  set('cachedTokens', number('--cached-tokens', values['cached-tokens']));
+  set('promptTokensDetails', values['prompt-tokens-details']);
+  set('forceIncludeUsage', values['force-include-usage']);
+  set('apiKey', values['api-key']);
+  set('seed', number('--seed', values.seed));
+  set('faultRate', number('--fault-rate', values['fault-rate']));
+  if (values['fault-kinds'] !== undefined) {
+    const kinds = values['fault-kinds'].split(',').map((k) => k.trim()).filter((k) => k !== '');
+    const unknown = kinds.filter((k) => !isFaultKind(k));
+    if (unknown.length > 0) problems.push(`--fault-kinds: unknown kind(s) ${unknown.join(', ')}; known: ${FAULT_KINDS.join(', ')}`);
+    else set('faultKinds', kinds as FaultKind[]);
+  }
+  if (problems.length > 0) return { ok: false, message: problems.join('\n') };
+
+  const validated = validateSimOptions(partial);
+  if (!validated.ok) {
+    return { ok: false, message: validated.problems.map((p) => `${FLAG_OF[p.option]}: ${p.message}`).join('\n') };
+  }
+  return { ok: true, args: { port, host: values.host, options: validated.options } };
+}
+
+function waitForSignal(): Promise<NodeJS.Signals> {
+  return new Promise((resolve) => {
+    const onSignal = (signal: NodeJS.Signals): void => {
+      process.off('SIGINT', onSignal);
+      process.off('SIGTERM', onSignal);
+      resolve(signal);
+    };
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
+  });
+}
+
+/** Run the simulator until SIGINT/SIGTERM. 0 after a clean stop; 2 on bad flags (message on stderr). */
+export async function runSim(argv: string[]): Promise<number> {
+  const parsed = parseSimArgs(argv);
+  if (!parsed.ok) {
+    console.error(parsed.message);
+    return 2;
+  }
+  const { port, host, options } = parsed.args;
+  const sim = createSimulator(options);
+  const { url } = await sim.listen(port, host);
+  console.log(`waybill sim: simulated vLLM serving ${options.models.join(', ')} at ${url}`);
+  await waitForSignal();
+  await sim.close();
+  return 0;
+}

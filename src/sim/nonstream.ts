@@ -1,0 +1,137 @@
+/**
+ * The non-streaming answer of one request: the whole body after the time the stream would have taken,
+ * or, for the faults that make sense without a stream, an HTTP error, a reset or a stall.
+ */
+import type { ServerResponse } from 'node:http';
+import type { Fault } from './faults.js';
+import { jittered, type Random } from './prng.js';
+import { after, type CancelTimer } from './timer.js';
+import { sendBody } from './respond.js';
+import type { StreamControl } from './stream.js';
+import {
+  choiceText,
+  completionBody,
+  errorBody,
+  errorInfo,
+  type GenerationRoute,
+  type ResponseIdentity,
+  type Usage,
+} from './wire.js';
+
+export interface NonStreamPlan {
+  readonly route: GenerationRoute;
+  readonly identity: ResponseIdentity;
+  readonly choiceCount: number;
+  readonly tokensPerChoice: number;
+  readonly tokensPerEvent: number;
+  readonly finishReason: string;
+  readonly usage: Usage | null;
+  readonly ttftMs: number;
+  readonly itlMs: number;
+  readonly jitter: number;
+  readonly random: Random;
+  /** Only kinds for which appliesToNonStream() holds; the server drops the others. */
+  readonly fault: Fault | null;
+}
+
+export interface NonStreamResult {
+  readonly end: 'completed' | 'fault';
+  /** 0 when the connection was reset without a status line. */
+  readonly status: number;
+  readonly completionTokensSent: number;
+  readonly generationComplete: boolean;
+}
+
+export interface NonStreamHooks {
+  onFirstToken(): void;
+  /** Called once, just before the response is sent or the socket reset. Not called for a stall. */
+  onEnd(result: NonStreamResult): void;
+}
+
+export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: NonStreamHooks): StreamControl {
+  let cancelTimer: CancelTimer | undefined;
+  let stopped = false;
+  const eventsPerChoice = Math.ceil(plan.tokensPerChoice / plan.tokensPerEvent);
+  const totalEvents = plan.choiceCount * eventsPerChoice;
+  const { fault } = plan;
+
+  const later = (ms: number, fn: () => void): void => {
+    cancelTimer = after(ms, () => {
+      cancelTimer = undefined;
+      if (!stopped) fn();
+    });
+  };
+  const itlFor = (events: number): number => jittered(plan.random, plan.itlMs * events, plan.jitter);
+
+  const fail = (code: number): void => {
+    stopped = true;
+    hooks.onEnd({ end: 'fault', status: code, completionTokensSent: 0, generationComplete: false });
+    sendBody(res, code, errorBody(errorInfo(code)));
+  };
+  const reset = (): void => {
+    stopped = true;
+    hooks.onEnd({ end: 'fault', status: 0, completionTokensSent: 0, generationComplete: false });
+    res.socket?.resetAndDestroy();
+  };
+  const succeed = (): void => {
+    stopped = true;
+    const choices = Array.from({ length: plan.choiceCount }, (_, index) => ({
+      text: choiceText(index, 0, plan.tokensPerChoice),
+      finishReason: plan.finishReason,
+    }));
+    const tokens = plan.choiceCount * plan.tokensPerChoice;
+    hooks.onEnd({ end: 'completed', status: 200, completionTokensSent: tokens, generationComplete: true });
+    sendBody(res, 200, completionBody(plan.route, plan.identity, choices, plan.usage));
+  };
+
+  const afterFirstToken = (): void => {
+    hooks.onFirstToken();
+    if (fault === null) {
+      later(itlFor(totalEvents - 1), succeed);
+      return;
+    }
+    if (fault.kind === 'error_after') {
+      later(itlFor(Math.min(fault.after, totalEvents)), () => fail(fault.code));
+    } else if (fault.kind === 'reset_after') {
+      later(itlFor(Math.min(fault.after, totalEvents)), reset);
+    } else {
+      later(itlFor(totalEvents - 1), succeed);
+    }
+  };
+
+  const ttft = jittered(plan.random, plan.ttftMs, plan.jitter);
+  switch (fault?.kind) {
+    case 'error_before_output':
+      later(ttft, () => fail(fault.code));
+      break;
+    case 'error_after':
+      if (fault.after === 0) later(ttft, () => fail(fault.code));
+      else later(ttft, afterFirstToken);
+      break;
+    case 'reset_after':
+      if (fault.after === 0) later(0, reset);
+      else later(ttft, afterFirstToken);
+      break;
+    case 'stall_after':
+      break;
+    case undefined:
+    case 'status':
+    case 'reset_before_response':
+    case 'end_after':
+    case 'no_done':
+    case 'drop_finish':
+    case 'malformed_after':
+    case 'oversized_after':
+    case 'data_after_done':
+      later(ttft, afterFirstToken);
+      break;
+  }
+
+  return {
+    abort(): void {
+      stopped = true;
+      cancelTimer?.();
+      cancelTimer = undefined;
+    },
+  };
+}

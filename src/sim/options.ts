@@ -1,0 +1,102 @@
+/** Simulator options: defaults, validation (every problem reported together), then frozen. */
+import { FAULT_KINDS, isFaultKind, type FaultKind } from './faults.js';
+
+export interface SimOptions {
+  /** Served model names; the first also labels /metrics (vLLM labels with its first served name). */
+  models: string[];
+  /** Request → first output event; the role chunk goes out with the first token, like vLLM. */
+  ttftMs: number;
+  /** Delay between output events. */
+  itlMs: number;
+  /** Tokens per choice, capped by max_tokens / max_completion_tokens (then finish_reason 'length'). */
+  outputTokens: number;
+  /** ± fraction applied to each delay, drawn from the seeded PRNG. */
+  jitter: number;
+  tokensPerEvent: number;
+  /** With promptTokensDetails, usage carries prompt_tokens_details.cached_tokens = min(this, prompt_tokens). */
+  cachedTokens: number;
+  /** vLLM's --enable-prompt-tokens-details. */
+  promptTokensDetails: boolean;
+  /** vLLM's --enable-force-include-usage. */
+  forceIncludeUsage: boolean;
+  /** vLLM's --api-key: /v1/* then needs `Authorization: Bearer <key>`. */
+  apiKey?: string;
+  seed: number;
+  /** Share of requests without an x-sim-fault header that get a random fault. */
+  faultRate: number;
+  /** Kinds random faults are drawn from, uniformly. */
+  faultKinds: FaultKind[];
+}
+
+export const DEFAULT_SIM_OPTIONS: Readonly<Omit<SimOptions, 'apiKey'>> = Object.freeze({
+  models: ['sim-model'],
+  ttftMs: 50,
+  itlMs: 10,
+  outputTokens: 32,
+  jitter: 0.1,
+  tokensPerEvent: 1,
+  cachedTokens: 0,
+  promptTokensDetails: false,
+  forceIncludeUsage: false,
+  seed: 1,
+  faultRate: 0,
+  faultKinds: [...FAULT_KINDS],
+});
+
+export interface OptionProblem {
+  readonly option: keyof SimOptions;
+  readonly message: string;
+}
+
+export type ValidationResult =
+  | { readonly ok: true; readonly options: Readonly<SimOptions> }
+  | { readonly ok: false; readonly problems: readonly OptionProblem[] };
+
+function isInt(value: number, min: number): boolean {
+  return Number.isInteger(value) && value >= min;
+}
+
+/** Merge `partial` over the defaults and check every field; never throws. */
+export function validateSimOptions(partial: Partial<SimOptions>): ValidationResult {
+  const merged: SimOptions = { ...DEFAULT_SIM_OPTIONS, ...partial };
+  const problems: OptionProblem[] = [];
+  const problem = (option: keyof SimOptions, message: string): void => {
+    problems.push({ option, message });
+  };
+
+  if (!Array.isArray(merged.models) || merged.models.length === 0) problem('models', 'needs at least one model name');
+  else if (merged.models.some((m) => typeof m !== 'string' || m === '')) problem('models', 'names must be non-empty strings');
+  else if (new Set(merged.models).size !== merged.models.length) problem('models', 'names must be unique');
+  if (!(Number.isFinite(merged.ttftMs) && merged.ttftMs >= 0)) problem('ttftMs', 'must be a number >= 0');
+  if (!(Number.isFinite(merged.itlMs) && merged.itlMs >= 0)) problem('itlMs', 'must be a number >= 0');
+  if (!isInt(merged.outputTokens, 1)) problem('outputTokens', 'must be an integer >= 1');
+  if (!(merged.jitter >= 0 && merged.jitter <= 1)) problem('jitter', 'must be between 0 and 1');
+  if (!isInt(merged.tokensPerEvent, 1)) problem('tokensPerEvent', 'must be an integer >= 1');
+  if (!isInt(merged.cachedTokens, 0)) problem('cachedTokens', 'must be an integer >= 0');
+  if (typeof merged.promptTokensDetails !== 'boolean') problem('promptTokensDetails', 'must be a boolean');
+  if (typeof merged.forceIncludeUsage !== 'boolean') problem('forceIncludeUsage', 'must be a boolean');
+  if (merged.apiKey !== undefined && (typeof merged.apiKey !== 'string' || merged.apiKey === '')) {
+    problem('apiKey', 'must be a non-empty string');
+  }
+  if (!Number.isSafeInteger(merged.seed)) problem('seed', 'must be an integer');
+  if (!(merged.faultRate >= 0 && merged.faultRate <= 1)) problem('faultRate', 'must be between 0 and 1');
+  if (!Array.isArray(merged.faultKinds) || merged.faultKinds.length === 0) {
+    problem('faultKinds', 'needs at least one fault kind');
+  } else {
+    const unknown = merged.faultKinds.filter((k) => !isFaultKind(k));
+    if (unknown.length > 0) problem('faultKinds', `unknown kind(s) ${unknown.join(', ')}; known: ${FAULT_KINDS.join(', ')}`);
+  }
+
+  if (problems.length > 0) return { ok: false, problems };
+  return {
+    ok: true,
+    options: Object.freeze({ ...merged, models: [...merged.models], faultKinds: [...merged.faultKinds] }),
+  };
+}
+
+/** Like validateSimOptions, but throws one TypeError listing every problem. */
+export function resolveSimOptions(partial: Partial<SimOptions>): Readonly<SimOptions> {
+  const result = validateSimOptions(partial);
+  if (result.ok) return result.options;
+  throw new TypeError(`Invalid simulator options: ${result.problems.map((p) => `${p.option} ${p.message}`).join('; ')}`);
+}

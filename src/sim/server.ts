@@ -1,0 +1,499 @@
+/**
+ * The simulated vLLM: node:http directly (no framework), one timer per stream, so a two-core machine can
+ * hold hundreds of concurrent streams. Routing, auth, validation and fault selection live here; the
+ * answer itself is written by stream.ts or nonstream.ts.
+ */
+import { randomUUID } from 'node:crypto';
+import { EventEmitter } from 'node:events';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
+import {
+  appliesToNonStream,
+  drawFault,
+  NO_DIRECTIVES,
+  parseFaultHeader,
+  type Directives,
+  type Fault,
+  type FaultKind,
+} from './faults.js';
+import { startNonStream } from './nonstream.js';
+import { resolveSimOptions, type SimOptions } from './options.js';
+import { shapeAnswer } from './plan.js';
+import { createRandom, deriveSeed, type Random } from './prng.js';
+import { MAX_MODEL_LEN, readGenerationRequest, type GenerationRequest } from './request.js';
+import { sendBody } from './respond.js';
+import { renderMetrics, StatsStore, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';
+import { startStream, type StreamControl } from './stream.js';
+import {
+  createChunkSerializer,
+  errorBody,
+  errorInfo,
+  METHOD_NOT_ALLOWED_BODY,
+  modelListBody,
+  NOT_FOUND_BODY,
+  statusBody,
+  UNAUTHORIZED_BODY,
+  type GenerationRoute,
+} from './wire.js';
+
+export type { SimOptions } from './options.js';
+export type { FaultKind } from './faults.js';
+export type { RequestEnd, RequestRecord, RouteName, SimStats } from './stats.js';
+
+export interface Simulator {
+  /** Port 0 picks an ephemeral port. Resolves with the bound port and `http://host:port`. */
+  listen(port?: number, host?: string): Promise<{ port: number; url: string }>;
+  /** Close the server and destroy open sockets (stalled streams included), so tests end promptly. */
+  close(): Promise<void>;
+  /** The same object as GET /sim/stats, detached. */
+  stats(): SimStats;
+  resetStats(): void;
+  /** A dead engine: /health 503, generation requests 500 (object-shaped); /v1/models stays 200. */
+  setEngineDead(dead: boolean): void;
+  /**
+   * Emits 'request-start' with the RequestRecord so far when a generation request is accepted (validated,
+   * fault chosen; a stream's 200 headers already sent), and 'request-end' with the final RequestRecord when
+   * a generation (or unknown-route) request ends: completed, fault, client disconnect or rejected.
+   */
+  readonly events: EventEmitter;
+}
+
+/** vLLM (uvicorn) closes idle keep-alive connections after 5 s and sends no Keep-Alive hint. */
+const IDLE_KEEP_ALIVE_MS = 5_000;
+const MAX_BODY_BYTES = 64 * 1024 * 1024;
+const MAX_RECORDED_HEADER = 256;
+const METRICS_CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
+/** The separate PRNG stream random faults are drawn from, in arrival order. */
+const FAULT_STREAM = 0xfa017;
+
+const ENGINE_DEAD_BODY = errorBody(
+  errorInfo(500, 'EngineCore encountered an issue. See stack trace (above) for the root cause.'),
+);
+
+interface Exchange {
+  readonly record: RequestRecord;
+  phase: 'none' | 'waiting' | 'running';
+  settled: boolean;
+  control: StreamControl | null;
+}
+
+type BodyRead = Buffer | 'too_large' | null;
+
+function readBody(req: IncomingMessage, limit: number): Promise<BodyRead> {
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    let done = false;
+    req.on('data', (chunk: Buffer) => {
+      if (done) return;
+      size += chunk.length;
+      if (size > limit) {
+        done = true;
+        resolve('too_large');
+        return;
+      }
+      chunks.push(chunk);
+    });
+    req.on('end', () => {
+      if (!done) {
+        done = true;
+        resolve(Buffer.concat(chunks, size));
+      }
+    });
+    req.on('close', () => {
+      if (!done) {
+        done = true;
+        resolve(null);
+      }
+    });
+  });
+}
+
+function routeOf(path: string): RouteName {
+  if (path === '/v1/chat/completions') return 'chat_completions';
+  if (path === '/v1/completions') return 'completions';
+  return 'other';
+}
+
+function headerValue(req: IncomingMessage, name: string): string | undefined {
+  const value = req.headers[name];
+  if (Array.isArray(value)) return value.join(', ');
+  return value;
+}
+
+function recordedHeaders(req: IncomingMessage): RecordedHeaders {
+  const headers: RecordedHeaders = {};
+  const requestId = headerValue(req, 'x-request-id');
+  const traceparent = headerValue(req, 'traceparent');
+  const tracestate = headerValue(req, 'tracestate');
+  if (requestId !== undefined) headers['x-request-id'] = requestId.slice(0, MAX_RECORDED_HEADER);
+  if (traceparent !== undefined) headers.traceparent = traceparent.slice(0, MAX_RECORDED_HEADER);
+  if (tracestate !== undefined) headers.tracestate = tracestate.slice(0, MAX_RECORDED_HEADER);
+  if (req.headers.authorization !== undefined) headers.authorization = 'present';
+  return headers;
+}
+
+/**
+ * Create a simulated vLLM. Options are validated once (every problem in one TypeError) and frozen.
+ *
+ * @example
+ * const sim = createSimulator({ ttftMs: 5, itlMs: 1 });
+ * const { url } = await sim.listen(0);
+ * // POST `${url}/v1/chat/completions` with `x-sim-fault: error_after=3`
+ * await sim.close();
+ */
+export function createSimulator(options: Partial<SimOptions> = {}): Simulator {
+  return new SimServer(resolveSimOptions(options));
+}
+
+class SimServer implements Simulator {
+  readonly events = new EventEmitter();
+  private readonly server: Server;
+  private readonly store = new StatsStore();
+  private readonly sockets = new Set<Socket>();
+  private readonly idleTimers = new Map<Socket, NodeJS.Timeout>();
+  private readonly faultRandom: Random;
+  private readonly nonStreamFaultKinds: readonly FaultKind[];
+  private engineDead = false;
+  private seq = 0;
+
+  constructor(private readonly opts: Readonly<SimOptions>) {
+    this.faultRandom = createRandom(deriveSeed(opts.seed, FAULT_STREAM));
+    this.nonStreamFaultKinds = opts.faultKinds.filter(appliesToNonStream);
+    this.server = createServer((req, res) => this.handle(req, res));
+    // 0 stops Node from sending `Keep-Alive: timeout=5`, a hint vLLM does not give; idle closing is ours.
+    this.server.keepAliveTimeout = 0;
+    this.server.on('connection', (socket: Socket) => {
+      this.sockets.add(socket);
+      socket.on('close', () => {
+        this.sockets.delete(socket);
+        this.clearIdle(socket);
+      });
+    });
+  }
+
+  listen(port = 0, host = '127.0.0.1'): Promise<{ port: number; url: string }> {
+    return new Promise((resolve, reject) => {
+      const onError = (error: Error): void => reject(error);
+      this.server.once('error', onError);
+      this.server.listen(port, host, () => {
+        this.server.off('error', onError);
+        const bound = (this.server.address() as AddressInfo).port;
+        const urlHost = host.includes(':') ? `[${host}]` : host;
+        resolve({ port: bound, url: `http://${urlHost}:${bound}` });
+      });
+    });
+  }
+
+  close(): Promise<void> {
+    return new Promise((resolve) => {
+      if (!this.server.listening) {
+        resolve();
+        return;
+      }
+      this.server.close(() => resolve());
+      for (const socket of this.sockets) socket.destroy();
+    });
+  }
+
+  stats(): SimStats {
+    return this.store.snapshot();
+  }
+
+  resetStats(): void {
+    this.store.reset();
+  }
+
+  setEngineDead(dead: boolean): void {
+    this.engineDead = dead;
+  }
+
+  // ---- connections ----
+
+  private armIdle(socket: Socket): void {
+    if (socket.destroyed) return;
+    this.clearIdle(socket);
+    const timer = setTimeout(() => socket.destroy(), IDLE_KEEP_ALIVE_MS);
+    timer.unref();
+    this.idleTimers.set(socket, timer);
+  }
+
+  private clearIdle(socket: Socket): void {
+    const timer = this.idleTimers.get(socket);
+    if (timer !== undefined) {
+      clearTimeout(timer);
+      this.idleTimers.delete(socket);
+    }
+  }
+
+  private isAuthorized(req: IncomingMessage, path: string): boolean {
+    // vLLM's --api-key middleware guards /v1/* only; /health and /metrics stay open.
+    if (this.opts.apiKey === undefined || !path.startsWith('/v1')) return true;
+    return req.headers.authorization === `Bearer ${this.opts.apiKey}`;
+  }
+
+  // ---- routing ----
+
+  private handle(req: IncomingMessage, res: ServerResponse): void {
+    const socket = req.socket;
+    this.clearIdle(socket);
+    res.once('finish', () => this.armIdle(socket));
+    const path = (req.url ?? '/').split('?', 1)[0] ?? '/';
+
+    if (path === '/sim/stats') {
+      // The control plane: reading the stats does not count as a request.
+      req.resume();
+      if (req.method === 'GET') sendBody(res, 200, JSON.stringify(this.store.snapshot()));
+      else sendBody(res, 405, METHOD_NOT_ALLOWED_BODY, 'application/json', { allow: 'GET' });
+      return;
+    }
+
+    const route = routeOf(path);
+    this.store.countRequest(route);
+    if (route !== 'other') {
+      void this.handleGeneration(req, res, route, path);
+      return;
+    }
+    this.handleOther(req, res, path);
+  }
+
+  private respond(
+    res: ServerResponse,
+    status: number,
+    body: string,
+    contentType?: string | null,
+    headers?: Record<string, string>,
+  ): void {
+    this.store.countStatus(status);
+    sendBody(res, status, body, contentType, headers);
+  }
+
+  private handleOther(req: IncomingMessage, res: ServerResponse, path: string): void {
+    req.resume();
+    const isIntrospection = path === '/health' || path === '/v1/models' || path === '/metrics';
+    if (!isIntrospection) {
+      // Unknown routes get a record: a gateway sending traffic to the wrong path should be visible.
+      const ex = this.open(req, 'other');
+      const status = this.isAuthorized(req, path) ? 404 : 401;
+      sendBody(res, status, status === 404 ? NOT_FOUND_BODY : UNAUTHORIZED_BODY);
+      this.settle(ex, 'rejected', status);
+      return;
+    }
+    if (!this.isAuthorized(req, path)) {
+      this.respond(res, 401, UNAUTHORIZED_BODY);
+      return;
+    }
+    if (req.method !== 'GET') {
+      this.respond(res, 405, METHOD_NOT_ALLOWED_BODY, 'application/json', { allow: 'GET' });
+      return;
+    }
+    if (path === '/health') this.respond(res, this.engineDead ? 503 : 200, '', null);
+    else if (path === '/v1/models') this.respond(res, 200, modelListBody(this.opts.models, MAX_MODEL_LEN, Math.floor(Date.now() / 1000)));
+    else this.respond(res, 200, renderMetrics(this.store.engine, this.opts.models[0] ?? ''), METRICS_CONTENT_TYPE);
+  }
+
+  // ---- request records ----
+
+  private open(req: IncomingMessage, route: RouteName): Exchange {
+    this.seq += 1;
+    const headers = recordedHeaders(req);
+    const record: RequestRecord = {
+      seq: this.seq,
+      requestId: headers['x-request-id'] ?? randomUUID().replaceAll('-', ''),
+      route,
+      model: null,
+      stream: false,
+      n: 1,
+      includeUsage: null,
+      headers,
+      fault: null,
+      end: 'rejected',
+      status: 0,
+      outputEventsSent: 0,
+      completionTokensSent: 0,
+    };
+    this.store.open();
+    return { record, phase: 'none', settled: false, control: null };
+  }
+
+  private setPhase(ex: Exchange, phase: Exchange['phase']): void {
+    const engine = this.store.engine;
+    if (ex.phase === 'waiting') engine.waiting -= 1;
+    if (ex.phase === 'running') engine.running -= 1;
+    if (phase === 'waiting') engine.waiting += 1;
+    if (phase === 'running') engine.running += 1;
+    ex.phase = phase;
+  }
+
+  private settle(ex: Exchange, end: RequestRecord['end'], status: number): void {
+    if (ex.settled) return;
+    ex.settled = true;
+    ex.record.end = end;
+    ex.record.status = status;
+    this.setPhase(ex, 'none');
+    if (status > 0) this.store.countStatus(status);
+    this.store.close(ex.record);
+    this.events.emit('request-end', { ...ex.record, headers: { ...ex.record.headers } });
+  }
+
+  private reject(ex: Exchange, res: ServerResponse, status: number, body: string, headers?: Record<string, string>): void {
+    sendBody(res, status, body, 'application/json', headers);
+    this.settle(ex, 'rejected', status);
+  }
+
+  private applyFault(ex: Exchange, fault: Fault): void {
+    ex.record.fault = fault.kind;
+    this.store.countFault(fault.kind);
+  }
+
+  // ---- generation ----
+
+  private async handleGeneration(req: IncomingMessage, res: ServerResponse, route: GenerationRoute, path: string): Promise<void> {
+    const ex = this.open(req, route);
+    res.on('close', () => {
+      ex.control?.abort();
+      if (!ex.settled) this.settle(ex, 'client_disconnect', res.headersSent ? res.statusCode : 0);
+    });
+    try {
+      await this.serveGeneration(ex, req, res, route, path);
+    } catch (error) {
+      // A simulator bug must not look like a hang: answer 500 if we still can, else drop the connection.
+      if (!res.headersSent) this.reject(ex, res, 500, errorBody(errorInfo(500, String(error))));
+      else res.destroy();
+      this.settle(ex, 'rejected', 500);
+    }
+  }
+
+  private async serveGeneration(
+    ex: Exchange,
+    req: IncomingMessage,
+    res: ServerResponse,
+    route: GenerationRoute,
+    path: string,
+  ): Promise<void> {
+    if (req.method !== 'POST') {
+      req.resume();
+      this.reject(ex, res, 405, METHOD_NOT_ALLOWED_BODY, { allow: 'POST' });
+      return;
+    }
+    if (!this.isAuthorized(req, path)) {
+      req.resume();
+      this.reject(ex, res, 401, UNAUTHORIZED_BODY);
+      return;
+    }
+
+    const header = headerValue(req, 'x-sim-fault');
+    const parsed = header === undefined ? ({ ok: true, directives: NO_DIRECTIVES } as const) : parseFaultHeader(header);
+    if (parsed.ok && parsed.directives.fault?.kind === 'reset_before_response') {
+      this.applyFault(ex, parsed.directives.fault);
+      this.settle(ex, 'fault', 0);
+      req.socket.resetAndDestroy();
+      return;
+    }
+
+    const raw = await readBody(req, MAX_BODY_BYTES);
+    if (ex.settled || raw === null) return; // the client left; the close handler recorded it
+    if (raw === 'too_large') {
+      this.reject(ex, res, 413, errorBody(errorInfo(413, `Request body exceeds ${MAX_BODY_BYTES} bytes.`)), { connection: 'close' });
+      return;
+    }
+    if (!parsed.ok) {
+      this.reject(ex, res, 400, errorBody(errorInfo(400, parsed.message, 'x-sim-fault')));
+      return;
+    }
+    const mediaType = (req.headers['content-type'] ?? '').split(';', 1)[0]?.trim().toLowerCase();
+    if (mediaType !== 'application/json') {
+      this.reject(ex, res, 400, errorBody(errorInfo(400, "Unsupported Media Type: Only 'application/json' is allowed")));
+      return;
+    }
+    let body: unknown;
+    try {
+      body = JSON.parse(raw.toString('utf8'));
+    } catch {
+      this.reject(ex, res, 400, errorBody(errorInfo(400, 'JSON decode error')));
+      return;
+    }
+    const result = readGenerationRequest(route, body, this.opts.models, ex.record);
+    if (!result.ok) {
+      this.reject(ex, res, result.status, result.body);
+      return;
+    }
+    if (this.engineDead) {
+      this.reject(ex, res, 500, ENGINE_DEAD_BODY);
+      return;
+    }
+
+    const request = result.request;
+    let fault = parsed.directives.fault;
+    if (header === undefined) {
+      const kinds = request.stream ? this.opts.faultKinds : this.nonStreamFaultKinds;
+      fault = drawFault(this.faultRandom, this.opts.faultRate, kinds, this.opts.outputTokens);
+    } else if (fault !== null && !request.stream && !appliesToNonStream(fault.kind)) {
+      fault = null; // stream-only faults mean nothing without a stream
+    }
+    if (fault !== null) this.applyFault(ex, fault);
+    if (fault?.kind === 'status') {
+      sendBody(res, fault.status, statusBody(fault.status, request.model));
+      this.settle(ex, 'fault', fault.status);
+      return;
+    }
+    if (fault?.kind === 'reset_before_response') {
+      this.settle(ex, 'fault', 0);
+      req.socket.resetAndDestroy();
+      return;
+    }
+    this.generate(ex, res, request, fault, parsed.directives);
+  }
+
+  private generate(ex: Exchange, res: ServerResponse, request: GenerationRequest, fault: Fault | null, directives: Directives): void {
+    const { store } = this;
+    const shape = shapeAnswer(request, directives.modifiers, this.opts, ex.record.requestId, Math.floor(Date.now() / 1000));
+    const common = {
+      choiceCount: shape.choiceCount,
+      tokensPerChoice: shape.tokensPerChoice,
+      tokensPerEvent: shape.tokensPerEvent,
+      finishReason: shape.finishReason,
+      usage: shape.sendsUsage ? shape.usage : null,
+      ttftMs: shape.ttftMs,
+      itlMs: shape.itlMs,
+      jitter: shape.jitter,
+      random: createRandom(deriveSeed(this.opts.seed, ex.record.seq)),
+      fault,
+    };
+    const countSuccess = (): void => store.countSuccess(new Array<string>(shape.choiceCount).fill(shape.finishReason));
+    const onFirstToken = (): void => this.setPhase(ex, 'running');
+
+    store.addPromptTokens(request.promptTokens);
+    this.setPhase(ex, 'waiting');
+    const emitStart = (): void => {
+      this.events.emit('request-start', { ...ex.record, headers: { ...ex.record.headers } });
+    };
+    if (request.stream) {
+      const plan = { ...common, serializer: createChunkSerializer(request.route, shape.identity), framing: directives.modifiers };
+      ex.control = startStream(res, plan, {
+        onFirstToken,
+        onOutput: (tokens) => {
+          ex.record.outputEventsSent += 1;
+          ex.record.completionTokensSent += tokens;
+          store.addCompletionTokens(tokens);
+        },
+        onEnd: ({ end, generationComplete }) => {
+          if (generationComplete) countSuccess();
+          this.settle(ex, end, 200);
+        },
+      });
+      emitStart();
+      return;
+    }
+    ex.control = startNonStream(res, { ...common, route: request.route, identity: shape.identity }, {
+      onFirstToken,
+      onEnd: ({ end, status, completionTokensSent, generationComplete }) => {
+        ex.record.completionTokensSent = completionTokensSent;
+        store.addCompletionTokens(completionTokensSent);
+        if (generationComplete) countSuccess();
+        this.settle(ex, end, status);
+      },
+    });
+    emitStart();
+  }
+}

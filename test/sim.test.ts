@@ -1,0 +1,882 @@
+import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
+import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
+import { afterEach, describe, expect, it } from 'vitest';
+import { drawFault, FAULT_KINDS, FAULT_PARAMETERS, MODIFIER_NAMES, parseFaultHeader } from '../src/sim/faults.js';
+import { FLAG_OF, parseSimArgs, runSim } from '../src/sim/main.js';
+import { createRandom } from '../src/sim/prng.js';
+import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../src/sim/server.js';
+import { choiceText, estimateTokens, pythonJsonDumps, tokenText } from '../src/sim/wire.js';
+
+// ---- harness ----
+
+const FAST: Partial<SimOptions> = { ttftMs: 2, itlMs: 1, jitter: 0, outputTokens: 4 };
+let sims: Simulator[] = [];
+
+afterEach(async () => {
+  await Promise.all(sims.map((s) => s.close()));
+  sims = [];
+});
+
+async function start(options: Partial<SimOptions> = {}): Promise<{ sim: Simulator; url: string }> {
+  const sim = createSimulator({ ...FAST, ...options });
+  sims.push(sim);
+  const { url } = await sim.listen(0);
+  return { sim, url };
+}
+
+interface Reply {
+  status: number;
+  headers: IncomingHttpHeaders;
+  raw: Buffer;
+  text: string;
+  /** The body ended with a proper terminator. */
+  complete: boolean;
+  /** A transport error (reset, truncated body, no response). */
+  error: (Error & { code?: string }) | null;
+}
+
+interface Send {
+  method?: string;
+  headers?: Record<string, string>;
+  body?: unknown;
+  /** Called with each body chunk; return true to destroy the connection right there. */
+  onChunk?: (received: string) => boolean;
+}
+
+/** One request on a fresh connection (agent: false), so keep-alive never hides a reset. */
+function send(url: string, path: string, options: Send = {}): Promise<Reply> {
+  const body = options.body === undefined ? undefined : typeof options.body === 'string' ? options.body : JSON.stringify(options.body);
+  return new Promise((resolve) => {
+    let status = 0;
+    let headers: IncomingHttpHeaders = {};
+    const chunks: Buffer[] = [];
+    let settled = false;
+    const finish = (complete: boolean, error: Reply['error']): void => {
+      if (settled) return;
+      settled = true;
+      const raw = Buffer.concat(chunks);
+      resolve({ status, headers, raw, text: raw.toString('utf8'), complete, error });
+    };
+    const req = httpRequest(
+      `${url}${path}`,
+      {
+        method: options.method ?? (body === undefined ? 'GET' : 'POST'),
+        agent: false,
+        headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...options.headers },
+      },
+      (res) => {
+        status = res.statusCode ?? 0;
+        headers = res.headers;
+        res.on('data', (chunk: Buffer) => {
+          chunks.push(chunk);
+          if (options.onChunk?.(Buffer.concat(chunks).toString('utf8')) === true) {
+            req.destroy();
+            finish(false, null);
+          }
+        });
+        res.on('end', () => finish(res.complete, null));
+        res.on('error', (error) => finish(false, error));
+        res.on('close', () => finish(res.complete, res.complete ? null : new Error('aborted')));
+      },
+    );
+    req.on('error', (error) => finish(false, error));
+    req.end(body);
+  });
+}
+
+function nextEnd(sim: Simulator): Promise<RequestRecord> {
+  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
+}
+
+/** The data of each event, for LF framing without comments. */
+function dataOf(text: string): string[] {
+  expect(text.endsWith('\n\n')).toBe(true);
+  return text
+    .slice(0, -2)
+    .split('\n\n')
+    .map((event) => {
+      expect(event.startsWith('data: ')).toBe(true);
+      return event.slice('data: '.length);
+    });
+}
+
+type Chunk = {
+  id: string;
+  object: string;
+  created: number;
+  model: string;
+  choices: {
+    index: number;
+    delta?: { role?: string; content?: string };
+    text?: string;
+    logprobs: null;
+    finish_reason: string | null;
+    stop_reason?: null;
+  }[];
+  usage?: { prompt_tokens: number; total_tokens: number; completion_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
+};
+
+function chunksOf(text: string): { chunks: Chunk[]; done: boolean } {
+  const data = dataOf(text);
+  const done = data.at(-1) === '[DONE]';
+  const json = done ? data.slice(0, -1) : data;
+  return {
+    done,
+    chunks: json.map((d) => {
+      // Compact JSON: re-serialising gives the same bytes (and key order).
+      expect(JSON.stringify(JSON.parse(d))).toBe(d);
+      return JSON.parse(d) as Chunk;
+    }),
+  };
+}
+
+const chat = (extra: Record<string, unknown> = {}): Record<string, unknown> => ({
+  model: 'sim-model',
+  messages: [{ role: 'user', content: 'Say hello to the simulator' }],
+  stream: true,
+  ...extra,
+});
+const PROMPT_TOKENS = estimateTokens('Say hello to the simulator'.length);
+
+// ---- chat streams ----
+
+describe('chat streaming', () => {
+  it('sends role, deltas, one finish chunk, usage and [DONE] in that order (n = 1)', async () => {
+    const { sim, url } = await start();
+    const ended = nextEnd(sim);
+    const reply = await send(url, '/v1/chat/completions', {
+      headers: { 'x-request-id': 'req-1' },
+      body: chat({ stream_options: { include_usage: true } }),
+    });
+    expect(reply.status).toBe(200);
+    expect(reply.headers['content-type']).toBe('text/event-stream; charset=utf-8');
+    expect(reply.headers['transfer-encoding']).toBe('chunked');
+    expect(reply.headers['keep-alive']).toBeUndefined();
+    expect(reply.complete).toBe(true);
+
+    const { chunks, done } = chunksOf(reply.text);
+    expect(done).toBe(true);
+    const head = { id: 'chatcmpl-req-1', object: 'chat.completion.chunk', model: 'sim-model' };
+    expect(chunks).toHaveLength(6);
+    for (const chunk of chunks) expect(chunk).toMatchObject(head);
+    expect(chunks[0]?.choices).toEqual([
+      { index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null },
+    ]);
+    for (let t = 0; t < 3; t++) {
+      expect(chunks[1 + t]?.choices).toEqual([
+        { index: 0, delta: { content: tokenText(0, t) }, logprobs: null, finish_reason: null },
+      ]);
+    }
+    expect(chunks[4]?.choices).toEqual([
+      { index: 0, delta: { content: tokenText(0, 3) }, logprobs: null, finish_reason: 'stop', stop_reason: null },
+    ]);
+    expect(chunks[5]?.choices).toEqual([]);
+    expect(chunks[5]?.usage).toEqual({ prompt_tokens: PROMPT_TOKENS, total_tokens: PROMPT_TOKENS + 4, completion_tokens: 4 });
+
+    const record = await ended;
+    expect(record).toEqual({
+      seq: 1,
+      requestId: 'req-1',
+      route: 'chat_completions',
+      model: 'sim-model',
+      stream: true,
+      n: 1,
+      includeUsage: true,
+      headers: { 'x-request-id': 'req-1' },
+      fault: null,
+      end: 'completed',
+      status: 200,
+      outputEventsSent: 4,
+      completionTokensSent: 4,
+    });
+  });
+
+  it('sends no usage chunk unless asked, or forced by forceIncludeUsage', async () => {
+    const plain = await start();
+    const withoutUsage = chunksOf((await send(plain.url, '/v1/chat/completions', { body: chat() })).text);
+    expect(withoutUsage.chunks.some((c) => c.usage !== undefined)).toBe(false);
+    expect(withoutUsage.chunks).toHaveLength(5);
+
+    const forced = await start({ forceIncludeUsage: true });
+    const withUsage = chunksOf((await send(forced.url, '/v1/chat/completions', { body: chat() })).text);
+    expect(withUsage.chunks.at(-1)?.usage?.completion_tokens).toBe(4);
+  });
+
+  it('interleaves n = 2: role chunks first, one finish per index, usage last with summed tokens', async () => {
+    const { url } = await start({ outputTokens: 6 });
+    const reply = await send(url, '/v1/chat/completions', { body: chat({ n: 2, stream_options: { include_usage: true } }) });
+    const { chunks, done } = chunksOf(reply.text);
+    expect(done).toBe(true);
+    expect(chunks.slice(0, 2).map((c) => c.choices[0]?.delta)).toEqual([
+      { role: 'assistant', content: '' },
+      { role: 'assistant', content: '' },
+    ]);
+    expect(chunks.slice(0, 2).map((c) => c.choices[0]?.index)).toEqual([0, 1]);
+    const outputs = chunks.slice(2, -1);
+    expect(outputs).toHaveLength(12);
+    for (const c of outputs) expect(c.choices).toHaveLength(1);
+    const finishes = outputs.filter((c) => c.choices[0]?.finish_reason !== null);
+    expect(finishes.map((c) => c.choices[0]?.index).sort()).toEqual([0, 1]);
+    for (const f of finishes) expect(f.choices[0]).toHaveProperty('stop_reason', null);
+    // Each index's finish chunk is its last output; texts reassemble per index.
+    for (const index of [0, 1]) {
+      const mine = outputs.filter((c) => c.choices[0]?.index === index);
+      expect(mine.at(-1)?.choices[0]?.finish_reason).toBe('stop');
+      expect(mine.map((c) => c.choices[0]?.delta?.content).join('')).toBe(choiceText(index, 0, 6));
+    }
+    // The indices really interleave (seeded order), rather than running one after the other.
+    const order = outputs.map((c) => c.choices[0]?.index);
+    expect(order.indexOf(1)).toBeLessThan(order.lastIndexOf(0));
+    expect(chunks.at(-1)?.usage).toEqual({ prompt_tokens: PROMPT_TOKENS, total_tokens: PROMPT_TOKENS + 12, completion_tokens: 12 });
+  });
+
+  it('caps at max_tokens (max_completion_tokens first) with finish_reason length', async () => {
+    const { url } = await start({ outputTokens: 10 });
+    const capped = chunksOf((await send(url, '/v1/chat/completions', { body: chat({ max_tokens: 3 }) })).text);
+    expect(capped.chunks).toHaveLength(4);
+    expect(capped.chunks.at(-1)?.choices[0]?.finish_reason).toBe('length');
+    const both = chunksOf(
+      (await send(url, '/v1/chat/completions', { body: chat({ max_tokens: 3, max_completion_tokens: 2 }) })).text,
+    );
+    expect(both.chunks).toHaveLength(3);
+    const roomy = chunksOf((await send(url, '/v1/chat/completions', { body: chat({ max_tokens: 50 }) })).text);
+    expect(roomy.chunks).toHaveLength(11);
+    expect(roomy.chunks.at(-1)?.choices[0]?.finish_reason).toBe('stop');
+  });
+
+  it("emits 'request-start' once a request is accepted, before its 'request-end'", async () => {
+    const { sim, url } = await start();
+    const seen: string[] = [];
+    sim.events.on('request-start', (r: RequestRecord) => seen.push(`start ${r.seq} ${r.stream}`));
+    sim.events.on('request-end', (r: RequestRecord) => seen.push(`end ${r.seq} ${r.end}`));
+    await send(url, '/v1/chat/completions', { body: chat() });
+    await send(url, '/v1/chat/completions', { body: chat({ stream: false }) });
+    await send(url, '/v1/chat/completions', { body: chat({ model: 'nope' }) });
+    expect(seen).toEqual(['start 1 true', 'end 1 completed', 'start 2 false', 'end 2 completed', 'end 3 rejected']);
+  });
+
+  it('runs itl_ms = 0 streams without the 1 ms timer clamp', async () => {
+    const { url } = await start({ itlMs: 0, outputTokens: 5000 });
+    const t0 = Date.now();
+    const reply = await send(url, '/v1/chat/completions', { body: chat() });
+    expect(reply.text.endsWith('data: [DONE]\n\n')).toBe(true);
+    expect(dataOf(reply.text)).toHaveLength(5002);
+    // With setTimeout(0) this would take at least 5 s.
+    expect(Date.now() - t0).toBeLessThan(4000);
+  });
+
+  it('sends nothing between the 200 headers and the first token', async () => {
+    const { url } = await start({ ttftMs: 300 });
+    const t0 = Date.now();
+    let firstChunkAt = 0;
+    let headersAt = 0;
+    await new Promise<void>((resolve, reject) => {
+      const req = httpRequest(`${url}/v1/chat/completions`, { method: 'POST', agent: false, headers: { 'content-type': 'application/json' } }, (res) => {
+        headersAt = Date.now() - t0;
+        res.once('data', () => {
+          firstChunkAt = Date.now() - t0;
+        });
+        res.on('end', resolve);
+        res.resume();
+      });
+      req.on('error', reject);
+      req.end(JSON.stringify(chat()));
+    });
+    // Flushed headers arrive on their own, long before the first event; unflushed ones would share its packet.
+    expect(firstChunkAt).toBeGreaterThanOrEqual(295);
+    expect(firstChunkAt - headersAt).toBeGreaterThanOrEqual(100);
+  });
+});
+
+// ---- legacy completions and non-streaming ----
+
+describe('legacy completions and non-streaming bodies', () => {
+  it('streams text_completion chunks without a role chunk; a prompt list gives index = choice + prompt_idx * n', async () => {
+    const { url } = await start({ outputTokens: 2 });
+    const reply = await send(url, '/v1/completions', {
+      headers: { 'x-request-id': 'c1' },
+      body: { model: 'sim-model', prompt: ['first', 'second'], n: 2, stream: true, stream_options: { include_usage: true } },
+    });
+    const { chunks, done } = chunksOf(reply.text);
+    expect(done).toBe(true);
+    const outputs = chunks.slice(0, -1);
+    expect(outputs).toHaveLength(8);
+    for (const c of chunks) expect(c).toMatchObject({ id: 'cmpl-c1', object: 'text_completion', model: 'sim-model' });
+    for (const c of outputs) {
+      expect(Object.keys(c.choices[0] ?? {})).toEqual(['index', 'text', 'logprobs', 'finish_reason', 'stop_reason']);
+      expect(c.choices[0]?.delta).toBeUndefined();
+    }
+    for (const index of [0, 1, 2, 3]) {
+      const mine = outputs.filter((c) => c.choices[0]?.index === index);
+      expect(mine.map((c) => c.choices[0]?.finish_reason)).toEqual([null, 'stop']);
+      expect(mine.map((c) => c.choices[0]?.text).join('')).toBe(choiceText(index, 0, 2));
+    }
+    const prompt = estimateTokens(5) + estimateTokens(6);
+    expect(chunks.at(-1)?.usage).toEqual({ prompt_tokens: prompt, total_tokens: prompt + 8, completion_tokens: 8 });
+  });
+
+  it('answers stream: false with a chat.completion body and usage', async () => {
+    const { sim, url } = await start();
+    const ended = nextEnd(sim);
+    const reply = await send(url, '/v1/chat/completions', { headers: { 'x-request-id': 'ns' }, body: chat({ stream: false, n: 2 }) });
+    expect(reply.status).toBe(200);
+    expect(reply.headers['content-type']).toBe('application/json');
+    const body = JSON.parse(reply.text) as Record<string, unknown>;
+    expect(body).toMatchObject({
+      id: 'chatcmpl-ns',
+      object: 'chat.completion',
+      model: 'sim-model',
+      choices: [
+        { index: 0, message: { role: 'assistant', content: choiceText(0, 0, 4) }, logprobs: null, finish_reason: 'stop', stop_reason: null },
+        { index: 1, message: { role: 'assistant', content: choiceText(1, 0, 4) }, logprobs: null, finish_reason: 'stop', stop_reason: null },
+      ],
+      usage: { prompt_tokens: PROMPT_TOKENS, total_tokens: PROMPT_TOKENS + 8, completion_tokens: 8 },
+    });
+    expect(typeof body.created).toBe('number');
+    expect(await ended).toMatchObject({ stream: false, end: 'completed', status: 200, outputEventsSent: 0, completionTokensSent: 8 });
+  });
+
+  it('answers a non-streaming legacy completion with text choices', async () => {
+    const { url } = await start({ outputTokens: 3 });
+    const reply = await send(url, '/v1/completions', { body: { model: 'sim-model', prompt: [1, 2, 3, 4, 5], max_tokens: 2 } });
+    expect(JSON.parse(reply.text)).toMatchObject({
+      object: 'text_completion',
+      choices: [{ index: 0, text: choiceText(0, 0, 2), logprobs: null, finish_reason: 'length', stop_reason: null }],
+      usage: { prompt_tokens: 5, total_tokens: 7, completion_tokens: 2 },
+    });
+  });
+});
+
+// ---- errors before streaming ----
+
+describe('errors before streaming', () => {
+  it('rejects invalid JSON, missing messages, unknown models, stream_options without stream and unknown routes like vLLM', async () => {
+    const { sim, url } = await start();
+    const invalidJson = await send(url, '/v1/chat/completions', { body: '{"model":' });
+    expect(invalidJson.status).toBe(400);
+    expect(JSON.parse(invalidJson.text)).toEqual({ error: { message: 'JSON decode error', type: 'BadRequestError', param: null, code: 400 } });
+
+    const missing = await send(url, '/v1/chat/completions', { body: { model: 'sim-model' } });
+    expect(missing.status).toBe(400);
+    expect(JSON.parse(missing.text)).toMatchObject({ error: { type: 'BadRequestError', param: 'messages', code: 400 } });
+
+    const unknownModel = await send(url, '/v1/chat/completions', { body: chat({ model: 'gpt-9' }) });
+    expect(unknownModel.status).toBe(404);
+    expect(JSON.parse(unknownModel.text)).toEqual({
+      error: { message: 'The model `gpt-9` does not exist.', type: 'NotFoundError', param: 'model', code: 404 },
+    });
+
+    const options = await send(url, '/v1/chat/completions', { body: chat({ stream: false, stream_options: { include_usage: true } }) });
+    expect(options.status).toBe(400);
+
+    const route = await send(url, '/v1/embeddings', { body: { input: 'x' } });
+    expect(route.status).toBe(404);
+    expect(JSON.parse(route.text)).toEqual({ detail: 'Not Found' });
+
+    const stats = sim.stats();
+    expect(stats.byStatus).toEqual({ '400': 3, '404': 2 });
+    expect(stats.recent.map((r) => r.end)).toEqual(['rejected', 'rejected', 'rejected', 'rejected', 'rejected']);
+    expect(stats.recent.map((r) => r.model)).toEqual([null, 'sim-model', 'gpt-9', 'sim-model', null]);
+    expect(stats.tokens).toEqual({ prompt: 0, completion: 0 });
+  });
+
+  it('with an API key answers 401 {"error":"Unauthorized"} (a string) on /v1, and leaves /health open', async () => {
+    const { sim, url } = await start({ apiKey: 'secret-key' });
+    const denied = await send(url, '/v1/chat/completions', { body: chat() });
+    expect(denied.status).toBe(401);
+    expect(denied.text).toBe('{"error":"Unauthorized"}');
+    expect((await send(url, '/v1/models')).status).toBe(401);
+    expect((await send(url, '/health')).status).toBe(200);
+    const ended = nextEnd(sim);
+    const allowed = await send(url, '/v1/chat/completions', { headers: { authorization: 'Bearer secret-key' }, body: chat() });
+    expect(allowed.status).toBe(200);
+    expect((await ended).headers).toEqual({ authorization: 'present' });
+    const served = await send(url, '/sim/stats');
+    expect(served.text).not.toContain('secret-key');
+  });
+});
+
+// ---- faults ----
+
+describe('x-sim-fault', () => {
+  const stream = (url: string, fault: string, extra: Record<string, unknown> = {}, headers: Record<string, string> = {}): Promise<Reply> =>
+    send(url, '/v1/chat/completions', { headers: { 'x-sim-fault': fault, ...headers }, body: chat(extra) });
+
+  it('status=<code> answers before streaming, string-shaped for 401 and 503, object-shaped otherwise', async () => {
+    const { sim, url } = await start();
+    const s503 = await stream(url, 'status=503');
+    expect(s503.status).toBe(503);
+    expect(s503.text).toBe('{"error":"Service Unavailable"}');
+    const s401 = await stream(url, 'status=401');
+    expect(s401.text).toBe('{"error":"Unauthorized"}');
+    const s429 = await stream(url, 'status=429');
+    expect(s429.status).toBe(429);
+    expect(JSON.parse(s429.text)).toEqual({ error: { message: 'Too Many Requests', type: 'RateLimitError', param: null, code: 429 } });
+    const s500 = await stream(url, 'status=500');
+    expect(JSON.parse(s500.text)).toEqual({ error: { message: 'Internal server error', type: 'InternalServerError', param: null, code: 500 } });
+    expect(s500.headers.connection).toBe('close');
+    const stats = sim.stats();
+    expect(stats.faultsInjected.status).toBe(4);
+    expect(stats.byStatus).toEqual({ '401': 1, '429': 1, '500': 1, '503': 1 });
+    expect(stats.recent.map((r) => [r.fault, r.end])).toEqual(Array(4).fill(['status', 'fault']));
+  });
+
+  it('error_before_output: 200, then only an error event in json.dumps style, then [DONE]', async () => {
+    const { sim, url } = await start();
+    const ended = nextEnd(sim);
+    const reply = await stream(url, 'error_before_output');
+    expect(reply.status).toBe(200);
+    expect(reply.text).toBe(
+      'data: {"error": {"message": "Token id 151936 is out of vocabulary", "type": "BadRequestError", "param": null, "code": 400}}\n\n' +
+        'data: [DONE]\n\n',
+    );
+    expect(await ended).toMatchObject({ fault: 'error_before_output', end: 'fault', status: 200, outputEventsSent: 0 });
+    const custom = await stream(url, 'error_before_output=500');
+    expect(custom.text).toContain('"type": "InternalServerError", "param": null, "code": 500}}');
+  });
+
+  it('error_after=<k>: k output events, then the error event and [DONE]; error_code sets the code', async () => {
+    const { sim, url } = await start({ outputTokens: 8 });
+    const ended = nextEnd(sim);
+    const reply = await stream(url, 'error_after=2', { stream_options: { include_usage: true } });
+    const data = dataOf(reply.text);
+    expect(data).toHaveLength(5);
+    expect(JSON.parse(data[0] ?? '')).toMatchObject({ choices: [{ delta: { role: 'assistant' } }] });
+    expect(JSON.parse(data[2] ?? '')).toMatchObject({ choices: [{ delta: { content: tokenText(0, 1) } }] });
+    expect(data[3]).toBe('{"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}');
+    expect(data[4]).toBe('[DONE]');
+    expect(await ended).toMatchObject({ fault: 'error_after', end: 'fault', outputEventsSent: 2, completionTokensSent: 2 });
+
+    const coded = dataOf((await stream(url, 'error_after=0; error_code=503')).text);
+    expect(coded).toEqual([
+      '{"error": {"message": "Service Unavailable", "type": "ServiceUnavailableError", "param": null, "code": 503}}',
+      '[DONE]',
+    ]);
+  });
+
+  it('reset_after=<k>: the client sees a transport error after k output events; k = 0 right after the headers', async () => {
+    const { sim, url } = await start({ outputTokens: 8 });
+    const ended = nextEnd(sim);
+    const reply = await stream(url, 'reset_after=2');
+    expect(reply.status).toBe(200);
+    expect(reply.error).not.toBeNull();
+    expect(reply.complete).toBe(false);
+    expect(reply.text).not.toContain('[DONE]');
+    expect(await ended).toMatchObject({ fault: 'reset_after', end: 'fault', status: 200, outputEventsSent: 2 });
+
+    const early = await stream(url, 'reset_after=0');
+    expect(early.error).not.toBeNull();
+    expect(early.text).toBe('');
+  });
+
+  it('reset_before_response: no response at all', async () => {
+    const { sim, url } = await start();
+    const ended = nextEnd(sim);
+    const reply = await stream(url, 'reset_before_response');
+    expect(reply.status).toBe(0);
+    expect(reply.error?.code).toMatch(/ECONNRESET|EPIPE/);
+    expect(await ended).toMatchObject({ fault: 'reset_before_response', end: 'fault', status: 0 });
+    expect(sim.stats().byStatus).toEqual({});
+  });
+
+  it('stall_after=<k>: no bytes after k output events; the client leaving counts a clientDisconnect', async () => {
+    const { sim, url } = await start({ outputTokens: 8 });
+    const ended = nextEnd(sim);
+    let sawFirstOutput!: () => void;
+    const firstOutput = new Promise<void>((resolve) => (sawFirstOutput = resolve));
+    let received = '';
+    let destroy!: () => void;
+    const destroyed = new Promise<void>((resolve) => {
+      const req = httpRequest(`${url}/v1/chat/completions`, {
+        method: 'POST',
+        agent: false,
+        headers: { 'content-type': 'application/json', 'x-sim-fault': 'stall_after=1' },
+      }, (res) => {
+        res.on('data', (chunk: Buffer) => {
+          received += chunk.toString('utf8');
+          if (received.includes(tokenText(0, 0))) sawFirstOutput();
+        });
+        res.on('close', resolve);
+      });
+      req.on('error', () => resolve());
+      destroy = () => req.destroy();
+      req.end(JSON.stringify(chat()));
+    });
+    await firstOutput;
+    const atStall = received;
+    // Absence can only be observed over time: 100 ms is 100 inter-token intervals of this simulator.
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(received).toBe(atStall);
+    expect(dataOf(received)).toHaveLength(2);
+    expect(sim.stats().inflight).toBe(1);
+    destroy();
+    await destroyed;
+    expect(await ended).toMatchObject({ fault: 'stall_after', end: 'client_disconnect', status: 200, outputEventsSent: 1 });
+    const stats = sim.stats();
+    expect(stats.clientDisconnects).toBe(1);
+    expect(stats.inflight).toBe(0);
+  });
+
+  it('end_after=<k>: a clean end of the body after k output events, no finish chunk, no [DONE]', async () => {
+    const { sim, url } = await start({ outputTokens: 8 });
+    const ended = nextEnd(sim);
+    const reply = await stream(url, 'end_after=3');
+    expect(reply.complete).toBe(true);
+    expect(reply.error).toBeNull();
+    const { chunks, done } = chunksOf(reply.text);
+    expect(done).toBe(false);
+    expect(chunks).toHaveLength(4);
+    expect(chunks.every((c) => c.choices[0]?.finish_reason === null)).toBe(true);
+    expect(await ended).toMatchObject({ fault: 'end_after', end: 'fault', outputEventsSent: 3 });
+  });
+
+  it('no_done: a normal answer that ends cleanly without [DONE]', async () => {
+    const { url } = await start();
+    const reply = await stream(url, 'no_done', { stream_options: { include_usage: true } });
+    expect(reply.complete).toBe(true);
+    const { chunks, done } = chunksOf(reply.text);
+    expect(done).toBe(false);
+    expect(chunks.at(-2)?.choices[0]?.finish_reason).toBe('stop');
+    expect(chunks.at(-1)?.usage?.completion_tokens).toBe(4);
+  });
+
+  it('drop_finish: choice 0 never gets a finish chunk; its last content arrives in a normal delta', async () => {
+    const { url } = await start();
+    const { chunks, done } = chunksOf((await stream(url, 'drop_finish', { n: 2 })).text);
+    expect(done).toBe(true);
+    const zero = chunks.filter((c) => c.choices[0]?.index === 0);
+    expect(zero.every((c) => c.choices[0]?.finish_reason === null)).toBe(true);
+    expect(zero.map((c) => c.choices[0]?.delta?.content ?? '').join('')).toBe(choiceText(0, 0, 4));
+    expect(chunks.filter((c) => c.choices[0]?.index === 1).at(-1)?.choices[0]?.finish_reason).toBe('stop');
+  });
+
+  it('malformed_after=<k>: one event that is not JSON, then the stream continues to [DONE]', async () => {
+    const { sim, url } = await start();
+    const ended = nextEnd(sim);
+    const reply = await stream(url, 'malformed_after=1');
+    const data = dataOf(reply.text);
+    expect(data[2]).toBe('{"id":"broken');
+    expect(reply.text).toContain('data: {"id":"broken\n\n');
+    expect(data).toHaveLength(7);
+    expect(data.at(-1)).toBe('[DONE]');
+    expect(await ended).toMatchObject({ fault: 'malformed_after', end: 'fault', outputEventsSent: 4 });
+  });
+
+  it('oversized_after=<k>: one content event of exactly oversized_bytes bytes of JSON', async () => {
+    const { url } = await start();
+    const reply = await stream(url, 'oversized_after=2; oversized_bytes=70000');
+    const data = dataOf(reply.text);
+    expect(data).toHaveLength(7);
+    expect(Buffer.byteLength(data[3] ?? '')).toBe(70000);
+    expect(JSON.parse(data[3] ?? '')).toMatchObject({ choices: [{ index: 0, finish_reason: null }] });
+    expect(data.at(-1)).toBe('[DONE]');
+  });
+
+  it('data_after_done: one more chunk event after [DONE]', async () => {
+    const { url } = await start();
+    const data = dataOf((await stream(url, 'data_after_done')).text);
+    expect(data.at(-2)).toBe('[DONE]');
+    expect(JSON.parse(data.at(-1) ?? '')).toMatchObject({ object: 'chat.completion.chunk', choices: [{ index: 0 }] });
+  });
+
+  it('framing=crlf and framing=cr change every line ending', async () => {
+    const { url } = await start();
+    const crlf = (await stream(url, 'framing=crlf')).text;
+    expect(crlf.endsWith('data: [DONE]\r\n\r\n')).toBe(true);
+    expect(crlf.replaceAll('\r\n', '')).not.toMatch(/[\r\n]/);
+    expect(crlf.split('\r\n\r\n')).toHaveLength(7);
+    const cr = (await stream(url, 'framing=cr')).text;
+    expect(cr).not.toContain('\n');
+    expect(cr.split('\r\r').filter((e) => e !== '')).toHaveLength(6);
+  });
+
+  it('comments and multiline_data keep the same events under a different surface', async () => {
+    const { url } = await start();
+    const plain = dataOf((await stream(url, '')).text).map((d) => d.replace(/"created":\d+/, ''));
+    const commented = (await stream(url, 'comments')).text;
+    expect(commented.startsWith('data: ')).toBe(true);
+    expect(commented.match(/^: ping$/gm)).toHaveLength(5);
+    const multiline = (await stream(url, 'multiline_data')).text;
+    const joined = multiline
+      .slice(0, -2)
+      .split('\n\n')
+      .map((event) => event.split('\n').map((line) => line.slice('data: '.length)).join('\n'));
+    expect(multiline.split('\n\n')[0]?.split('\n')).toHaveLength(2);
+    expect(joined.at(-1)).toBe('[DONE]');
+    const reparsed = joined.map((d) => (d === '[DONE]' ? d : JSON.stringify(JSON.parse(d)).replace(/"created":\d+/, '')));
+    expect(reparsed.map((d) => d.replace(/"id":"chatcmpl-[0-9a-f]+"/, ''))).toEqual(
+      plain.map((d) => d.replace(/"id":"chatcmpl-[0-9a-f]+"/, '')),
+    );
+  });
+
+  it('modifiers: finish_reason, tokens, tokens_per_event, cached_tokens and no_usage', async () => {
+    const { url } = await start();
+    const shaped = chunksOf(
+      (await stream(url, 'finish_reason=tool_calls; tokens=5; tokens_per_event=2; cached_tokens=3', {
+        stream_options: { include_usage: true },
+      })).text,
+    ).chunks;
+    expect(shaped.slice(1, -1).map((c) => c.choices[0]?.delta?.content)).toEqual([
+      choiceText(0, 0, 2),
+      choiceText(0, 2, 2),
+      choiceText(0, 4, 1),
+    ]);
+    expect(shaped.at(-2)?.choices[0]?.finish_reason).toBe('tool_calls');
+    expect(shaped.at(-1)?.usage).toEqual({
+      prompt_tokens: PROMPT_TOKENS,
+      total_tokens: PROMPT_TOKENS + 5,
+      completion_tokens: 5,
+      prompt_tokens_details: { cached_tokens: 3 },
+    });
+    const silent = chunksOf((await stream(url, 'no_usage', { stream_options: { include_usage: true } })).text).chunks;
+    expect(silent.some((c) => c.usage !== undefined)).toBe(false);
+  });
+
+  it('rejects a bad directive with a 400 naming it', async () => {
+    const { url } = await start();
+    for (const [header, name] of [
+      ['explode', 'explode'],
+      ['error_after=x', 'error_after'],
+      ['status=200', 'status'],
+      ['no_done; drop_finish', 'drop_finish'],
+      ['framing=tabs', 'framing'],
+      ['error_code=503', 'error_code'],
+    ] as const) {
+      const reply = await stream(url, header);
+      expect(reply.status).toBe(400);
+      const body = JSON.parse(reply.text) as { error: { message: string; param: string } };
+      expect(body.error.param).toBe('x-sim-fault');
+      expect(body.error.message).toContain(`'${name}'`);
+    }
+  });
+
+  it('applies the faults that make sense without a stream to stream: false, and ignores the rest', async () => {
+    const { sim, url } = await start();
+    const failed = await stream(url, 'error_after=1', { stream: false });
+    expect(failed.status).toBe(500);
+    expect(JSON.parse(failed.text)).toMatchObject({ error: { type: 'InternalServerError', code: 500 } });
+    const ended = nextEnd(sim);
+    const ignored = await stream(url, 'no_done', { stream: false });
+    expect(ignored.status).toBe(200);
+    expect(await ended).toMatchObject({ fault: null, end: 'completed' });
+  });
+});
+
+describe('fault header grammar', () => {
+  it('documents every fault, parameter, modifier and flag in docs/simulator.md', () => {
+    const doc = readFileSync(new URL('../docs/simulator.md', import.meta.url), 'utf8');
+    for (const name of [...FAULT_KINDS, ...FAULT_PARAMETERS, ...MODIFIER_NAMES]) expect(doc).toContain(`| \`${name}`);
+    for (const flag of Object.values(FLAG_OF)) expect(doc).toContain(`| \`${flag}`);
+  });
+
+  it('accepts every modifier it documents', () => {
+    const samples: Record<(typeof MODIFIER_NAMES)[number], string> = {
+      finish_reason: 'finish_reason=abort',
+      tokens: 'tokens=3',
+      ttft_ms: 'ttft_ms=0',
+      itl_ms: 'itl_ms=0',
+      tokens_per_event: 'tokens_per_event=4',
+      cached_tokens: 'cached_tokens=0',
+      no_usage: 'no_usage',
+      framing: 'framing=cr',
+      comments: 'comments',
+      multiline_data: 'multiline_data',
+    };
+    for (const directive of Object.values(samples)) {
+      expect(parseFaultHeader(directive)).toMatchObject({ ok: true, directives: { fault: null } });
+    }
+  });
+
+  it('parses faults with parameters and modifiers together', () => {
+    expect(parseFaultHeader(' error_after=3 ; error_code=503;framing=crlf; comments ')).toEqual({
+      ok: true,
+      directives: {
+        fault: { kind: 'error_after', after: 3, code: 503 },
+        modifiers: { noUsage: false, framing: 'crlf', comments: true, multilineData: false },
+      },
+    });
+    expect(parseFaultHeader('oversized_after=0')).toMatchObject({ ok: true, directives: { fault: { bytes: 2097152 } } });
+  });
+});
+
+// ---- disconnects, health, models, metrics, stats ----
+
+describe('client disconnects and the control endpoints', () => {
+  it('counts a client that leaves mid-stream, at once, and stops generating for it', async () => {
+    const { sim, url } = await start({ outputTokens: 1000, itlMs: 2 });
+    const ended = nextEnd(sim);
+    const reply = await send(url, '/v1/chat/completions', {
+      body: chat(),
+      onChunk: (received) => received.split('\n\n').length > 4,
+    });
+    expect(reply.complete).toBe(false);
+    const record = await ended;
+    expect(record).toMatchObject({ end: 'client_disconnect', status: 200, fault: null });
+    expect(record.outputEventsSent).toBeLessThan(1000);
+    const stats = sim.stats();
+    expect(stats.clientDisconnects).toBe(1);
+    expect(stats.completed).toBe(0);
+    expect(stats.inflight).toBe(0);
+    expect(stats.tokens.completion).toBe(record.completionTokensSent);
+    const metrics = (await send(url, '/metrics')).text;
+    expect(metrics).toContain('vllm:request_success_total{model_name="sim-model",engine="0",finished_reason="stop"} 0.0');
+    expect(metrics).toContain('vllm:num_requests_running{model_name="sim-model",engine="0"} 0.0');
+  });
+
+  it('/health is 200 with an empty body, 503 when the engine is dead; /v1/models stays 200', async () => {
+    const { sim, url } = await start({ models: ['alpha', 'beta'] });
+    const healthy = await send(url, '/health');
+    expect([healthy.status, healthy.text]).toEqual([200, '']);
+    sim.setEngineDead(true);
+    expect((await send(url, '/health')).status).toBe(503);
+    const dead = await send(url, '/v1/chat/completions', { body: chat({ model: 'alpha' }) });
+    expect(dead.status).toBe(500);
+    expect(dead.headers.connection).toBe('close');
+    expect(JSON.parse(dead.text)).toMatchObject({ error: { type: 'InternalServerError', param: null, code: 500 } });
+    const models = await send(url, '/v1/models');
+    expect(models.status).toBe(200);
+    const list = JSON.parse(models.text) as { object: string; data: Record<string, unknown>[] };
+    expect(list.object).toBe('list');
+    expect(list.data.map((m) => m.id)).toEqual(['alpha', 'beta']);
+    expect(list.data[0]).toMatchObject({ object: 'model', owned_by: 'vllm', root: 'alpha', max_model_len: 131072 });
+    sim.setEngineDead(false);
+    expect((await send(url, '/health')).status).toBe(200);
+  });
+
+  it('/metrics is Prometheus text with vLLM names, labels and values', async () => {
+    const { sim, url } = await start();
+    const ended = nextEnd(sim);
+    await send(url, '/v1/chat/completions', { body: chat({ n: 2 }) });
+    await ended;
+    await send(url, '/v1/chat/completions', { headers: { 'x-sim-fault': 'finish_reason=length; tokens=2' }, body: chat() });
+    const reply = await send(url, '/metrics');
+    expect(reply.headers['content-type']).toBe('text/plain; version=0.0.4; charset=utf-8');
+    const labels = 'model_name="sim-model",engine="0"';
+    expect(reply.text).toContain('# TYPE vllm:num_requests_running gauge\n');
+    expect(reply.text).toContain('# TYPE vllm:prompt_tokens_total counter\n');
+    expect(reply.text).toContain(`vllm:num_requests_waiting{${labels}} 0.0\n`);
+    expect(reply.text).toContain(`vllm:prompt_tokens_total{${labels}} ${2 * PROMPT_TOKENS}.0\n`);
+    expect(reply.text).toContain(`vllm:generation_tokens_total{${labels}} 10.0\n`);
+    expect(reply.text).toContain(`vllm:request_success_total{${labels},finished_reason="stop"} 2.0\n`);
+    expect(reply.text).toContain(`vllm:request_success_total{${labels},finished_reason="length"} 1.0\n`);
+    expect(reply.text).toContain('# HELP vllm:request_success_total ');
+  });
+
+  it('keeps stats by value, serves them at GET /sim/stats, and resets them', async () => {
+    const { sim, url } = await start();
+    await send(url, '/v1/chat/completions', {
+      headers: { 'x-request-id': 'a', traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', tracestate: 'k=v' },
+      body: chat({ stream_options: { include_usage: false } }),
+    });
+    await send(url, '/v1/completions', { body: { prompt: 'abcdefgh', stream: false } });
+    await send(url, '/v1/chat/completions', { headers: { 'x-sim-fault': 'error_after=1' }, body: chat() });
+    await send(url, '/health');
+    await send(url, '/nope');
+
+    const stats = sim.stats();
+    expect({ ...stats, recent: undefined }).toEqual({
+      requests: 5,
+      byRoute: { chat_completions: 2, completions: 1, other: 2 },
+      inflight: 0,
+      completed: 2,
+      clientDisconnects: 0,
+      faultsInjected: { ...Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])), error_after: 1 },
+      tokens: { prompt: 2 * PROMPT_TOKENS + 2, completion: 4 + 4 + 1 },
+      byStatus: { '200': 4, '404': 1 },
+      recent: undefined,
+    });
+    expect(stats.recent.map((r) => [r.seq, r.route, r.end, r.status])).toEqual([
+      [1, 'chat_completions', 'completed', 200],
+      [2, 'completions', 'completed', 200],
+      [3, 'chat_completions', 'fault', 200],
+      [4, 'other', 'rejected', 404],
+    ]);
+    expect(stats.recent[0]).toMatchObject({
+      requestId: 'a',
+      includeUsage: false,
+      headers: { 'x-request-id': 'a', traceparent: '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', tracestate: 'k=v' },
+    });
+    expect(JSON.parse((await send(url, '/sim/stats')).text)).toEqual(sim.stats());
+    sim.resetStats();
+    expect(sim.stats()).toMatchObject({ requests: 0, completed: 0, recent: [], byStatus: {}, tokens: { prompt: 0, completion: 0 } });
+  });
+});
+
+// ---- seeded randomness ----
+
+describe('random faults', () => {
+  async function faultMix(seed: number): Promise<(string | null)[]> {
+    const { sim, url } = await start({ seed, faultRate: 0.5, faultKinds: ['status', 'error_after', 'no_done', 'end_after'] });
+    for (let i = 0; i < 24; i++) await send(url, '/v1/chat/completions', { body: chat() });
+    const stats = sim.stats();
+    expect(stats.faultsInjected.status + stats.faultsInjected.error_after + stats.faultsInjected.no_done + stats.faultsInjected.end_after).toBe(
+      stats.recent.filter((r) => r.fault !== null).length,
+    );
+    return stats.recent.map((r) => r.fault);
+  }
+
+  it('draws the same mix for the same seed, and a different one for another seed', async () => {
+    const first = await faultMix(7);
+    const again = await faultMix(7);
+    const other = await faultMix(8);
+    expect(again).toEqual(first);
+    expect(other).not.toEqual(first);
+    const faulted = first.filter((f) => f !== null).length;
+    expect(faulted).toBeGreaterThan(3);
+    expect(faulted).toBeLessThan(21);
+  });
+
+  it('draws k in [0, outputTokens) and only kinds listed', () => {
+    const random = createRandom(3);
+    for (let i = 0; i < 200; i++) {
+      const fault = drawFault(random, 1, ['stall_after', 'malformed_after'], 5);
+      expect(fault?.kind === 'stall_after' || fault?.kind === 'malformed_after').toBe(true);
+      if (fault !== null && 'after' in fault) expect(fault.after).toBeGreaterThanOrEqual(0);
+      if (fault !== null && 'after' in fault) expect(fault.after).toBeLessThan(5);
+    }
+  });
+});
+
+// ---- wire helpers and CLI ----
+
+describe('json.dumps and the CLI', () => {
+  it('formats like Python json.dumps with ensure_ascii', () => {
+    expect(pythonJsonDumps({ error: { message: 'héllo 🙂\n', param: null, code: 500, ok: true, list: [1, 'a'] } })).toBe(
+      '{"error": {"message": "h\\u00e9llo \\ud83d\\ude42\\n", "param": null, "code": 500, "ok": true, "list": [1, "a"]}}',
+    );
+  });
+
+  it('parses flags into options and names the flag on bad input', async () => {
+    const good = parseSimArgs([
+      '--port', '0', '--model', 'a', '--model', 'b', '--ttft-ms', '5', '--fault-rate', '0.25',
+      '--fault-kinds', 'no_done,status', '--prompt-tokens-details', '--api-key', 'k',
+    ]);
+    expect(good).toMatchObject({
+      ok: true,
+      args: { port: 0, host: '127.0.0.1', options: { models: ['a', 'b'], ttftMs: 5, faultRate: 0.25, faultKinds: ['no_done', 'status'], promptTokensDetails: true, apiKey: 'k', itlMs: 10 } },
+    });
+    expect(parseSimArgs([])).toMatchObject({ ok: true, args: { port: 8000 } });
+    for (const [argv, flag] of [
+      [['--ttft-ms', 'soon'], '--ttft-ms'],
+      [['--jitter', '3'], '--jitter'],
+      [['--fault-kinds', 'boom'], '--fault-kinds'],
+      [['--port', '70000'], '--port'],
+      [['--output-tokens', '0'], '--output-tokens'],
+      [['--colour'], '--colour'],
+    ] as const) {
+      const result = parseSimArgs([...argv]);
+      expect(result.ok).toBe(false);
+      if (!result.ok) expect(result.message).toContain(flag);
+    }
+    const errors: unknown[] = [];
+    const original = console.error;
+    console.error = (...args: unknown[]) => errors.push(...args);
+    try {
+      expect(await runSim(['--seed', 'x'])).toBe(2);
+    } finally {
+      console.error = original;
+    }
+    expect(String(errors[0])).toContain('--seed');
+  });
+});

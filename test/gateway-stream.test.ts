@@ -200,12 +200,14 @@ describe('failures after commit', () => {
 
   it('times out an upstream that stalls after commit', async () => {
     const s = await open({ config: { timeouts: { idle: '150ms' } } });
+    const simEnded = s.simEnded();
     const client = await viaGateway(s, STREAM, 'stall_after=2');
     expect(gatewayErrorEvent(client.body).error).toMatchObject({ type: 'timeout_error', code: 'stream_timeout' });
     const [settlement] = await s.settled(1);
     expect(settlement).toMatchObject({ outcome: 'timeout', code: 200 });
     expect(await s.metric('waybill_upstream_attempts_total', { result: 'timeout' })).toBe(1);
     // The stalled upstream request was closed, so the engine would free its slot.
+    expect((await simEnded).end).toBe('client_disconnect');
     expect(s.sims[0]?.stats().clientDisconnects).toBe(1);
   });
 
@@ -321,5 +323,39 @@ describe('failures before commit get a real status', () => {
     await s.settled(1);
     expect(await s.metric('waybill_requests_total', { code: '504', outcome: 'timeout' })).toBe(1);
     expect(await s.metric('waybill_upstream_attempts_total', { result: 'timeout' })).toBe(1);
+  });
+});
+
+describe('usage and deadlines', () => {
+  it('counts cached prompt tokens when the upstream reports them', async () => {
+    const s = await open();
+    await viaGateway(s, STREAM, 'cached_tokens=2');
+    const [settlement] = await s.settled(1);
+    expect(settlement?.usage?.cachedTokens).toBe(2);
+    expect(await s.metric('waybill_cached_prompt_tokens_total', { model: 'sim-model' })).toBe(2);
+  });
+
+  it('with usage injection off, asks for nothing and counts the delivered stream as usage_missing', async () => {
+    const s = await open({ config: { streaming: { inject_usage: false } } });
+    const client = await viaGateway(s, STREAM);
+    expect(client.body.endsWith(DONE)).toBe(true);
+    await s.settled(1);
+    expect(s.sims[0]?.stats().recent.at(-1)?.includeUsage).toBe(null);
+    expect(await s.metric('waybill_usage_missing_total', { model: 'sim-model' })).toBe(1);
+    expect(await s.metric('waybill_completion_tokens_total')).toBe(0);
+    expect(await s.metric('waybill_time_per_output_token_seconds_count')).toBe(0);
+  });
+
+  it('ends a committed stream at the total deadline with a timeout error event', async () => {
+    const s = await open({ config: { timeouts: { total: '300ms' } }, sim: { itlMs: 50, outputTokens: 100 } });
+    const simEnded = s.simEnded();
+    const client = await viaGateway(s, STREAM);
+    expect(client.body).not.toContain('[DONE]');
+    expect(gatewayErrorEvent(client.body).error.code).toBe('stream_timeout');
+    const [settlement] = await s.settled(1);
+    expect(settlement).toMatchObject({ outcome: 'timeout', code: 200 });
+    // libuv timers run on a loop clock cached per tick, so they may fire a fraction of a millisecond early.
+    expect(settlement?.durationMs).toBeGreaterThan(295);
+    expect((await simEnded).end).toBe('client_disconnect');
   });
 });

@@ -108,6 +108,8 @@ async function demo(argv: string[]): Promise<number> {
     {
       server: { host: '127.0.0.1', port },
       pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: simAddress.url }] }],
+      // Keep the demo's terminal for the instructions below; `waybill serve` logs at info.
+      logging: { level: 'warn' },
     },
     'demo',
   );

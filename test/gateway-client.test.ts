@@ -70,7 +70,8 @@ describe('backpressure', () => {
     // Far more than the loopback socket buffers on both hops absorb (a few MB here), so the pause must reach
     // the simulator before the answer is done.
     const tokens = 100_000;
-    stack = await startStack({ sim: { ttftMs: 1, itlMs: 0, outputTokens: tokens } });
+    // A short idle timeout: a paused client must not make a healthy upstream look idle.
+    stack = await startStack({ sim: { ttftMs: 1, itlMs: 0, outputTokens: tokens }, config: { timeouts: { idle: '200ms' } } });
     const s = stack;
     const sim = s.sims[0];
     if (sim === undefined) throw new Error('no simulator');
@@ -98,6 +99,8 @@ describe('backpressure', () => {
     expect(written).toBeLessThan((tokens * 150) / 2);
     expect(sim.stats().completed).toBe(0);
     expect(sim.stats().inflight).toBe(1);
+    // Stay paused for longer than the idle timeout: the subject here is time passing, not synchronisation.
+    await new Promise((resolve) => setTimeout(resolve, 600));
 
     res.resume();
     let received = '';

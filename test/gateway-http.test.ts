@@ -100,7 +100,10 @@ describe('bad input gets an OpenAI-shaped error and is counted', () => {
     expectOpenAIError(stream.body, 'invalid_request', 'stream');
     const n = await post(s.base, '/v1/chat/completions', { ...CHAT, n: 0 });
     expectOpenAIError(n.body, 'invalid_request', 'n');
-    await nextSettled(2);
+    // The body named a served model, so the rejection is counted under it, not under _other.
+    const [first, second] = await nextSettled(2);
+    expect(first).toMatchObject({ model: 'sim-model', code: 400, outcome: 'rejected' });
+    expect(second).toMatchObject({ model: 'sim-model', code: 400, outcome: 'rejected' });
   });
 
   it('rejects a body over the limit with 413', async () => {

@@ -349,8 +349,11 @@ export class RequestLedger {
     this.settled = true;
     for (const attempt of this.attempts) {
       if (attempt.result === undefined) {
-        // The shell stopped watching an attempt without telling why: count it, never lose it.
-        attempt.result = this.committed ? 'incomplete' : 'cancelled';
+        // The shell stopped reading an attempt without a stream end (e.g. the drain grace after `[DONE]` or an
+        // error event ran out): judge it by what it sent; never lose it.
+        if (attempt.error !== undefined) attempt.result = 'error_payload';
+        else if (attempt.sawDone) attempt.result = this.unfinishedChoices() > 0 ? 'incomplete' : 'ok';
+        else attempt.result = this.committed ? 'incomplete' : 'cancelled';
         attempt.endedAt ??= at;
       }
     }

@@ -58,8 +58,21 @@ export function checkCompletion(route: Route, json: unknown): Checked {
   };
 }
 
-/** The body to send upstream with `stream_options.include_usage` turned on. */
-export function withUsageRequested(json: Record<string, unknown>): Buffer {
+const OPEN_BRACE = 0x7b;
+const USAGE_MEMBER = Buffer.from('"stream_options":{"include_usage":true},');
+
+/**
+ * The body to send upstream with `stream_options.include_usage` turned on. When the client sent no
+ * `stream_options`, the member is spliced in after the opening brace and every other byte stays the client's
+ * (a JSON.parse/stringify round trip would change numbers past 2^53, such as a large `seed`). Otherwise the
+ * object is merged and re-serialised.
+ */
+export function withUsageRequested(raw: Buffer, json: Record<string, unknown>): Buffer {
+  if (!('stream_options' in json)) {
+    const brace = raw.indexOf(OPEN_BRACE);
+    // A body that checkCompletion accepted is an object with at least `model`, so a comma after the member is valid.
+    return Buffer.concat([raw.subarray(0, brace + 1), USAGE_MEMBER, raw.subarray(brace + 1)]);
+  }
   const options = isRecord(json['stream_options']) ? json['stream_options'] : {};
   return Buffer.from(JSON.stringify({ ...json, stream_options: { ...options, include_usage: true } }));
 }

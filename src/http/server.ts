@@ -104,10 +104,10 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   };
 
   /** A completion request the gateway answered itself still counts as one logical request. */
-  const recordRejection = (request: FastifyRequest, route: Route, stream: boolean, status: number) => {
+  const recordRejection = (request: FastifyRequest, route: Route, stream: boolean, status: number, model?: unknown) => {
     const ledger = new RequestLedger(
       {
-        model: OTHER,
+        model: typeof model === 'string' && upstreams.poolFor(model) !== undefined ? model : OTHER,
         route,
         stream,
         expectedChoices: 1,
@@ -148,7 +148,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       }
       const checked = checkCompletion(target.route, parsed.json);
       if (!checked.ok) {
-        recordRejection(request, target.route, checked.stream, checked.status);
+        const named = (parsed.json as { model?: unknown } | null)?.model;
+        recordRejection(request, target.route, checked.stream, checked.status, named);
         sendError(reply, checked.status, checked.body);
         return;
       }
@@ -167,7 +168,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
           apiPath: target.apiPath,
           model: fields.model,
           stream: fields.stream,
-          body: injectUsage ? withUsageRequested(parsed.json as Record<string, unknown>) : parsed.raw,
+          body: injectUsage ? withUsageRequested(parsed.raw, parsed.json as Record<string, unknown>) : parsed.raw,
           expectedChoices: fields.expectedChoices,
           dropUsageChunk: injectUsage,
           requestId: request.id,

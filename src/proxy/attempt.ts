@@ -64,7 +64,15 @@ export class Attempt implements Dispatcher.DispatchHandler {
   abort(reason: AbortReason): void {
     if (this.done) return;
     this.abortReason ??= reason;
-    if (this.controller !== undefined) this.controller.abort(new Error(`waybill: ${reason}`));
+    if (this.controller !== undefined) {
+      this.controller.abort(new Error(`waybill: ${reason}`));
+      return;
+    }
+    // Still connecting: undici hands out the controller only once a socket is ready, which can take the whole
+    // connect timeout. Finish now, so a cancellation or deadline takes effect at once; onRequestStart aborts the
+    // request when it comes, and any later callback is ignored.
+    if (reason !== 'cancelled' && reason !== 'drained') this.sink.onStreamEnd(this, reason);
+    this.settle();
   }
 
   pause(): void {

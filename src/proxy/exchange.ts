@@ -6,6 +6,7 @@
  * forwarded or dropped, and how the response ends. `[DONE]` reaches the client only for a delivered stream.
  */
 import type { ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { RequestLedger, type Failure, type RequestInfo, type Settlement, type StreamEnd } from '../accounting/ledger.js';
 import type { Route } from '../accounting/outcomes.js';
@@ -74,17 +75,23 @@ function coalesce(pieces: Buffer[]): Buffer {
 
 export class Exchange implements AttemptSink {
   private readonly ledger: RequestLedger;
+  /** Kept from the start: Node detaches it from the response once the response is done. */
+  private readonly socket: Socket | null;
   private attempt: Attempt | undefined;
   private held: Buffer[] = [];
   private heldBytes = 0;
   private out: Buffer[] = [];
-  /** The client response is over: ended by us, or the client went away. */
+  /** Waybill has ended the client response (or the client left): nothing more is written. */
+  private responseEnded = false;
+  /** The client side is over: the response was flushed to the socket ('finish'), or the client left ('close'). */
   private clientFinished = false;
   private settled = false;
   private totalTimer: NodeJS.Timeout | undefined;
   private firstOutputTimer: NodeJS.Timeout | undefined;
   private idleTimer: NodeJS.Timeout | undefined;
   private drainTimer: NodeJS.Timeout | undefined;
+  /** After the total deadline, how long a client that does not read its ended response may hold it. */
+  private lingerTimer: NodeJS.Timeout | undefined;
   private waitingForDrain = false;
 
   constructor(
@@ -103,6 +110,7 @@ export class Exchange implements AttemptSink {
       promptLenBoundaries: config.metrics.promptLenBoundaries,
       promptLenClasses: config.metrics.promptLenClasses,
     };
+    this.socket = res.socket;
     this.ledger = new RequestLedger(info, request.arrivalAt, {
       onInterTokenGap: (ms) => deps.metrics.interTokenGap(request.model, ms),
     });
@@ -175,7 +183,7 @@ export class Exchange implements AttemptSink {
         this.out.push(raw);
         return;
       case 'forward':
-        if (!this.clientFinished) this.out.push(raw);
+        if (!this.responseEnded) this.out.push(raw);
         return;
       case 'drop':
         return;
@@ -184,17 +192,13 @@ export class Exchange implements AttemptSink {
 
   onChunkDone(_attempt: Attempt): void {
     this.idleTimer?.refresh();
-    if (this.out.length > 0) {
-      const data = coalesce(this.out);
-      this.out = [];
-      if (!this.clientFinished && !this.res.write(data)) this.pauseForClient();
-    }
+    this.flush();
     this.act();
   }
 
   onBody(_attempt: Attempt, status: number, body: Buffer): void {
     this.ledger.bodyReceived(this.deps.now(), status, classifyBody(body));
-    if (this.ledger.ending?.kind === 'complete' && !this.clientFinished) {
+    if (this.ledger.ending?.kind === 'complete' && !this.responseEnded) {
       this.res.writeHead(200, {
         'content-type': this.attempt?.contentType ?? 'application/json',
         'content-length': body.length,
@@ -220,7 +224,7 @@ export class Exchange implements AttemptSink {
   onSettled(attempt: Attempt): void {
     attempt.upstream.inflight--;
     this.clearAttemptClocks();
-    if (!this.clientFinished && this.ledger.ending === undefined) {
+    if (!this.responseEnded && this.ledger.ending === undefined) {
       // The attempt stopped without the ledger deciding how the client's response ends (cannot happen with the
       // handler's reporting; kept so a future gap shows up as a counted incomplete request, not a hang).
       this.ledger.streamEnded(this.deps.now(), 'eof');
@@ -234,7 +238,7 @@ export class Exchange implements AttemptSink {
   /** Carries out the ledger's decision about how the client response ends, once it has one. */
   private act(): void {
     const ending = this.ledger.ending;
-    if (ending === undefined || this.clientFinished) return;
+    if (ending === undefined || this.responseEnded) return;
     switch (ending.kind) {
       case 'complete':
       case 'upstream_error':
@@ -264,6 +268,13 @@ export class Exchange implements AttemptSink {
       ...SSE_HEADERS,
       'x-request-id': this.request.requestId,
     });
+    this.armIdleTimer();
+  }
+
+  /** The idle clock measures the upstream: it runs only while Waybill is reading it, not while a slow client has
+   *  paused the stream (the total deadline still bounds that). */
+  private armIdleTimer(): void {
+    clearTimeout(this.idleTimer);
     this.idleTimer = setTimeout(() => this.onTimer('idle_timeout'), this.deps.config.timeouts.idleMs);
   }
 
@@ -309,7 +320,7 @@ export class Exchange implements AttemptSink {
   }
 
   private writeError(status: number, body: ErrorBody): void {
-    if (this.clientFinished) return;
+    if (this.responseEnded) return;
     const payload = Buffer.from(JSON.stringify(body));
     if (!this.res.headersSent) {
       this.res.writeHead(status, {
@@ -321,29 +332,62 @@ export class Exchange implements AttemptSink {
     this.endClient(payload);
   }
 
+  /** Writes the events forwarded so far, in one write. */
+  private flush(): void {
+    if (this.out.length === 0) return;
+    const data = coalesce(this.out);
+    this.out = [];
+    if (!this.responseEnded && !this.res.write(data)) this.pauseForClient();
+  }
+
+  /**
+   * Ends the response. The client counts as served only once the last byte has left for its socket ('finish'):
+   * a client that stops reading and leaves before that is a cancellation, not a delivery.
+   */
   private endClient(last?: Buffer): void {
-    if (this.clientFinished) return;
-    this.clientFinished = true;
-    this.ledger.clientEnded(this.deps.now());
-    this.res.off('close', this.onClientClose);
+    if (this.responseEnded) return;
+    // Events forwarded in the same upstream read as the one that ended the stream (an abort from inside the
+    // framer runs synchronously) go out before the end.
+    this.flush();
+    this.responseEnded = true;
+    this.res.once('finish', this.onClientFinish);
     if (last !== undefined) this.res.end(last);
     else this.res.end();
-    this.maybeSettle();
   }
+
+  private readonly onClientFinish = (): void => {
+    // Node also emits 'finish' when the last write fails because the client's socket was destroyed (the write
+    // callback runs with the error): that is the client leaving, not a delivery.
+    if (this.socket?.destroyed === true) {
+      this.onClientClose();
+      return;
+    }
+    if (this.clientFinished) return;
+    this.clientFinished = true;
+    this.res.off('close', this.onClientClose);
+    this.ledger.clientEnded(this.deps.now());
+    this.maybeSettle();
+  };
 
   private pauseForClient(): void {
     if (this.waitingForDrain) return;
     this.waitingForDrain = true;
     this.attempt?.pause();
+    clearTimeout(this.idleTimer);
     this.res.once('drain', () => {
       this.waitingForDrain = false;
-      this.attempt?.resume();
+      const attempt = this.attempt;
+      if (attempt === undefined || attempt.finished) return;
+      if (!this.responseEnded) this.armIdleTimer();
+      attempt.resume();
     });
   }
 
   private readonly onClientClose = (): void => {
     if (this.clientFinished) return;
     this.clientFinished = true;
+    this.responseEnded = true;
+    this.res.off('finish', this.onClientFinish);
     this.ledger.clientCancelled(this.deps.now());
     const attempt = this.attempt;
     if (attempt !== undefined && !attempt.finished) attempt.abort('cancelled');
@@ -352,14 +396,18 @@ export class Exchange implements AttemptSink {
 
   private onTimer(reason: 'first_output_timeout' | 'idle_timeout' | 'total_timeout'): void {
     const attempt = this.attempt;
-    if (attempt !== undefined && !attempt.finished) {
-      attempt.abort(reason);
-      return;
-    }
-    if (!this.clientFinished && !this.settled) {
+    if (attempt !== undefined && !attempt.finished) attempt.abort(reason);
+    else if (!this.responseEnded && !this.settled) {
       // No attempt in flight (between attempts): the deadline ends the request with what the last one said.
       const failure = this.ledger.finalFailure();
       if (failure !== undefined) this.respondFailure(failure);
+    }
+    if (reason === 'total_timeout' && !this.clientFinished) {
+      // A client that does not read even its ended response would hold it forever: give it the drain grace to
+      // take the last bytes (Waybill's error event), then close the connection; that counts as the client leaving.
+      this.lingerTimer = setTimeout(() => {
+        if (!this.clientFinished) this.res.destroy();
+      }, this.deps.config.streaming.drainGraceMs);
     }
   }
 
@@ -375,6 +423,7 @@ export class Exchange implements AttemptSink {
     if (this.attempt !== undefined && !this.attempt.finished) return;
     this.settled = true;
     clearTimeout(this.totalTimer);
+    clearTimeout(this.lingerTimer);
     const settlement = this.ledger.settle(this.deps.now());
     this.deps.metrics.record(settlement, true);
     this.deps.onSettled?.(settlement, this.request.requestId);

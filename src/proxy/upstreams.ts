@@ -16,11 +16,16 @@ export class Upstream {
   readonly url: URL;
   readonly weight: number;
   readonly dispatcher: Pool;
+  /**
+   * Health checks and discovery get their own connection, so they never queue behind long streams, and a connect
+   * timeout no longer than the check's own (undici cannot abort a request that is still connecting).
+   */
+  private readonly probe: Pool;
   /** Last active health check result; undefined until the first one finishes. */
   healthy: boolean | undefined = undefined;
   inflight = 0;
 
-  constructor(config: UpstreamConfig, connectTimeoutMs: number) {
+  constructor(config: UpstreamConfig, connectTimeoutMs: number, probeTimeoutMs: number) {
     this.name = config.name;
     this.url = config.url;
     this.weight = config.weight;
@@ -35,6 +40,12 @@ export class Upstream {
       // Pipelining would queue a request behind a long stream on the same socket.
       pipelining: 1,
     });
+    this.probe = new Pool(config.url.origin, {
+      connections: 1,
+      connect: { timeout: probeTimeoutMs },
+      keepAliveTimeout: KEEP_ALIVE_MS,
+      keepAliveMaxTimeout: KEEP_ALIVE_MS,
+    });
   }
 
   /** The path on this upstream for an API path, respecting a base path in the configured URL. */
@@ -43,14 +54,21 @@ export class Upstream {
     return `${base}${apiPath}`;
   }
 
+  /** A GET for health checks and discovery, failing after `timeoutMs` whatever stage it is in. */
   async get(apiPath: string, timeoutMs: number): Promise<{ status: number; body: string }> {
-    const response = await this.dispatcher.request({
+    const response = await this.probe.request({
       method: 'GET',
       path: this.path(apiPath),
       signal: AbortSignal.timeout(timeoutMs),
+      headersTimeout: timeoutMs,
+      bodyTimeout: timeoutMs,
     });
     const body = await response.body.text();
     return { status: response.statusCode, body };
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([this.dispatcher.destroy(), this.probe.destroy()]);
   }
 }
 
@@ -74,7 +92,7 @@ export class UpstreamRegistry {
   ) {
     this.pools = config.pools.map((pool) => ({
       config: pool,
-      upstreams: pool.upstreams.map((u) => new Upstream(u, config.timeouts.connectMs)),
+      upstreams: pool.upstreams.map((u) => new Upstream(u, config.timeouts.connectMs, config.health.timeoutMs)),
       models: pool.models ?? [],
       next: 0,
     }));
@@ -121,7 +139,7 @@ export class UpstreamRegistry {
   async close(): Promise<void> {
     this.closed = true;
     for (const timer of this.timers) clearInterval(timer);
-    await Promise.all(this.upstreams.map((u) => u.dispatcher.destroy()));
+    await Promise.all(this.upstreams.map((u) => u.close()));
   }
 
   private indexModels(): void {

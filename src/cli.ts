@@ -25,11 +25,18 @@ function fail(message: string): number {
   return 2;
 }
 
+/** Resolves on the first SIGINT/SIGTERM; a second one exits at once (an operator who means it). */
 function waitForSignal(): Promise<NodeJS.Signals> {
   return new Promise((resolve) => {
     const onSignal = (signal: NodeJS.Signals) => {
       process.off('SIGINT', onSignal);
       process.off('SIGTERM', onSignal);
+      const again = () => {
+        console.error(`${signal} again: exiting without draining`);
+        process.exit(1);
+      };
+      process.once('SIGINT', again);
+      process.once('SIGTERM', again);
       resolve(signal);
     };
     process.on('SIGINT', onSignal);
@@ -84,8 +91,9 @@ async function serve(argv: string[]): Promise<number> {
   const gateway = createGateway(config);
   const url = await gateway.listen();
   gateway.app.log.info({ url, models: gateway.upstreams.models() }, 'waybill listening');
-  await waitForSignal();
-  await gateway.close();
+  const signal = await waitForSignal();
+  gateway.app.log.info({ signal }, 'shutting down');
+  await gateway.drain();
   return 0;
 }
 

@@ -18,8 +18,8 @@ afterEach(() => {
   for (const child of children.splice(0)) if (child.exitCode === null) child.kill('SIGKILL');
 });
 
-function run(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   children.push(child);
   let stdout = '';
   let stderr = '';
@@ -50,8 +50,13 @@ function tempFile(name: string, text: string): string {
 
 describe('waybill check-config', () => {
   it('accepts a valid file', async () => {
-    const result = await run(['check-config', new URL('../config.example.yaml', import.meta.url).pathname]);
+    const example = new URL('../config.example.yaml', import.meta.url).pathname;
+    const result = await run(['check-config', example], { VLLM_API_KEY: 'k' });
     expect(result.code).toBe(0);
+    // The example names an API key variable; without it the check fails and says which.
+    const missing = await run(['check-config', example], { VLLM_API_KEY: '' });
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toContain('pools[0].upstreams[1].api_key_env: environment variable VLLM_API_KEY is not set');
     expect(result.stdout).toMatch(/OK — 2 pool\(s\), models: llama-3\.1-8b-instruct, \(discovered for pool qwen\)/);
   });
 
@@ -83,7 +88,9 @@ describe('waybill serve', () => {
     const sim = createSimulator({ models: ['tiny'], ttftMs: 1, itlMs: 1, outputTokens: 3 });
     const { url } = await sim.listen(0, '127.0.0.1');
     try {
-      const { child, line } = start(['serve', '--upstream', url, '--host', '127.0.0.1', '--port', '0'], /waybill listening/);
+      // The file sets a short shutdown; --upstream replaces its pools.
+      const file = tempFile('serve.yaml', 'pools: [{ name: p, upstreams: [{ url: "http://127.0.0.1:1" }] }]\nshutdown: { grace: 0, drain_timeout: 1s }\n');
+      const { child, line } = start(['serve', '--config', file, '--upstream', url, '--host', '127.0.0.1', '--port', '0'], /waybill listening/);
       const listening = JSON.parse(await line) as { url: string; models: string[] };
       expect(listening.models).toEqual(['tiny']);
       const ready = await request(`${listening.url}/readyz`);

@@ -92,6 +92,13 @@ describe('configuration', () => {
     expect(problems).toHaveLength(8);
   });
 
+  it('resolves upstream API keys from the environment and names a missing variable', () => {
+    const pools = (upstream: Record<string, unknown>) => ({ pools: [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://h:1', ...upstream }] }] });
+    expect(parseConfig(pools({ api_key_env: 'KEY_A' }), 'test', { KEY_A: 'secret' }).pools[0]?.upstreams[0]?.apiKey).toBe('secret');
+    expect(() => parseConfig(pools({ api_key_env: 'KEY_B' }), 'test', {})).toThrow(/pools\[0\]\.upstreams\[0\]\.api_key_env: environment variable KEY_B is not set/);
+    expect(() => parseConfig(pools({ api_key: 'a', api_key_env: 'KEY_A' }), 'test', { KEY_A: 'b' })).toThrow(/set api_key or api_key_env, not both/);
+  });
+
   it('reports cross-field problems together', () => {
     const problems = problemsOf({
       pools: [
@@ -122,7 +129,10 @@ describe('configuration', () => {
   });
 
   it('accepts config.example.yaml', async () => {
+    process.env['VLLM_API_KEY'] = 'example-key';
     const config = await loadConfigFile(new URL('../config.example.yaml', import.meta.url).pathname);
+    expect(config.pools[0]?.upstreams[1]?.apiKey).toBe('example-key');
+    expect(config.pools[0]?.admission).toEqual({ maxInflight: 512, maxQueue: 64, queueTimeoutMs: 30_000 });
     expect(config.pools.map((p) => p.name)).toEqual(['llama', 'qwen']);
     expect(config.slo.models['llama-3.1-8b-instruct']?.tpotMs).toBe(50);
   });
@@ -131,7 +141,14 @@ describe('configuration', () => {
     const doc = readFileSync(new URL('../docs/configuration.md', import.meta.url), 'utf8');
     const documented = [...doc.matchAll(/^\| `([^`]+)` \|/gm)].map((m) => m[1] ?? '');
     const parsed = configSchema.parse({
-      pools: [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://h:1', name: 'u' }] }],
+      pools: [
+        {
+          name: 'p',
+          models: ['m'],
+          upstreams: [{ url: 'http://h:1', name: 'u', max_inflight: 1, api_key: 'k', api_key_env: 'K' }],
+          admission: { max_inflight: 1 },
+        },
+      ],
     });
     const { all, leaves } = keyPaths(parsed);
     for (const leaf of leaves) expect(documented, `undocumented key ${leaf}`).toContain(leaf);

@@ -2,43 +2,26 @@
  * Edge cases found in review, each pinned by a scripted upstream: aborts from inside the framer, attempts that
  * never connect, the drain grace running out, and a client that never takes its response.
  */
-import { createServer as createHttpServer, request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http';
+import { request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http';
 import { createServer as createTcpServer, type AddressInfo, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
+import { startScripted, wire, type Handler } from './helpers/scripted.js';
 import { CHAT, post, startStack, type Stack } from './helpers/stack.js';
-
-type Handler = (req: IncomingMessage, res: ServerResponse) => void;
 
 const cleanups: Array<() => Promise<void> | void> = [];
 afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });
 
-const chunk = (choice: Record<string, unknown>) =>
-  `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'sim-model', choices: [{ index: 0, logprobs: null, ...choice }] })}\n\n`;
-const role = chunk({ delta: { role: 'assistant', content: '' }, finish_reason: null });
-const content = (text: string) => chunk({ delta: { content: text }, finish_reason: null });
-const finish = chunk({ delta: {}, finish_reason: 'stop', stop_reason: null });
-const errorEvent = 'data: {"error": {"message": "boom", "type": "InternalServerError", "param": null, "code": 500}}\n\n';
+const { role, content, finish } = wire;
+const errorEvent = wire.errorEvent(500);
 const bigEvent = `data: {"x":"${'a'.repeat(4000)}"}\n\n`;
 const STREAM = { ...CHAT, stream: true };
 
-/** An upstream scripted by the test; /health answers 200 so the gateway is ready. */
 async function scriptedUpstream(handler: Handler): Promise<string> {
-  const server = createHttpServer((req, res) => {
-    if (req.url === '/health') {
-      res.end();
-      return;
-    }
-    req.resume();
-    req.on('end', () => handler(req, res));
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  cleanups.push(() => {
-    server.closeAllConnections();
-    server.close();
-  });
-  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const upstream = await startScripted(handler);
+  cleanups.push(() => upstream.close());
+  return upstream.url;
 }
 
 async function gatewayFor(url: string, config: Record<string, unknown> = {}): Promise<Stack> {
@@ -118,7 +101,7 @@ describe('an attempt that is still connecting', () => {
   }
 
   it('obeys the first-output deadline without waiting for the connect timeout', async () => {
-    const s = await gatewayFor(await blackhole(), { timeouts: { connect: '30s', first_output: '200ms' } });
+    const s = await gatewayFor(await blackhole(), { timeouts: { connect: '30s', first_output: '200ms' }, retries: { max_attempts: 1 } });
     const client = await post(s.base, '/v1/chat/completions', STREAM);
     expect(client.status).toBe(504);
     const [settlement] = await s.settled(1);

@@ -244,9 +244,10 @@ describe('anomalies that do not break delivery', () => {
   });
 });
 
-describe('failures before commit get a real status', () => {
+describe('failures before commit get a real status (retries off: one attempt)', () => {
+  const once = { retries: { max_attempts: 1 } };
   it('answers an error event before any output with the status its code names (lazy validation)', async () => {
-    const s = await open();
+    const s = await open({ config: once });
     const client = await viaGateway(s, STREAM, 'error_before_output=400');
     expect(client.status).toBe(400);
     expect(client.headers['content-type']).toBe('application/json');
@@ -262,7 +263,7 @@ describe('failures before commit get a real status', () => {
   });
 
   it('passes a 5xx error event before output through as that status: failed', async () => {
-    const s = await open();
+    const s = await open({ config: once });
     const client = await viaGateway(s, STREAM, 'error_before_output=500');
     expect(client.status).toBe(500);
     await s.settled(1);
@@ -270,7 +271,7 @@ describe('failures before commit get a real status', () => {
   });
 
   it('passes an upstream 4xx through with its message, string-shaped 401 included', async () => {
-    const s = await open();
+    const s = await open({ config: once });
     const bad = await viaGateway(s, STREAM, 'status=400');
     expect(bad.status).toBe(400);
     const unauthorized = await viaGateway(s, STREAM, 'status=401');
@@ -285,7 +286,7 @@ describe('failures before commit get a real status', () => {
   });
 
   it('answers an upstream 5xx with 502', async () => {
-    const s = await open();
+    const s = await open({ config: once });
     const client = await viaGateway(s, STREAM, 'status=503');
     expect(client.status).toBe(502);
     expect(JSON.parse(client.body)).toMatchObject({ error: { type: 'upstream_error', code: 'upstream_error' } });
@@ -295,7 +296,7 @@ describe('failures before commit get a real status', () => {
   });
 
   it('answers a reset before any output with 502', async () => {
-    const s = await open();
+    const s = await open({ config: once });
     const afterHeaders = await viaGateway(s, STREAM, 'reset_after=0');
     expect(afterHeaders.status).toBe(502);
     const beforeResponse = await viaGateway(s, STREAM, 'reset_before_response');
@@ -307,7 +308,7 @@ describe('failures before commit get a real status', () => {
   });
 
   it('answers an unreachable upstream with 502 connect_error', async () => {
-    const s = await open({ sims: 0, extraUpstreams: [{ name: 'closed', url: 'http://127.0.0.1:9' }] });
+    const s = await open({ sims: 0, extraUpstreams: [{ name: 'closed', url: 'http://127.0.0.1:9' }], config: once });
     const client = await post(s.base, CHAT_PATH, STREAM);
     expect(client.status).toBe(502);
     expect(JSON.parse(client.body)).toMatchObject({ error: { code: 'upstream_unreachable' } });
@@ -316,7 +317,7 @@ describe('failures before commit get a real status', () => {
   });
 
   it('answers no first output within the limit with 504', async () => {
-    const s = await open({ config: { timeouts: { first_output: '150ms' } } });
+    const s = await open({ config: { ...once, timeouts: { first_output: '150ms' } } });
     const client = await viaGateway(s, STREAM, 'stall_after=0');
     expect(client.status).toBe(504);
     expect(JSON.parse(client.body)).toMatchObject({ error: { type: 'timeout_error', code: 'upstream_timeout' } });

@@ -5,7 +5,9 @@ import {
   ANOMALY_KINDS,
   ATTEMPT_RESULTS,
   CANCEL_PHASES,
+  EJECTION_REASONS,
   FINISH_REASONS,
+  RETRY_REASONS,
   OUTCOMES,
   ROUTES,
   SLO_RESULTS,
@@ -73,6 +75,8 @@ describe('docs/metrics.md and the code agree', () => {
     expect(listedValues('finish_reason')).toEqual([...FINISH_REASONS]);
     expect(listedValues('phase')).toEqual([...CANCEL_PHASES]);
     expect(listedValues('result', 1)).toEqual([...SLO_RESULTS]);
+    expect(listedValues('reason', 0)).toEqual([...RETRY_REASONS]);
+    expect(listedValues('reason', 1)).toEqual([...EJECTION_REASONS]);
     const outcomeItems = labelBullet('outcome')
       .split('\n')
       .filter((line) => /^\s+- `/.test(line))
@@ -91,7 +95,7 @@ describe('docs/metrics.md and the code agree', () => {
 
 describe('the exported text carries exactly the contracted label names', () => {
   it('emits every series with the documented labels and help', async () => {
-    const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1] }, { defaultMetrics: false });
+    const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1], queueWait: [1] }, { defaultMetrics: false });
     const ledger = new RequestLedger(
       {
         model: 'm',
@@ -129,6 +133,14 @@ describe('the exported text carries exactly the contracted label names', () => {
     miss.bodyReceived(1, 200, classifyEventData('{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}'));
     miss.clientEnded(1);
     metrics.record(miss.settle(1), false);
+    metrics.retryScheduled('m', 'reset');
+    metrics.retryBudgetSpent('m');
+    metrics.upstreamEjected('u0', 'consecutive_failures');
+    metrics.queueWaited('m', 20);
+    metrics.observe({
+      upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
+      queues: () => [{ model: 'm', depth: 3 }],
+    });
 
     const text = await metrics.registry.metrics();
     for (const spec of Object.values(METRICS)) {
@@ -150,5 +162,9 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_inflight_requests{model="m"} 0');
     expect(text).toContain('waybill_inter_token_latency_seconds_count{model="m"} 1');
     expect(text).toContain('waybill_time_per_output_token_seconds_sum{model="m"} 0.02');
+    expect(text).toContain('waybill_upstream_up{upstream="u0"} 1');
+    expect(text).toContain('waybill_upstream_inflight{upstream="u0"} 2');
+    expect(text).toContain('waybill_queue_depth{model="m"} 3');
+    expect(text).toContain('waybill_queue_wait_seconds_sum{model="m"} 0.02');
   });
 });

@@ -46,7 +46,7 @@ export interface RequestInfo {
 export type Verdict = 'hold' | 'commit' | 'forward' | 'drop';
 
 /** Why an attempt's upstream stream stopped, as the shell saw it. */
-export type StreamEnd = 'eof' | 'reset' | 'idle_timeout' | 'first_output_timeout' | 'total_timeout' | 'oversized';
+export type StreamEnd = 'eof' | 'reset' | 'idle_timeout' | 'first_output_timeout' | 'total_timeout' | 'oversized' | 'shutdown';
 
 /** How the client response must end once the ledger knows. */
 export type Ending =
@@ -59,7 +59,15 @@ export type Ending =
   /** Before commit: answer with a status and an error body. */
   | { kind: 'failure'; failure: Failure };
 
-export type FailureCause = 'upstream_4xx' | 'upstream_5xx' | 'error_payload' | 'connect_error' | 'reset' | 'incomplete' | 'timeout';
+export type FailureCause =
+  | 'upstream_4xx'
+  | 'upstream_5xx'
+  | 'error_payload'
+  | 'connect_error'
+  | 'reset'
+  | 'incomplete'
+  | 'timeout'
+  | 'shutdown';
 
 /** A pre-commit failure of an attempt, as the client would be told about it. */
 export interface Failure {
@@ -131,6 +139,8 @@ export class RequestLedger {
   private cancelledAt: number | undefined;
   private rejection: { status: number } | undefined;
   private doneAfterError = 0;
+  /** In the admission queue now. */
+  private waiting = false;
   private settled = false;
 
   constructor(
@@ -162,7 +172,25 @@ export class RequestLedger {
     this.rejection = { status };
   }
 
+  /** The request waits in the model's admission queue (time there counts toward TTFT: the clock started at arrival). */
+  queued(_at: number): void {
+    this.waiting = true;
+  }
+
+  /** The request left the admission queue with a slot. */
+  admitted(_at: number): void {
+    this.waiting = false;
+  }
+
+  /**
+   * A new attempt. Before commit, a retry replaces whatever the failed attempt left: its failure no longer decides
+   * the response, and finish reasons or usage it reported belong to no answer the client will see.
+   */
   startAttempt(at: number, upstream: string): void {
+    if (this.committed) throw new Error('no attempt after commit');
+    this.endingValue = undefined;
+    this.finishes.clear();
+    this.usage = undefined;
     this.attempts.push({
       upstream,
       startedAt: at,
@@ -372,7 +400,7 @@ export class RequestLedger {
       attempts: this.attempts.map(({ sawDone: _d, error: _e, ...record }) => record),
       anomalies: this.anomalies,
       finishReasons: this.committed ? this.finishReasonLabels() : [],
-      cancelPhase: outcome === 'client_cancelled' ? (this.firstOutputAt === undefined ? 'before_first_token' : 'streaming') : undefined,
+      cancelPhase: outcome === 'client_cancelled' ? this.cancelPhase() : undefined,
       ttftMs,
       tpotMs,
       durationMs,
@@ -402,12 +430,22 @@ export class RequestLedger {
         return { outcome: 'stream_error', code: 200 };
       case 'gateway_error':
         return {
-          outcome: ending.cause === 'idle_timeout' || ending.cause === 'total_timeout' || ending.cause === 'first_output_timeout' ? 'timeout' : 'incomplete',
+          outcome: isDeadline(ending.cause) ? 'timeout' : 'incomplete',
           code: 200,
         };
       case 'failure':
         return { outcome: ending.failure.outcome, code: ending.failure.status };
     }
+  }
+
+  private cancelPhase(): CancelPhase {
+    if (this.firstOutputAt !== undefined) return 'streaming';
+    return this.waiting && this.attempts.length === 0 ? 'queued' : 'before_first_token';
+  }
+
+  /** The record of attempt `index` (0-based), for reporting an attempt's verdict after a later one started. */
+  attemptAt(index: number): AttemptRecord | undefined {
+    return this.attempts[index];
   }
 
   private tpot(): number | undefined {
@@ -505,6 +543,11 @@ function failureForErrorPayload(facts: Extract<EventFacts, { kind: 'error' }>): 
   };
 }
 
+/** A gateway deadline ended the stream (the drain deadline at shutdown included). */
+function isDeadline(cause: StreamEnd | 'unfinished_choices'): boolean {
+  return cause === 'idle_timeout' || cause === 'total_timeout' || cause === 'first_output_timeout' || cause === 'shutdown';
+}
+
 function resultForEnd(how: StreamEnd): AttemptResult {
   switch (how) {
     case 'eof':
@@ -515,11 +558,14 @@ function resultForEnd(how: StreamEnd): AttemptResult {
     case 'idle_timeout':
     case 'first_output_timeout':
     case 'total_timeout':
+    case 'shutdown':
       return 'timeout';
   }
 }
 
 function failureForEnd(how: StreamEnd): Failure {
+  // Shutting down is not the upstream's failure: 503, so clients and load balancers go elsewhere.
+  if (how === 'shutdown') return { status: 503, outcome: 'failed', cause: 'shutdown', upstreamError: undefined };
   const result = resultForEnd(how);
   if (result === 'timeout') return { status: 504, outcome: 'timeout', cause: 'timeout', upstreamError: undefined };
   return { status: 502, outcome: 'failed', cause: result === 'reset' ? 'reset' : 'incomplete', upstreamError: undefined };

@@ -46,11 +46,19 @@ export const FINISH_REASONS = [
 ] as const;
 export type FinishReason = (typeof FINISH_REASONS)[number];
 
-export const CANCEL_PHASES = ['before_first_token', 'streaming'] as const;
+export const CANCEL_PHASES = ['queued', 'before_first_token', 'streaming'] as const;
 export type CancelPhase = (typeof CANCEL_PHASES)[number];
 
 export const SLO_RESULTS = ['met', 'missed_ttft', 'missed_tpot', 'missed_ttft_tpot', 'missed_e2e', 'failed', 'excluded'] as const;
 export type SloResult = (typeof SLO_RESULTS)[number];
+
+/** Why an attempt was retried (before commit only). */
+export const RETRY_REASONS = ['connect_error', 'reset', 'incomplete', 'http_5xx', 'http_429', 'http_408', 'error_payload', 'timeout'] as const;
+export type RetryReason = (typeof RETRY_REASONS)[number];
+
+/** Why an upstream was ejected by passive health checking. */
+export const EJECTION_REASONS = ['consecutive_failures', 'trial_failed'] as const;
+export type EjectionReason = (typeof EJECTION_REASONS)[number];
 
 /** Label value for a model (or upstream) name outside the configured and discovered set. */
 export const OTHER = '_other';

@@ -9,6 +9,15 @@ export interface UpstreamConfig {
   readonly name: string;
   readonly url: URL;
   readonly weight: number;
+  readonly maxInflight: number | undefined;
+  /** Resolved from api_key or api_key_env; never logged. */
+  readonly apiKey: string | undefined;
+}
+
+export interface AdmissionConfig {
+  readonly maxInflight: number;
+  readonly maxQueue: number;
+  readonly queueTimeoutMs: number;
 }
 
 export interface PoolConfig {
@@ -16,6 +25,8 @@ export interface PoolConfig {
   /** Served model names; undefined while they are to be discovered from the upstreams. */
   readonly models: readonly string[] | undefined;
   readonly upstreams: readonly UpstreamConfig[];
+  /** Per model of the pool; undefined: no admission limit. */
+  readonly admission: AdmissionConfig | undefined;
 }
 
 /** The validated, resolved, frozen configuration. Durations are milliseconds; buckets are seconds. */
@@ -23,7 +34,22 @@ export interface Config {
   readonly server: RawConfig['server'];
   readonly pools: readonly PoolConfig[];
   readonly discovery: { readonly refreshIntervalMs: number };
-  readonly health: { readonly intervalMs: number; readonly timeoutMs: number };
+  readonly health: {
+    readonly intervalMs: number;
+    readonly timeoutMs: number;
+    readonly ejectAfterFailures: number;
+    readonly ejectionBaseMs: number;
+    readonly ejectionMaxMs: number;
+  };
+  readonly retries: {
+    readonly maxAttempts: number;
+    readonly backoffBaseMs: number;
+    readonly backoffMaxMs: number;
+    readonly retryOn500: boolean;
+    readonly retryAfterMaxMs: number;
+    readonly budget: { readonly ratio: number; readonly minPerSecond: number; readonly windowMs: number };
+  };
+  readonly shutdown: { readonly graceMs: number; readonly drainTimeoutMs: number };
   readonly timeouts: {
     readonly connectMs: number;
     readonly firstOutputMs: number;
@@ -43,7 +69,13 @@ export interface Config {
   readonly metrics: {
     readonly promptLenBoundaries: readonly number[];
     readonly promptLenClasses: readonly string[];
-    readonly buckets: { readonly ttft: number[]; readonly itl: number[]; readonly tpot: number[]; readonly duration: number[] };
+    readonly buckets: {
+      readonly ttft: number[];
+      readonly itl: number[];
+      readonly tpot: number[];
+      readonly duration: number[];
+      readonly queueWait: number[];
+    };
   };
   readonly logging: RawConfig['logging'];
 }
@@ -96,7 +128,7 @@ function resolveSlo(
   };
 }
 
-function resolve(raw: RawConfig, problems: string[]): Config {
+function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv): Config {
   const classes = promptLenClasses(raw.metrics.prompt_len_boundaries);
   const upstreamNames = new Map<string, string>();
   const modelPools = new Map<string, string>();
@@ -117,9 +149,26 @@ function resolve(raw: RawConfig, problems: string[]): Config {
       const other = upstreamNames.get(name);
       if (other !== undefined) problems.push(`${field}.name: duplicate upstream name "${name}" (also ${other}); set distinct names`);
       upstreamNames.set(name, field);
-      return Object.freeze({ name, url, weight: upstream.weight });
+      let apiKey = upstream.api_key;
+      if (upstream.api_key !== undefined && upstream.api_key_env !== undefined) {
+        problems.push(`${field}: set api_key or api_key_env, not both`);
+      } else if (upstream.api_key_env !== undefined) {
+        apiKey = env[upstream.api_key_env];
+        if (apiKey === undefined || apiKey === '') problems.push(`${field}.api_key_env: environment variable ${upstream.api_key_env} is not set`);
+      }
+      return Object.freeze({ name, url, weight: upstream.weight, maxInflight: upstream.max_inflight, apiKey });
     });
-    return Object.freeze({ name: pool.name, models: pool.models && Object.freeze([...pool.models]), upstreams: Object.freeze(upstreams) });
+    const admission = pool.admission && {
+      maxInflight: pool.admission.max_inflight,
+      maxQueue: pool.admission.max_queue,
+      queueTimeoutMs: pool.admission.queue_timeout,
+    };
+    return Object.freeze({
+      name: pool.name,
+      models: pool.models && Object.freeze([...pool.models]),
+      upstreams: Object.freeze(upstreams),
+      admission,
+    });
   });
 
   const checkClasses = (field: string, byClass: Record<string, number> | undefined) => {
@@ -151,7 +200,22 @@ function resolve(raw: RawConfig, problems: string[]): Config {
     server: Object.freeze(raw.server),
     pools: Object.freeze(pools),
     discovery: { refreshIntervalMs: raw.discovery.refresh_interval },
-    health: { intervalMs: raw.health.interval, timeoutMs: raw.health.timeout },
+    health: {
+      intervalMs: raw.health.interval,
+      timeoutMs: raw.health.timeout,
+      ejectAfterFailures: raw.health.eject_after_failures,
+      ejectionBaseMs: raw.health.ejection_base,
+      ejectionMaxMs: raw.health.ejection_max,
+    },
+    retries: {
+      maxAttempts: raw.retries.max_attempts,
+      backoffBaseMs: raw.retries.backoff_base,
+      backoffMaxMs: raw.retries.backoff_max,
+      retryOn500: raw.retries.retry_on_500,
+      retryAfterMaxMs: raw.retries.retry_after_max,
+      budget: { ratio: raw.retries.budget.ratio, minPerSecond: raw.retries.budget.min_per_second, windowMs: raw.retries.budget.window },
+    },
+    shutdown: { graceMs: raw.shutdown.grace, drainTimeoutMs: raw.shutdown.drain_timeout },
     timeouts: {
       connectMs: raw.timeouts.connect,
       firstOutputMs: raw.timeouts.first_output,
@@ -173,6 +237,7 @@ function resolve(raw: RawConfig, problems: string[]): Config {
         itl: [...raw.metrics.buckets.itl],
         tpot: withThresholds(raw.metrics.buckets.tpot, all.map((t) => t.tpotMs)),
         duration: withThresholds(raw.metrics.buckets.duration, all.map((t) => t.e2eMs)),
+        queueWait: [...raw.metrics.buckets.queue_wait],
       },
     },
     logging: Object.freeze(raw.logging),
@@ -180,11 +245,11 @@ function resolve(raw: RawConfig, problems: string[]): Config {
 }
 
 /** Validates a configuration object (parsed YAML, or built from CLI flags); throws ConfigError with every problem. */
-export function parseConfig(input: unknown, source = 'configuration'): Config {
+export function parseConfig(input: unknown, source = 'configuration', env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = configSchema.safeParse(input ?? {});
   if (!parsed.success) throw new ConfigError(source, issueMessages(parsed.error));
   const problems: string[] = [];
-  const config = resolve(parsed.data, problems);
+  const config = resolve(parsed.data, problems, env);
   if (problems.length > 0) throw new ConfigError(source, problems);
   return deepFreeze(config);
 }

@@ -41,6 +41,19 @@ const upstreamSchema = z.strictObject({
   name: labelName.optional(),
   url: httpUrl,
   weight: z.number().positive().default(1),
+  /** Requests this upstream may have in flight; absent: no limit of its own. */
+  max_inflight: z.number().int().positive().optional(),
+  /** Sent upstream as `Authorization: Bearer` (vLLM's --api-key). Prefer api_key_env. */
+  api_key: z.string().min(1).optional(),
+  /** Name of an environment variable holding the upstream API key. */
+  api_key_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name').optional(),
+});
+
+const admissionSchema = z.strictObject({
+  /** Requests per model in flight to the pool; more wait in the queue. */
+  max_inflight: z.number().int().positive(),
+  max_queue: z.number().int().nonnegative().default(64),
+  queue_timeout: positiveDuration.prefault(30),
 });
 
 const poolSchema = z.strictObject({
@@ -48,6 +61,8 @@ const poolSchema = z.strictObject({
   /** Served model names. Absent: discovered from the upstreams' GET /v1/models. */
   models: z.array(labelName).min(1).optional(),
   upstreams: z.array(upstreamSchema).min(1),
+  /** Admission control per model of this pool; absent: no limit (vLLM queues without one). */
+  admission: admissionSchema.optional(),
 });
 
 const sloThresholds = z.strictObject({
@@ -81,6 +96,40 @@ export const configSchema = z.strictObject({
     .strictObject({
       interval: positiveDuration.prefault(5),
       timeout: positiveDuration.prefault(2),
+      /** Consecutive failed requests that eject an upstream (passive health). */
+      eject_after_failures: z.number().int().positive().default(3),
+      /** First ejection; each consecutive one doubles, up to ejection_max. */
+      ejection_base: positiveDuration.prefault(5),
+      ejection_max: positiveDuration.prefault(120),
+    })
+    .prefault({}),
+  retries: z
+    .strictObject({
+      /** Attempts per logical request, the first included. */
+      max_attempts: z.number().int().min(1).max(10).default(3),
+      backoff_base: positiveDuration.prefault(0.025),
+      backoff_max: positiveDuration.prefault(1),
+      /** Also retry an upstream HTTP 500 (vLLM answers 500 when its engine died). */
+      retry_on_500: z.boolean().default(false),
+      /** Longest Retry-After of a 429/408 that is honoured; longer fails the request. */
+      retry_after_max: positiveDuration.prefault(5),
+      budget: z
+        .strictObject({
+          /** Retries may add at most this share of the model's recent requests. */
+          ratio: z.number().min(0).max(1).default(0.2),
+          /** Floor, so low traffic can still retry. */
+          min_per_second: z.number().nonnegative().default(3),
+          window: positiveDuration.prefault(10),
+        })
+        .prefault({}),
+    })
+    .prefault({}),
+  shutdown: z
+    .strictObject({
+      /** After SIGTERM, /readyz answers 503 this long before new connections are refused (load-balancer deregistration). */
+      grace: duration.prefault(5),
+      /** In-flight requests may run this long after the grace; what is left is ended and counted. */
+      drain_timeout: positiveDuration.prefault(30),
     })
     .prefault({}),
   timeouts: z
@@ -123,6 +172,7 @@ export const configSchema = z.strictObject({
           itl: bucketList.default([0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5]),
           tpot: bucketList.default([0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1]),
           duration: bucketList.default([0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600]),
+          queue_wait: bucketList.default([0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]),
         })
         .prefault({}),
     })

@@ -23,6 +23,8 @@ export const ERRORS = {
   upstream_incomplete: { status: 502, type: 'upstream_error' },
   upstream_timeout: { status: 504, type: 'timeout_error' },
   no_upstream: { status: 503, type: 'upstream_error' },
+  overloaded: { status: 429, type: 'rate_limit_error' },
+  shutting_down: { status: 503, type: 'unavailable_error' },
   internal_error: { status: 500, type: 'internal_error' },
   /** Written as an SSE error event when a committed stream breaks. */
   stream_truncated: { status: 200, type: 'upstream_error' },
@@ -75,5 +77,7 @@ export function failureResponse(failure: Failure): { status: number; body: Error
       };
     case 'timeout':
       return { status: failure.status, body: errorBody('upstream_timeout', 'the upstream did not produce output in time') };
+    case 'shutdown':
+      return { status: failure.status, body: errorBody('shutting_down', 'the gateway is shutting down; retry the request') };
   }
 }

@@ -9,7 +9,7 @@ import { pino, type Logger } from 'pino';
 import { RequestLedger, type Settlement } from '../accounting/ledger.js';
 import { OTHER, type Route } from '../accounting/outcomes.js';
 import type { Config } from '../config/load.js';
-import { Exchange } from '../proxy/exchange.js';
+import { Exchange, type ExchangeDeps } from '../proxy/exchange.js';
 import { upstreamHeaders } from '../proxy/headers.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
@@ -22,6 +22,8 @@ export interface GatewayOptions {
   onSettled?: (settlement: Settlement, requestId: string) => void;
   /** prom-client's process and Node.js metrics (default on). */
   defaultMetrics?: boolean;
+  /** Randomness for picking and retry jitter (tests pass a seeded one). */
+  random?: () => number;
 }
 
 export interface Gateway {
@@ -30,6 +32,13 @@ export interface Gateway {
   readonly upstreams: UpstreamRegistry;
   /** Starts health checks and discovery, then listens; resolves to the base URL. */
   listen(): Promise<string>;
+  /**
+   * Graceful shutdown: /readyz turns 503 at once; after `shutdown.grace` new connections are refused; in-flight
+   * requests run up to `shutdown.drain_timeout`, then whatever is left is ended and counted; then everything closes.
+   */
+  drain(): Promise<void>;
+  /** Logical requests in progress. */
+  readonly inflight: number;
   close(): Promise<void>;
 }
 
@@ -62,8 +71,34 @@ const FASTIFY_ERRORS: Record<string, ErrorCode> = {
 export function createGateway(config: Config, options: GatewayOptions = {}): Gateway {
   const logger = options.logger ?? pino({ level: config.logging.level, base: { service: 'waybill' } });
   const metrics = new GatewayMetrics(config.metrics.buckets, { defaultMetrics: options.defaultMetrics ?? true });
-  const upstreams = new UpstreamRegistry(config, logger.child({ component: 'upstreams' }));
+  const random = options.random ?? Math.random;
+  const upstreams = new UpstreamRegistry(config, logger.child({ component: 'upstreams' }), random, {
+    onEjected: (upstream, reason) => metrics.upstreamEjected(upstream, reason),
+  });
   const now = () => performance.now();
+  metrics.observe({
+    *upstreams() {
+      const at = now();
+      for (const upstream of upstreams.upstreams) yield { name: upstream.name, up: upstream.isUp(at), inflight: upstream.inflight };
+    },
+    queues: () => upstreams.queues(),
+  });
+  const exchanges = new Set<Exchange>();
+  let draining = false;
+  let allDone: (() => void) | undefined;
+  const exchangeDeps: ExchangeDeps = {
+    config,
+    upstreams,
+    metrics,
+    logger,
+    now,
+    random,
+    ...(options.onSettled ? { onSettled: options.onSettled } : {}),
+    onDone: (exchange) => {
+      exchanges.delete(exchange);
+      if (exchanges.size === 0) allDone?.();
+    },
+  };
   // Typed as fastify's logger so the instance keeps fastify's default generics.
   const fastifyLogger: FastifyBaseLogger = logger;
 
@@ -161,8 +196,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       }
       const injectUsage = fields.stream && config.streaming.injectUsage && !fields.clientAskedUsage;
       void reply.hijack();
-      new Exchange(
-        { config, upstreams, metrics, logger, now, ...(options.onSettled ? { onSettled: options.onSettled } : {}) },
+      const exchange = new Exchange(
+        exchangeDeps,
         {
           route: target.route,
           apiPath: target.apiPath,
@@ -176,7 +211,9 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
           arrivalAt: request.arrivalAt,
         },
         reply.raw,
-      ).start();
+      );
+      exchanges.add(exchange);
+      exchange.start();
     });
   }
 
@@ -193,13 +230,19 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   });
 
   app.get('/readyz', (_request, reply) => {
-    const ready = upstreams.isReady();
+    const ready = !draining && upstreams.isReady();
+    const at = now();
     void reply.code(ready ? 200 : 503).send({
-      status: ready ? 'ready' : 'not_ready',
+      status: draining ? 'draining' : ready ? 'ready' : 'not_ready',
       pools: upstreams.pools.map((pool) => ({
         name: pool.config.name,
         models: pool.models,
-        upstreams: pool.upstreams.map((u) => ({ name: u.name, healthy: u.healthy ?? null })),
+        upstreams: pool.upstreams.map((u) => ({
+          name: u.name,
+          healthy: u.healthy ?? null,
+          circuit: u.breaker.state(at),
+          inflight: u.inflight,
+        })),
       })),
     });
   });
@@ -218,9 +261,35 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       metrics.declareModels(upstreams.models());
       return app.listen({ host: config.server.host, port: config.server.port });
     },
+    get inflight() {
+      return exchanges.size;
+    },
+    async drain() {
+      draining = true;
+      logger.info({ inflight: exchanges.size, graceMs: config.shutdown.graceMs }, 'draining: not ready; still serving during the grace period');
+      await sleep(config.shutdown.graceMs);
+      // Stops accepting connections; requests already in flight go on (fastify answers new ones on open
+      // keep-alive connections with 503).
+      const closed = app.close();
+      const idle = () => new Promise<void>((resolve) => (exchanges.size === 0 ? resolve() : (allDone = resolve)));
+      const timedOut = await Promise.race([idle().then(() => false), sleep(config.shutdown.drainTimeoutMs).then(() => true)]);
+      if (timedOut && exchanges.size > 0) {
+        logger.warn({ inflight: exchanges.size }, 'drain timeout: ending the requests still in flight');
+        for (const exchange of exchanges) exchange.shutdown();
+        await Promise.race([idle(), sleep(config.streaming.drainGraceMs + 1000)]);
+      }
+      // Connections a client keeps open after its response must not hold the exit.
+      await Promise.race([closed, sleep(config.streaming.drainGraceMs + 1000)]);
+      await upstreams.close();
+      logger.info('drained');
+    },
     async close() {
       await app.close();
       await upstreams.close();
     },
   };
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
 }

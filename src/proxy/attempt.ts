@@ -48,6 +48,10 @@ export class Attempt implements Dispatcher.DispatchHandler {
   /** The upstream response has started (status line received). */
   started = false;
   contentType: string | undefined;
+  /** Names this attempt to its upstream's circuit breaker. */
+  ticket = 0;
+  /** The response's Retry-After header, for a 429 or 408. */
+  retryAfter: string | undefined;
 
   constructor(
     readonly upstream: Upstream,
@@ -97,6 +101,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.status = statusCode;
     const type = headers['content-type'];
     this.contentType = typeof type === 'string' ? type : undefined;
+    const retryAfter = headers['retry-after'];
+    this.retryAfter = typeof retryAfter === 'string' ? retryAfter : undefined;
     if (this.options.streaming && statusCode === 200 && isEventStream(headers)) {
       this.framer = createFramer(
         {

@@ -1,9 +1,11 @@
 /**
- * One logical request: the ledger, the attempt loop, the commit point, the client response and its clocks.
+ * One logical request: admission, the attempt loop with retries before commit, the commit point, the client
+ * response and its clocks.
  *
- * Nothing reaches the client before the upstream's first output-bearing event (or a complete non-stream body).
- * After that, upstream bytes are written as they came, whole events at a time; the ledger decides which are held,
- * forwarded or dropped, and how the response ends. `[DONE]` reaches the client only for a delivered stream.
+ * Nothing reaches the client before the upstream's first output-bearing event (or a complete non-stream body), so
+ * until then a failed attempt can be retried invisibly. After that, upstream bytes are written as they came, whole
+ * events at a time; the ledger decides which are held, forwarded or dropped, and how the response ends. `[DONE]`
+ * reaches the client only for a delivered stream.
  */
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
@@ -11,12 +13,16 @@ import type { Logger } from 'pino';
 import { RequestLedger, type Failure, type RequestInfo, type Settlement, type StreamEnd } from '../accounting/ledger.js';
 import type { Route } from '../accounting/outcomes.js';
 import type { Config } from '../config/load.js';
-import { errorBody, failureResponse, type ErrorBody, type ErrorCode } from '../http/errors.js';
-import { classifyEventData, classifyJson, type EventFacts } from '../sse/classify.js';
+import { errorBody, failureResponse, type ErrorBody } from '../http/errors.js';
+import { classifyEventData } from '../sse/classify.js';
 import type { SseEvent } from '../sse/framer.js';
 import type { GatewayMetrics } from '../telemetry/metrics.js';
+import type { Admission } from './admission.js';
 import { Attempt, type AttemptSink, type NetworkFailure } from './attempt.js';
-import type { UpstreamRegistry } from './upstreams.js';
+import { classifyBody, coalesce, SSE_HEADERS, streamErrorEvent } from './client-wire.js';
+import { parseRetryAfter } from './retry-after.js';
+import { retryDelay, retryReason } from './retry-policy.js';
+import type { ModelControls, UpstreamRegistry } from './upstreams.js';
 
 export interface ExchangeDeps {
   readonly config: Config;
@@ -25,8 +31,11 @@ export interface ExchangeDeps {
   readonly logger: Logger;
   /** Monotonic milliseconds. */
   readonly now: () => number;
+  readonly random: () => number;
   /** Called with every settled request (tests and telemetry subscribe here). */
   readonly onSettled?: (settlement: Settlement, requestId: string) => void;
+  /** Called once the exchange holds nothing any more (for the shutdown drain). */
+  readonly onDone?: (exchange: Exchange) => void;
 }
 
 export interface CompletionRequest {
@@ -36,7 +45,7 @@ export interface CompletionRequest {
   /** The served model name (a key of the upstream registry). */
   readonly model: string;
   readonly stream: boolean;
-  /** The body to send upstream (the client's bytes, or re-serialised when usage was injected). */
+  /** The body to send upstream (the client's bytes, or with usage requested). */
   readonly body: Buffer;
   readonly expectedChoices: number;
   readonly dropUsageChunk: boolean;
@@ -46,35 +55,12 @@ export interface CompletionRequest {
   readonly arrivalAt: number;
 }
 
-const SSE_HEADERS = {
-  'cache-control': 'no-cache',
-  // Tell buffering reverse proxies in front of Waybill (nginx) to pass events through at once.
-  'x-accel-buffering': 'no',
-};
-
-function classifyBody(body: Buffer): EventFacts {
-  try {
-    return classifyJson(JSON.parse(body.toString('utf8')));
-  } catch {
-    return { kind: 'malformed' };
-  }
-}
-
-/** Joins the pieces of one write. Consecutive views of one upstream chunk are re-joined without a copy. */
-function coalesce(pieces: Buffer[]): Buffer {
-  const first = pieces[0] as Buffer;
-  if (pieces.length === 1) return first;
-  let end = first.byteOffset + first.length;
-  for (let i = 1; i < pieces.length; i++) {
-    const piece = pieces[i] as Buffer;
-    if (piece.buffer !== first.buffer || piece.byteOffset !== end) return Buffer.concat(pieces);
-    end += piece.length;
-  }
-  return Buffer.from(first.buffer, first.byteOffset, end - first.byteOffset);
-}
+/** Retry-After Waybill sends with its own 429: the queue is a second's worth of work for a healthy pool. */
+const OVERLOADED_RETRY_AFTER_S = '1';
 
 export class Exchange implements AttemptSink {
   private readonly ledger: RequestLedger;
+  private readonly controls: ModelControls;
   /** Kept from the start: Node detaches it from the response once the response is done. */
   private readonly socket: Socket | null;
   private attempt: Attempt | undefined;
@@ -86,10 +72,14 @@ export class Exchange implements AttemptSink {
   /** The client side is over: the response was flushed to the socket ('finish'), or the client left ('close'). */
   private clientFinished = false;
   private settled = false;
+  private admission: Admission | undefined;
+  /** Aborts a wait in the admission queue when the client leaves. */
+  private queueAbort: AbortController | undefined;
   private totalTimer: NodeJS.Timeout | undefined;
   private firstOutputTimer: NodeJS.Timeout | undefined;
   private idleTimer: NodeJS.Timeout | undefined;
   private drainTimer: NodeJS.Timeout | undefined;
+  private retryTimer: NodeJS.Timeout | undefined;
   /** After the total deadline, how long a client that does not read its ended response may hold it. */
   private lingerTimer: NodeJS.Timeout | undefined;
   private waitingForDrain = false;
@@ -111,6 +101,7 @@ export class Exchange implements AttemptSink {
       promptLenClasses: config.metrics.promptLenClasses,
     };
     this.socket = res.socket;
+    this.controls = deps.upstreams.controls(request.model);
     this.ledger = new RequestLedger(info, request.arrivalAt, {
       onInterTokenGap: (ms) => deps.metrics.interTokenGap(request.model, ms),
     });
@@ -122,47 +113,114 @@ export class Exchange implements AttemptSink {
     this.res.on('close', this.onClientClose);
     const remaining = config.timeouts.totalMs - (now() - this.request.arrivalAt);
     this.totalTimer = setTimeout(() => this.onTimer('total_timeout'), Math.max(0, remaining));
-    this.startAttempt();
+    this.controls.budget.recordRequest(now());
+    const gate = this.controls.gate;
+    if (gate === undefined) {
+      this.startAttempt(undefined);
+      return;
+    }
+    this.queueAbort = new AbortController();
+    const admission = gate.acquire(this.queueAbort.signal);
+    if (admission instanceof Promise) {
+      this.ledger.queued(now());
+      void admission.then((result) => this.onAdmission(result));
+    } else {
+      this.onAdmission(admission);
+    }
   }
 
-  private startAttempt(): void {
-    const { upstreams, config, now } = this.deps;
-    const upstream = upstreams.pick(this.request.model);
-    if (upstream === undefined) {
+  /** The gateway is shutting down and its drain deadline passed: end this request now, and count it. */
+  shutdown(): void {
+    const attempt = this.attempt;
+    if (attempt !== undefined && !attempt.finished) {
+      attempt.abort('shutdown');
+      return;
+    }
+    if (this.responseEnded || this.settled) return;
+    clearTimeout(this.retryTimer);
+    this.queueAbort?.abort();
+    if (!this.ledger.committed) {
       this.ledger.reject(503);
-      this.writeError(503, errorBody('no_upstream', `no upstream is available for model "${this.request.model}"`));
+      this.writeError(503, errorBody('shutting_down', 'the gateway is shutting down; retry the request'));
+    }
+  }
+
+  private onAdmission(admission: Admission): void {
+    this.deps.metrics.queueWaited(this.request.model, admission.waitedMs);
+    if (admission.admitted && this.clientFinished) {
+      // Admitted just as the client left (the request may already be settled): give the slot back.
+      admission.release();
       this.maybeSettle();
       return;
     }
+    if (!admission.admitted) {
+      // 'cancelled': the client left while queued; onClientClose has recorded it.
+      if (admission.reason !== 'cancelled' && !this.responseEnded) {
+        this.ledger.reject(429);
+        const message =
+          admission.reason === 'queue_full'
+            ? `model "${this.request.model}" is at capacity and its queue is full; retry later`
+            : `model "${this.request.model}" is at capacity; the request waited its queue timeout`;
+        this.res.setHeader('retry-after', OVERLOADED_RETRY_AFTER_S);
+        this.writeError(429, errorBody('overloaded', message));
+      }
+      this.maybeSettle();
+      return;
+    }
+    this.admission = admission;
+    this.ledger.admitted(this.deps.now());
+    this.startAttempt(undefined);
+  }
+
+  private startAttempt(avoid: string | undefined): void {
+    const { upstreams, config, now } = this.deps;
+    const at = now();
+    const upstream = upstreams.pick(this.request.model, avoid, at);
+    if (upstream === undefined) {
+      const failure = this.ledger.finalFailure();
+      if (failure !== undefined) {
+        // A retry found nowhere to go: the client gets what the last attempt said.
+        this.respondFailure(failure);
+      } else {
+        this.ledger.reject(503);
+        this.writeError(503, errorBody('no_upstream', `every upstream of model "${this.request.model}" is at its max_inflight`));
+      }
+      this.maybeSettle();
+      return;
+    }
+    this.held = [];
+    this.heldBytes = 0;
+    this.out = [];
     const number = this.ledger.attemptCount + 1;
-    this.ledger.startAttempt(now(), upstream.name);
+    this.ledger.startAttempt(at, upstream.name);
     const attempt = new Attempt(upstream, number, this, {
       streaming: this.request.stream,
       maxEventBytes: config.streaming.maxEventBytes,
       maxResponseBytes: config.streaming.maxResponseBytes,
     });
     this.attempt = attempt;
-    upstream.inflight++;
+    attempt.ticket = upstreams.sent(upstream, at);
     this.firstOutputTimer = setTimeout(() => this.onTimer('first_output_timeout'), config.timeouts.firstOutputMs);
     upstream.dispatcher.dispatch(
       {
         method: 'POST',
         path: upstream.path(this.request.apiPath),
-        headers: this.request.headers,
+        headers: upstream.withCredentials(this.request.headers),
         body: this.request.body,
       },
       attempt,
     );
   }
 
-  // --- AttemptSink: facts from the upstream ---------------------------------------------------------------
+  // --- AttemptSink: facts from the upstream. A replaced attempt's late reports are ignored. -------------------
 
-  onResponseStart(_attempt: Attempt, status: number): void {
+  onResponseStart(attempt: Attempt, status: number): void {
+    if (attempt !== this.attempt) return;
     this.ledger.responseStarted(this.deps.now(), status);
   }
 
   onBlock(attempt: Attempt, raw: Buffer, event: SseEvent | null): void {
-    if (attempt.finished) return;
+    if (attempt !== this.attempt || attempt.finished) return;
     if (event === null) {
       // Comments and empty events: keep them with their neighbours (a keep-alive means something to the client).
       if (this.ledger.ending !== undefined) return;
@@ -190,17 +248,19 @@ export class Exchange implements AttemptSink {
     }
   }
 
-  onChunkDone(_attempt: Attempt): void {
+  onChunkDone(attempt: Attempt): void {
+    if (attempt !== this.attempt) return;
     this.idleTimer?.refresh();
     this.flush();
     this.act();
   }
 
-  onBody(_attempt: Attempt, status: number, body: Buffer): void {
+  onBody(attempt: Attempt, status: number, body: Buffer): void {
+    if (attempt !== this.attempt) return;
     this.ledger.bodyReceived(this.deps.now(), status, classifyBody(body));
     if (this.ledger.ending?.kind === 'complete' && !this.responseEnded) {
       this.res.writeHead(200, {
-        'content-type': this.attempt?.contentType ?? 'application/json',
+        'content-type': attempt.contentType ?? 'application/json',
         'content-length': body.length,
         'x-request-id': this.request.requestId,
       });
@@ -210,19 +270,23 @@ export class Exchange implements AttemptSink {
     this.act();
   }
 
-  onStreamEnd(_attempt: Attempt, how: StreamEnd): void {
+  onStreamEnd(attempt: Attempt, how: StreamEnd): void {
+    if (attempt !== this.attempt) return;
     this.ledger.streamEnded(this.deps.now(), how);
     this.act();
   }
 
-  onNetworkFailure(_attempt: Attempt, failure: NetworkFailure, error: Error): void {
-    this.deps.logger.debug({ requestId: this.request.requestId, err: error.message }, 'upstream connection failed');
+  onNetworkFailure(attempt: Attempt, failure: NetworkFailure, error: Error): void {
+    if (attempt !== this.attempt) return;
+    this.deps.logger.debug({ requestId: this.request.requestId, upstream: attempt.upstream.name, err: error.message }, 'upstream connection failed');
     this.ledger.connectFailed(this.deps.now(), failure);
     this.act();
   }
 
   onSettled(attempt: Attempt): void {
-    attempt.upstream.inflight--;
+    const record = this.ledger.attemptAt(attempt.number - 1);
+    this.deps.upstreams.settled(attempt.upstream, attempt.ticket, record, this.deps.now());
+    if (attempt !== this.attempt) return;
     this.clearAttemptClocks();
     if (!this.responseEnded && this.ledger.ending === undefined) {
       // The attempt stopped without the ledger deciding how the client's response ends (cannot happen with the
@@ -233,7 +297,7 @@ export class Exchange implements AttemptSink {
     this.maybeSettle();
   }
 
-  // --- Client side ------------------------------------------------------------------------------------------
+  // --- Deciding and ending --------------------------------------------------------------------------------------
 
   /** Carries out the ledger's decision about how the client response ends, once it has one. */
   private act(): void {
@@ -245,9 +309,10 @@ export class Exchange implements AttemptSink {
         this.endClient();
         break;
       case 'gateway_error':
-        this.endClient(this.gatewayErrorEvent(ending.cause));
+        this.endClient(streamErrorEvent(ending.cause));
         break;
       case 'failure':
+        if (this.retry()) return;
         this.respondFailure(ending.failure);
         break;
     }
@@ -260,11 +325,38 @@ export class Exchange implements AttemptSink {
     }
   }
 
+  /**
+   * Schedules another attempt for a failure before commit, when the failure is retryable, attempts remain, the
+   * total deadline allows the wait, and the model's retry budget has room. Returns whether it did.
+   */
+  private retry(): boolean {
+    const { config, metrics, now, random } = this.deps;
+    const attempt = this.attempt;
+    const record = this.ledger.currentAttempt;
+    if (attempt === undefined || record === undefined || this.clientFinished) return false;
+    const reason = retryReason(record, config.retries);
+    if (reason === undefined || this.ledger.attemptCount >= config.retries.maxAttempts) return false;
+    const retryAfter = parseRetryAfter(attempt.retryAfter, Date.now());
+    const delay = retryDelay(reason, this.ledger.attemptCount, retryAfter, config.retries, random);
+    const at = now();
+    if (delay === undefined || at + delay >= this.request.arrivalAt + config.timeouts.totalMs) return false;
+    if (!this.controls.budget.tryAcquire(at)) {
+      metrics.retryBudgetSpent(this.request.model);
+      return false;
+    }
+    metrics.retryScheduled(this.request.model, reason);
+    // The failed attempt's verdict is in the ledger; stop reading it so its connection (and GPU slot) is freed.
+    attempt.abort('drained');
+    this.retryTimer = setTimeout(() => {
+      if (!this.clientFinished && !this.responseEnded) this.startAttempt(attempt.upstream.name);
+    }, delay);
+    return true;
+  }
+
   private commit(): void {
     clearTimeout(this.firstOutputTimer);
-    const attempt = this.attempt;
     this.res.writeHead(200, {
-      'content-type': attempt?.contentType ?? 'text/event-stream; charset=utf-8',
+      'content-type': this.attempt?.contentType ?? 'text/event-stream; charset=utf-8',
       ...SSE_HEADERS,
       'x-request-id': this.request.requestId,
     });
@@ -283,35 +375,6 @@ export class Exchange implements AttemptSink {
     this.heldBytes += raw.length;
     // Bytes before the first output (role chunks, comments) are bounded like one event.
     if (this.heldBytes > this.deps.config.streaming.maxEventBytes) this.attempt?.abort('oversized');
-  }
-
-  private gatewayErrorEvent(cause: StreamEnd | 'unfinished_choices'): Buffer {
-    let code: ErrorCode = 'stream_truncated';
-    let message: string;
-    switch (cause) {
-      case 'eof':
-        message = 'the upstream ended the stream before it was complete';
-        break;
-      case 'reset':
-        message = 'the upstream connection was reset mid-stream';
-        break;
-      case 'oversized':
-        message = 'the upstream sent an event larger than the configured limit';
-        break;
-      case 'unfinished_choices':
-        message = 'the upstream finished the stream without a finish_reason for every choice';
-        break;
-      case 'idle_timeout':
-        code = 'stream_timeout';
-        message = 'the upstream sent nothing within the idle timeout';
-        break;
-      case 'first_output_timeout':
-      case 'total_timeout':
-        code = 'stream_timeout';
-        message = 'the request exceeded its time limit';
-        break;
-    }
-    return Buffer.from(`data: ${JSON.stringify(errorBody(code, message))}\n\n`);
   }
 
   private respondFailure(failure: Failure): void {
@@ -389,6 +452,8 @@ export class Exchange implements AttemptSink {
     this.responseEnded = true;
     this.res.off('finish', this.onClientFinish);
     this.ledger.clientCancelled(this.deps.now());
+    clearTimeout(this.retryTimer);
+    this.queueAbort?.abort();
     const attempt = this.attempt;
     if (attempt !== undefined && !attempt.finished) attempt.abort('cancelled');
     this.maybeSettle();
@@ -398,9 +463,19 @@ export class Exchange implements AttemptSink {
     const attempt = this.attempt;
     if (attempt !== undefined && !attempt.finished) attempt.abort(reason);
     else if (!this.responseEnded && !this.settled) {
-      // No attempt in flight (between attempts): the deadline ends the request with what the last one said.
+      clearTimeout(this.retryTimer);
       const failure = this.ledger.finalFailure();
-      if (failure !== undefined) this.respondFailure(failure);
+      if (failure !== undefined) {
+        // Between attempts: the deadline ends the request with what the last attempt said.
+        this.respondFailure(failure);
+      } else if (reason === 'total_timeout' && this.attempt === undefined) {
+        // Still queued for admission at the deadline.
+        this.queueAbort?.abort();
+        this.ledger.reject(429);
+        this.res.setHeader('retry-after', OVERLOADED_RETRY_AFTER_S);
+        this.writeError(429, errorBody('overloaded', `model "${this.request.model}" is at capacity; the request reached its time limit in the queue`));
+      }
+      this.maybeSettle();
     }
     if (reason === 'total_timeout' && !this.clientFinished) {
       // A client that does not read even its ended response would hold it forever: give it the drain grace to
@@ -424,8 +499,11 @@ export class Exchange implements AttemptSink {
     this.settled = true;
     clearTimeout(this.totalTimer);
     clearTimeout(this.lingerTimer);
+    clearTimeout(this.retryTimer);
+    if (this.admission?.admitted === true) this.admission.release();
     const settlement = this.ledger.settle(this.deps.now());
     this.deps.metrics.record(settlement, true);
     this.deps.onSettled?.(settlement, this.request.requestId);
+    this.deps.onDone?.(this);
   }
 }

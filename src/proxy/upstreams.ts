@@ -3,7 +3,14 @@
  */
 import { Pool } from 'undici';
 import type { Logger } from 'pino';
-import type { Config, PoolConfig, UpstreamConfig } from '../config/load.js';
+import type { AttemptRecord } from '../accounting/ledger.js';
+import type { EjectionReason } from '../accounting/outcomes.js';
+import type { AdmissionConfig, Config, PoolConfig, UpstreamConfig } from '../config/load.js';
+import { AdmissionGate } from './admission.js';
+import { CircuitBreaker, type SendTicket } from './breaker.js';
+import { pickUpstream } from './picker.js';
+import { RetryBudget } from './retry-budget.js';
+import { healthVerdict } from './retry-policy.js';
 
 /**
  * vLLM closes idle keep-alive connections after 5 s without a Keep-Alive hint; a socket reused just as it closes is
@@ -15,7 +22,11 @@ export class Upstream {
   readonly name: string;
   readonly url: URL;
   readonly weight: number;
+  readonly maxInflight: number;
   readonly dispatcher: Pool;
+  /** Passive health: ejects the upstream after consecutive failed requests. */
+  readonly breaker: CircuitBreaker;
+  private readonly authorization: string | undefined;
   /**
    * Health checks and discovery get their own connection, so they never queue behind long streams, and a connect
    * timeout no longer than the check's own (undici cannot abort a request that is still connecting).
@@ -25,10 +36,19 @@ export class Upstream {
   healthy: boolean | undefined = undefined;
   inflight = 0;
 
-  constructor(config: UpstreamConfig, connectTimeoutMs: number, probeTimeoutMs: number) {
+  constructor(config: UpstreamConfig, settings: Config) {
+    const connectTimeoutMs = settings.timeouts.connectMs;
+    const probeTimeoutMs = settings.health.timeoutMs;
     this.name = config.name;
     this.url = config.url;
     this.weight = config.weight;
+    this.maxInflight = config.maxInflight ?? Number.POSITIVE_INFINITY;
+    this.authorization = config.apiKey === undefined ? undefined : `Bearer ${config.apiKey}`;
+    this.breaker = new CircuitBreaker({
+      failureThreshold: settings.health.ejectAfterFailures,
+      baseEjectionMs: settings.health.ejectionBaseMs,
+      maxEjectionMs: settings.health.ejectionMaxMs,
+    });
     this.dispatcher = new Pool(config.url.origin, {
       connect: { timeout: connectTimeoutMs },
       keepAliveTimeout: KEEP_ALIVE_MS,
@@ -46,6 +66,16 @@ export class Upstream {
       keepAliveTimeout: KEEP_ALIVE_MS,
       keepAliveMaxTimeout: KEEP_ALIVE_MS,
     });
+  }
+
+  /** Takes traffic: its active health check has not failed and passive health has not ejected it. */
+  isUp(now: number): boolean {
+    return this.healthy !== false && this.breaker.state(now) !== 'open';
+  }
+
+  /** The attempt's headers, with this upstream's API key when it has one. */
+  withCredentials(headers: Record<string, string | string[]>): Record<string, string | string[]> {
+    return this.authorization === undefined ? headers : { ...headers, authorization: this.authorization };
   }
 
   /** The path on this upstream for an API path, respecting a base path in the configured URL. */
@@ -76,25 +106,39 @@ export interface ServedPool {
   readonly config: PoolConfig;
   readonly upstreams: readonly Upstream[];
   models: readonly string[];
-  /** Round-robin cursor; load-aware picking replaces it when the resilience work lands. */
-  next: number;
 }
+
+/** What each served model has of its own: a retry budget, and an admission gate when configured. */
+export interface ModelControls {
+  readonly budget: RetryBudget;
+  readonly gate: AdmissionGate | undefined;
+}
+
+export interface RegistryHooks {
+  onEjected?(upstream: string, reason: EjectionReason): void;
+}
+
+const NOTHING_TO_AVOID: ReadonlySet<string> = new Set();
 
 export class UpstreamRegistry {
   readonly pools: readonly ServedPool[];
   private byModel = new Map<string, ServedPool>();
+  private readonly controlsByModel = new Map<string, ModelControls>();
   private timers: NodeJS.Timeout[] = [];
   private closed = false;
+  /** Reused per pick: the eligible upstreams of one pool. */
+  private readonly eligible: Upstream[] = [];
 
   constructor(
     private readonly config: Config,
     private readonly logger: Logger,
+    private readonly random: () => number = Math.random,
+    private readonly hooks: RegistryHooks = {},
   ) {
     this.pools = config.pools.map((pool) => ({
       config: pool,
-      upstreams: pool.upstreams.map((u) => new Upstream(u, config.timeouts.connectMs, config.health.timeoutMs)),
+      upstreams: pool.upstreams.map((u) => new Upstream(u, config)),
       models: pool.models ?? [],
-      next: 0,
     }));
     this.indexModels();
   }
@@ -112,14 +156,79 @@ export class UpstreamRegistry {
     return this.byModel.get(model);
   }
 
-  /** Picks an upstream for a model; undefined when the model is not served. */
-  pick(model: string): Upstream | undefined {
+  /** The model's retry budget and admission gate, made on first use (discovered models included). */
+  controls(model: string): ModelControls {
+    let controls = this.controlsByModel.get(model);
+    if (controls === undefined) {
+      const admission: AdmissionConfig | undefined = this.byModel.get(model)?.config.admission;
+      controls = {
+        budget: new RetryBudget(this.config.retries.budget),
+        gate:
+          admission &&
+          new AdmissionGate(admission, {
+            now: () => performance.now(),
+            setTimer: (fn, ms) => {
+              const timer = setTimeout(fn, ms);
+              return { cancel: () => clearTimeout(timer) };
+            },
+          }),
+      };
+      this.controlsByModel.set(model, controls);
+    }
+    return controls;
+  }
+
+  /** Admission queues, for the queue-depth gauge. */
+  *queues(): Iterable<{ model: string; depth: number }> {
+    for (const [model, controls] of this.controlsByModel) if (controls.gate !== undefined) yield { model, depth: controls.gate.depth };
+  }
+
+  /**
+   * Picks an upstream for a model: power of two choices by in-flight requests per weight among the upstreams that
+   * are up and under their own max_inflight, preferring one other than `avoid` (the one that just failed). When
+   * none is up, every upstream under its max_inflight is a candidate again (Envoy's "panic" routing): health checks
+   * can be wrong, and trying beats a certain error. Undefined when the model is not served or all are full.
+   */
+  pick(model: string, avoid: string | undefined, now: number): Upstream | undefined {
     const pool = this.byModel.get(model);
-    if (pool === undefined || pool.upstreams.length === 0) return undefined;
-    const healthy = pool.upstreams.filter((u) => u.healthy !== false);
-    const candidates = healthy.length > 0 ? healthy : pool.upstreams;
-    const upstream = candidates[pool.next++ % candidates.length];
-    return upstream;
+    if (pool === undefined) return undefined;
+    const eligible = this.eligible;
+    eligible.length = 0;
+    for (const upstream of pool.upstreams) {
+      if (upstream.inflight < upstream.maxInflight && upstream.isUp(now) && upstream.breaker.isEligible(now)) eligible.push(upstream);
+    }
+    if (eligible.length === 0) {
+      for (const upstream of pool.upstreams) if (upstream.inflight < upstream.maxInflight) eligible.push(upstream);
+    }
+    const avoidSet = avoid === undefined ? NOTHING_TO_AVOID : new Set([avoid]);
+    const picked = pickUpstream(eligible, avoidSet, this.random);
+    eligible.length = 0;
+    return picked;
+  }
+
+  /** An attempt was sent: count it in flight and tell passive health (it may be the trial after an ejection). */
+  sent(upstream: Upstream, now: number): SendTicket {
+    upstream.inflight++;
+    return upstream.breaker.onSend(now);
+  }
+
+  /** An attempt is over: its result is the upstream's health verdict. */
+  settled(upstream: Upstream, ticket: SendTicket, record: AttemptRecord | undefined, now: number): void {
+    upstream.inflight--;
+    const verdict = record === undefined ? 'none' : healthVerdict(record);
+    if (verdict === 'success') {
+      upstream.breaker.onSuccess(now, ticket);
+      return;
+    }
+    if (verdict === 'none') {
+      upstream.breaker.onAbandon(now, ticket);
+      return;
+    }
+    const ejected = upstream.breaker.onFailure(now, ticket);
+    if (ejected !== undefined) {
+      this.logger.warn({ upstream: upstream.name, reason: ejected, result: record?.result }, 'upstream ejected');
+      this.hooks.onEjected?.(upstream.name, ejected);
+    }
   }
 
   /** Ready: every pool has a model to serve and at least one upstream whose health check passed. */

@@ -5,6 +5,7 @@
  */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Settlement } from '../accounting/ledger.js';
+import type { EjectionReason, RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -110,11 +111,60 @@ export const METRICS = {
     labels: ['model'],
     help: 'Logical requests in progress.',
   },
+  retries: {
+    name: 'waybill_retries_total',
+    type: 'counter',
+    labels: ['model', 'reason'],
+    help: 'Retries scheduled (before commit only), by what the failed attempt said.',
+  },
+  retryBudgetExhausted: {
+    name: 'waybill_retry_budget_exhausted_total',
+    type: 'counter',
+    labels: ['model'],
+    help: 'Retries refused because the retry budget was spent; the request failed with what its last attempt said.',
+  },
+  upstreamUp: {
+    name: 'waybill_upstream_up',
+    type: 'gauge',
+    labels: ['upstream'],
+    help: '1 when the upstream passes its health check and is not ejected, else 0.',
+  },
+  upstreamInflight: {
+    name: 'waybill_upstream_inflight',
+    type: 'gauge',
+    labels: ['upstream'],
+    help: 'Attempts in flight to the upstream.',
+  },
+  upstreamEjections: {
+    name: 'waybill_upstream_ejections_total',
+    type: 'counter',
+    labels: ['upstream', 'reason'],
+    help: 'Times passive health checking ejected the upstream.',
+  },
+  queueDepth: {
+    name: 'waybill_queue_depth',
+    type: 'gauge',
+    labels: ['model'],
+    help: 'Requests waiting in the model\'s admission queue.',
+  },
+  queueWait: {
+    name: 'waybill_queue_wait_seconds',
+    type: 'histogram',
+    labels: ['model'],
+    help: 'Requests that passed an admission gate: arrival at the gate to admission or rejection (0 when admitted at once).',
+  },
 } as const satisfies Record<string, MetricSpec>;
+
+/** Live state read at scrape time, so gauges cost nothing per request. */
+export interface GaugeSources {
+  upstreams(): Iterable<{ name: string; up: boolean; inflight: number }>;
+  queues(): Iterable<{ model: string; depth: number }>;
+}
 
 export const REQUEST_ATTEMPTS_BUCKETS = [1, 2, 3, 4, 5, 8];
 
 export interface MetricBuckets {
+  readonly queueWait: readonly number[];
   readonly ttft: readonly number[];
   readonly itl: readonly number[];
   readonly tpot: readonly number[];
@@ -155,6 +205,11 @@ export class GatewayMetrics {
     labelNames: METRICS.inflight.labels,
     registers: [this.registry],
   });
+  private readonly retries = counter(this.registry, METRICS.retries);
+  private readonly retryBudgetExhausted = counter(this.registry, METRICS.retryBudgetExhausted);
+  private readonly upstreamEjections = counter(this.registry, METRICS.upstreamEjections);
+  private readonly queueWait: Histogram<'model'>;
+  private sources: GaugeSources | undefined;
   /** ITL is observed per event on the hot path: bind the label once per model instead of hashing it each time. */
   private readonly itlByModel = new Map<string, Histogram.Internal<'model'>>();
 
@@ -163,12 +218,62 @@ export class GatewayMetrics {
     this.itl = histogram(this.registry, METRICS.itl, buckets.itl);
     this.tpot = histogram(this.registry, METRICS.tpot, buckets.tpot);
     this.duration = histogram(this.registry, METRICS.duration, buckets.duration);
+    this.queueWait = histogram(this.registry, METRICS.queueWait, buckets.queueWait);
+    const sources = () => this.sources;
+    new Gauge({
+      name: METRICS.upstreamUp.name,
+      help: METRICS.upstreamUp.help,
+      labelNames: METRICS.upstreamUp.labels,
+      registers: [this.registry],
+      collect() {
+        for (const upstream of sources()?.upstreams() ?? []) this.set({ upstream: upstream.name }, upstream.up ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: METRICS.upstreamInflight.name,
+      help: METRICS.upstreamInflight.help,
+      labelNames: METRICS.upstreamInflight.labels,
+      registers: [this.registry],
+      collect() {
+        for (const upstream of sources()?.upstreams() ?? []) this.set({ upstream: upstream.name }, upstream.inflight);
+      },
+    });
+    new Gauge({
+      name: METRICS.queueDepth.name,
+      help: METRICS.queueDepth.help,
+      labelNames: METRICS.queueDepth.labels,
+      registers: [this.registry],
+      collect() {
+        for (const queue of sources()?.queues() ?? []) this.set({ model: queue.model }, queue.depth);
+      },
+    });
     if (options.defaultMetrics !== false) collectDefaultMetrics({ register: this.registry, eventLoopMonitoringPrecision: 10 });
   }
 
   /** Pre-creates zero-valued series for the served models so dashboards and `rate()` see them from the start. */
   declareModels(models: readonly string[]): void {
     for (const model of models) this.inflight.set({ model }, 0);
+  }
+
+  /** Where the scrape-time gauges read their values. */
+  observe(sources: GaugeSources): void {
+    this.sources = sources;
+  }
+
+  retryScheduled(model: string, reason: RetryReason): void {
+    this.retries.inc({ model, reason });
+  }
+
+  retryBudgetSpent(model: string): void {
+    this.retryBudgetExhausted.inc({ model });
+  }
+
+  upstreamEjected(upstream: string, reason: EjectionReason): void {
+    this.upstreamEjections.inc({ upstream, reason });
+  }
+
+  queueWaited(model: string, ms: number): void {
+    this.queueWait.observe({ model }, ms / 1000);
   }
 
   requestStarted(model: string): void {

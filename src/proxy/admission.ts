@@ -1,0 +1,135 @@
+/**
+ * Per-model admission control. vLLM never answers 429: it queues everything and lets latency grow without bound, so
+ * the gateway bounds concurrency and queueing itself. No clock or timers of its own: both are injected.
+ */
+
+export interface AdmissionOptions {
+  readonly maxInflight: number;
+  readonly maxQueue: number;
+  readonly queueTimeoutMs: number;
+}
+
+export type Admission =
+  | {
+      readonly admitted: true;
+      readonly waitedMs: number;
+      /** Frees the slot and admits the next waiter (FIFO). Idempotent. */
+      release(): void;
+    }
+  | { readonly admitted: false; readonly reason: 'queue_full' | 'queue_timeout' | 'cancelled'; readonly waitedMs: number };
+
+export interface AdmissionHooks {
+  setTimer(fn: () => void, ms: number): { cancel(): void };
+  now(): number;
+}
+
+interface Waiter {
+  readonly enqueuedAt: number;
+  readonly settle: (admission: Admission) => void;
+  readonly signal: AbortSignal | undefined;
+  readonly onAbort: () => void;
+  timer: { cancel(): void } | undefined;
+}
+
+/**
+ * A counting semaphore with a bounded FIFO queue. A freed slot passes straight to the oldest waiter, so a newcomer
+ * can never overtake the queue and `inflight` never dips below the limit while anyone waits.
+ *
+ * An admission handed to a waiter counts as in flight from that moment, before the caller's `await` resumes: a caller
+ * whose client went away in between must still `release()` it.
+ *
+ * @example
+ * const gate = new AdmissionGate({ maxInflight: 64, maxQueue: 256, queueTimeoutMs: 30_000 }, {
+ *   setTimer: (fn, ms) => { const t = setTimeout(fn, ms); return { cancel: () => clearTimeout(t) }; },
+ *   now: () => performance.now(),
+ * });
+ * const admission = await gate.acquire(request.signal);
+ * if (!admission.admitted) return reject(admission.reason);
+ * try { … } finally { admission.release(); }
+ */
+export class AdmissionGate {
+  private active = 0;
+  /** A Set is a FIFO with O(1) removal from the middle, which timeouts and aborts need. */
+  private readonly queue = new Set<Waiter>();
+
+  constructor(
+    private readonly options: AdmissionOptions,
+    private readonly hooks: AdmissionHooks,
+  ) {}
+
+  get inflight(): number {
+    return this.active;
+  }
+
+  /** Waiters in the queue. */
+  get depth(): number {
+    return this.queue.size;
+  }
+
+  /**
+   * Admits at once when under maxInflight, synchronously (no Promise on the fast path); otherwise queues (FIFO) up to
+   * maxQueue and returns a Promise settled when admitted, when queueTimeoutMs passes ('queue_timeout'), or when
+   * `signal` aborts ('cancelled'). Over maxQueue, or with `signal` already aborted, refuses synchronously.
+   */
+  acquire(signal?: AbortSignal): Admission | Promise<Admission> {
+    if (signal?.aborted === true) return { admitted: false, reason: 'cancelled', waitedMs: 0 };
+    if (this.active < this.options.maxInflight) {
+      this.active++;
+      return this.admit(0);
+    }
+    if (this.queue.size >= this.options.maxQueue) return { admitted: false, reason: 'queue_full', waitedMs: 0 };
+    return new Promise<Admission>((resolve) => {
+      const waiter: Waiter = {
+        enqueuedAt: this.hooks.now(),
+        settle: resolve,
+        signal,
+        onAbort: () => this.leave(waiter, 'cancelled'),
+        timer: undefined,
+      };
+      this.queue.add(waiter);
+      waiter.timer = this.hooks.setTimer(() => this.leave(waiter, 'queue_timeout'), this.options.queueTimeoutMs);
+      signal?.addEventListener('abort', waiter.onAbort, { once: true });
+    });
+  }
+
+  private admit(waitedMs: number): Admission {
+    let released = false;
+    return {
+      admitted: true,
+      waitedMs,
+      release: () => {
+        if (released) return;
+        released = true;
+        this.handOver();
+      },
+    };
+  }
+
+  /** A slot was freed: it goes to the oldest waiter, or back to the pool. */
+  private handOver(): void {
+    const next = this.queue.values().next();
+    if (next.done === true) {
+      this.active--;
+      return;
+    }
+    this.dequeue(next.value);
+    next.value.settle(this.admit(this.waitedBy(next.value)));
+  }
+
+  private leave(waiter: Waiter, reason: 'queue_timeout' | 'cancelled'): void {
+    // Already admitted or gone: a timer that fired after its cancel, or an abort after the hand-over.
+    if (!this.queue.has(waiter)) return;
+    this.dequeue(waiter);
+    waiter.settle({ admitted: false, reason, waitedMs: this.waitedBy(waiter) });
+  }
+
+  private dequeue(waiter: Waiter): void {
+    this.queue.delete(waiter);
+    waiter.timer?.cancel();
+    waiter.signal?.removeEventListener('abort', waiter.onAbort);
+  }
+
+  private waitedBy(waiter: Waiter): number {
+    return Math.max(0, this.hooks.now() - waiter.enqueuedAt);
+  }
+}

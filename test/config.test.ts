@@ -106,12 +106,16 @@ describe('configuration', () => {
         { name: 'a', models: ['m'], upstreams: [{ url: 'http://h:1' }] },
       ],
       slo: { ttft_by_prompt_len: { huge: 1 }, models: { nope: { ttft: 1 } } },
+      health: { ejection_base: '10m', ejection_max: '1m' },
+      retries: { backoff_base: 2, backoff_max: 1 },
     });
     expect(problems).toEqual([
       'pools[1].name: duplicate pool name "a"',
       'pools[1].models[0]: model "m" is already served by pool "a"',
       'pools[1].upstreams[0].name: duplicate upstream name "h:1" (also pools[0].upstreams[0]); set distinct names',
       'slo.ttft_by_prompt_len: unknown prompt_len class "huge" (one of 0-1k, 1k-4k, 4k-16k, 16k-64k, 64k+)',
+      'health.ejection_base: must not exceed health.ejection_max',
+      'retries.backoff_base: must not exceed retries.backoff_max',
       'slo.models.nope: no pool serves model "nope"',
     ]);
   });

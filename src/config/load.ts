@@ -179,6 +179,8 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv): Co
     }
   };
   checkClasses('slo.ttft_by_prompt_len', raw.slo.ttft_by_prompt_len);
+  if (raw.health.ejection_base > raw.health.ejection_max) problems.push('health.ejection_base: must not exceed health.ejection_max');
+  if (raw.retries.backoff_base > raw.retries.backoff_max) problems.push('retries.backoff_base: must not exceed retries.backoff_max');
 
   const defaults: SloThresholds = {
     ttftMs: raw.slo.ttft,

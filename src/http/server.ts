@@ -85,6 +85,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   });
   const exchanges = new Set<Exchange>();
   let draining = false;
+  /** Drain or close, whichever came first: both end in the same closed state, once. */
+  let stopping: Promise<void> | undefined;
   let allDone: (() => void) | undefined;
   const exchangeDeps: ExchangeDeps = {
     config,
@@ -264,30 +266,49 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     get inflight() {
       return exchanges.size;
     },
-    async drain() {
-      draining = true;
-      logger.info({ inflight: exchanges.size, graceMs: config.shutdown.graceMs }, 'draining: not ready; still serving during the grace period');
-      await sleep(config.shutdown.graceMs);
-      // Stops accepting connections; requests already in flight go on (fastify answers new ones on open
-      // keep-alive connections with 503).
-      const closed = app.close();
-      const idle = () => new Promise<void>((resolve) => (exchanges.size === 0 ? resolve() : (allDone = resolve)));
-      const timedOut = await Promise.race([idle().then(() => false), sleep(config.shutdown.drainTimeoutMs).then(() => true)]);
-      if (timedOut && exchanges.size > 0) {
-        logger.warn({ inflight: exchanges.size }, 'drain timeout: ending the requests still in flight');
-        for (const exchange of exchanges) exchange.shutdown();
-        await Promise.race([idle(), sleep(config.streaming.drainGraceMs + 1000)]);
-      }
-      // Connections a client keeps open after its response must not hold the exit.
-      await Promise.race([closed, sleep(config.streaming.drainGraceMs + 1000)]);
-      await upstreams.close();
-      logger.info('drained');
+    drain() {
+      stopping ??= drainAndClose();
+      return stopping;
     },
-    async close() {
-      await app.close();
-      await upstreams.close();
+    close() {
+      stopping ??= (async () => {
+        await app.close();
+        await upstreams.close();
+      })();
+      return stopping;
     },
   };
+
+  async function drainAndClose(): Promise<void> {
+    draining = true;
+    logger.info({ inflight: exchanges.size, graceMs: config.shutdown.graceMs }, 'draining: not ready; still serving during the grace period');
+    await sleep(config.shutdown.graceMs);
+    // Stops accepting connections; requests already in flight go on (fastify answers new ones on open
+    // keep-alive connections with 503).
+    const closed = app.close();
+    const idle = () => new Promise<void>((resolve) => (exchanges.size === 0 ? resolve() : (allDone = resolve)));
+    if (!(await within(idle(), config.shutdown.drainTimeoutMs)) && exchanges.size > 0) {
+      logger.warn({ inflight: exchanges.size }, 'drain timeout: ending the requests still in flight');
+      for (const exchange of exchanges) exchange.shutdown();
+      await within(idle(), config.streaming.drainGraceMs + 1000);
+    }
+    // Connections kept alive after their last response would hold the close until their keep-alive timeout.
+    app.server.closeIdleConnections();
+    await within(closed, config.streaming.drainGraceMs + 1000);
+    await upstreams.close();
+    logger.info('drained');
+  }
+}
+
+/** Waits for `promise` at most `ms`; true when it settled in time. The timer does not outlive the wait. */
+async function within(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), ms)));
+  try {
+    return await Promise.race([promise.then(() => true), deadline]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function sleep(ms: number): Promise<void> {

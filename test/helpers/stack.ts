@@ -15,6 +15,8 @@ export interface StackOptions {
   sim?: Partial<SimOptions>;
   /** Merged over the generated config (pools are generated from the simulators unless given). */
   config?: Partial<ConfigInput>;
+  /** The generated pool's admission control. */
+  admission?: Record<string, unknown>;
   /** Leave the pool's models out, so they are discovered from the simulators. */
   discover?: boolean;
   /** Extra upstream URLs added to the pool (e.g. a closed port). */
@@ -55,6 +57,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
           name: 'sim',
           ...(options.discover === true ? {} : { models: ['sim-model'] }),
           upstreams: [...urls.map((url, i) => ({ name: `sim-${i}`, url })), ...(options.extraUpstreams ?? [])],
+          ...(options.admission !== undefined ? { admission: options.admission } : {}),
         },
       ],
       logging: { level: 'silent' },

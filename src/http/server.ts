@@ -232,8 +232,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   });
 
   app.get('/readyz', (_request, reply) => {
-    const ready = !draining && upstreams.isReady();
     const at = now();
+    const ready = !draining && upstreams.isReady(at);
     void reply.code(ready ? 200 : 503).send({
       status: draining ? 'draining' : ready ? 'ready' : 'not_ready',
       pools: upstreams.pools.map((pool) => ({

@@ -231,9 +231,11 @@ export class UpstreamRegistry {
     }
   }
 
-  /** Ready: every pool has a model to serve and at least one upstream whose health check passed. */
-  isReady(): boolean {
-    return this.pools.every((pool) => pool.models.length > 0 && pool.upstreams.some((u) => u.healthy === true));
+  /** Ready: every pool has a model to serve and at least one upstream that passed its health check and is not ejected. */
+  isReady(now: number): boolean {
+    return this.pools.every(
+      (pool) => pool.models.length > 0 && pool.upstreams.some((u) => u.healthy === true && u.breaker.state(now) !== 'open'),
+    );
   }
 
   /** Runs the first health check and discovery, then keeps both going on their intervals. */

@@ -6,6 +6,7 @@ import type { AddressInfo } from 'node:net';
 import { ConfigError, loadConfigFile, parseConfig, type Config } from './config/load.js';
 import type { ConfigInput } from './config/schema.js';
 import { createGateway } from './http/server.js';
+import { startTracing } from './telemetry/tracing.js';
 import { createSimulator } from './sim/server.js';
 import { runSim } from './sim/main.js';
 
@@ -88,12 +89,28 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
 
 async function serve(argv: string[]): Promise<number> {
   const config = await configFromServeArgs(argv);
-  const gateway = createGateway(config);
+  const tracing = startTracing(config.tracing);
+  const gateway = createGateway(config, { tracing });
+  const log = gateway.app.log;
+  log.info(
+    {
+      pools: config.pools.map((pool) => ({
+        name: pool.name,
+        models: pool.models ?? 'discovered',
+        upstreams: pool.upstreams.map((u) => `${u.name}=${u.url.origin}${u.apiKey === undefined ? '' : ' (api key set)'}`),
+        admission: pool.admission ?? 'off',
+      })),
+      tracing: tracing.endpoint ?? 'off',
+    },
+    'configuration loaded',
+  );
   const url = await gateway.listen();
-  gateway.app.log.info({ url, models: gateway.upstreams.models() }, 'waybill listening');
+  log.info({ url, models: gateway.upstreams.models() }, 'waybill listening');
   const signal = await waitForSignal();
-  gateway.app.log.info({ signal }, 'shutting down');
+  log.info({ signal, inflight: gateway.inflight }, 'shutting down');
   await gateway.drain();
+  // Telemetry last, so the spans of drained requests are exported.
+  await tracing.shutdown();
   return 0;
 }
 

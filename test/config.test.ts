@@ -153,6 +153,7 @@ describe('configuration', () => {
           admission: { max_inflight: 1 },
         },
       ],
+      tracing: { endpoint: 'http://collector:4318/v1/traces' },
     });
     const { all, leaves } = keyPaths(parsed);
     for (const leaf of leaves) expect(documented, `undocumented key ${leaf}`).toContain(leaf);

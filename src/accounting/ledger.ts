@@ -114,11 +114,16 @@ export interface Settlement {
   readonly slo: SloResult;
   /** Upstream `[DONE]`s dropped because an error event came first. */
   readonly doneAfterErrorDropped: number;
+  /** The answer's `id` and `model` as the upstream sent them (first chunk or body of the committed attempt). */
+  readonly responseId: string | undefined;
+  readonly responseModel: string | undefined;
 }
 
 export interface LedgerHooks {
   /** Called for each gap between consecutive output-bearing events written to the client. */
   onInterTokenGap?(ms: number): void;
+  /** Called when an anomaly is seen, as it is seen (traces record it as an event of the attempt). */
+  onAnomaly?(kind: AnomalyKind, upstream: string): void;
 }
 
 interface AttemptState extends AttemptRecord {
@@ -139,6 +144,8 @@ export class RequestLedger {
   private cancelledAt: number | undefined;
   private rejection: { status: number } | undefined;
   private doneAfterError = 0;
+  private responseId: string | undefined;
+  private responseModel: string | undefined;
   /** In the admission queue now. */
   private waiting = false;
   private settled = false;
@@ -157,6 +164,11 @@ export class RequestLedger {
   /** Set once the client response's end is decided; the shell acts on it. */
   get ending(): Ending | undefined {
     return this.endingValue;
+  }
+
+  /** When the first output-bearing event was written to the client. */
+  get firstOutputWrittenAt(): number | undefined {
+    return this.firstOutputAt;
   }
 
   get attemptCount(): number {
@@ -191,6 +203,8 @@ export class RequestLedger {
     this.endingValue = undefined;
     this.finishes.clear();
     this.usage = undefined;
+    this.responseId = undefined;
+    this.responseModel = undefined;
     this.attempts.push({
       upstream,
       startedAt: at,
@@ -257,6 +271,8 @@ export class RequestLedger {
           if (!this.finishes.has(finish.index)) this.finishes.set(finish.index, finish.reason);
         }
         if (facts.usage !== undefined) this.usage = facts.usage;
+        this.responseId ??= facts.id;
+        this.responseModel ??= facts.model;
         if (facts.usageOnly && this.info.dropUsageChunk) return 'drop';
         if (facts.output.length === 0) return this.committed ? 'forward' : 'hold';
         attempt.firstOutputAt ??= at;
@@ -339,6 +355,8 @@ export class RequestLedger {
     }
     for (const finish of facts.finishes) if (!this.finishes.has(finish.index)) this.finishes.set(finish.index, finish.reason);
     this.usage = facts.usage;
+    this.responseId = facts.id;
+    this.responseModel = facts.model;
     this.committedAt = at;
     if (this.unfinishedChoices() > 0) {
       this.anomaly(attempt, 'missing_finish_reason');
@@ -408,6 +426,8 @@ export class RequestLedger {
       promptLen,
       slo: this.sloResult(outcome, code, promptLen, ttftMs, tpotMs, durationMs),
       doneAfterErrorDropped: this.doneAfterError,
+      responseId: this.responseId,
+      responseModel: this.responseModel,
     };
   }
 
@@ -518,6 +538,7 @@ export class RequestLedger {
 
   private anomaly(attempt: AttemptState, kind: AnomalyKind): void {
     this.anomalies.push({ upstream: attempt.upstream, kind });
+    this.hooks.onAnomaly?.(kind, attempt.upstream);
   }
 
   private attempt(): AttemptState {

@@ -78,6 +78,7 @@ export interface Config {
     };
   };
   readonly logging: RawConfig['logging'];
+  readonly tracing: { readonly endpoint: string | undefined; readonly captureContent: boolean };
 }
 
 /** Every problem found in a configuration, each naming its field. */
@@ -243,6 +244,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv): Co
       },
     },
     logging: Object.freeze(raw.logging),
+    tracing: { endpoint: raw.tracing.endpoint, captureContent: raw.tracing.capture_content },
   };
 }
 

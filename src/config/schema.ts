@@ -180,6 +180,21 @@ export const configSchema = z.strictObject({
   logging: z
     .strictObject({
       level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+      /** json: one JSON object per line (for collectors); pretty: aligned text for a terminal. */
+      format: z.enum(['json', 'pretty']).default('json'),
+      /** One wide log line per logical request when it ends. */
+      requests: z.boolean().default(true),
+    })
+    .prefault({}),
+  tracing: z
+    .strictObject({
+      /**
+       * OTLP/HTTP traces URL, e.g. http://otel-collector:4318/v1/traces. Absent: the standard environment variables
+       * decide (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT); with neither, tracing is off.
+       */
+      endpoint: httpUrl.optional(),
+      /** Record upstream error messages in spans. Prompts and completions are never recorded. */
+      capture_content: z.boolean().default(false),
     })
     .prefault({}),
 });

@@ -5,14 +5,18 @@
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import { RequestLedger, type Settlement } from '../accounting/ledger.js';
 import { OTHER, type Route } from '../accounting/outcomes.js';
 import type { Config } from '../config/load.js';
 import { Exchange, type ExchangeDeps } from '../proxy/exchange.js';
 import { upstreamHeaders } from '../proxy/headers.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
+import { createLogger } from '../telemetry/logger.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
+import { requestLogLine } from '../telemetry/request-log.js';
+import { startRequestTrace } from '../telemetry/request-trace.js';
+import { disabledTracing, type Tracing } from '../telemetry/tracing.js';
 import { checkCompletion, withUsageRequested } from './completions.js';
 import { errorBody, type ErrorBody, type ErrorCode } from './errors.js';
 
@@ -24,6 +28,8 @@ export interface GatewayOptions {
   defaultMetrics?: boolean;
   /** Randomness for picking and retry jitter (tests pass a seeded one). */
   random?: () => number;
+  /** OpenTelemetry tracing (see startTracing); default off. */
+  tracing?: Tracing;
 }
 
 export interface Gateway {
@@ -40,6 +46,12 @@ export interface Gateway {
   /** Logical requests in progress. */
   readonly inflight: number;
   close(): Promise<void>;
+}
+
+const ROUTE_PATHS: Record<Route, string> = { chat_completions: '/v1/chat/completions', completions: '/v1/completions' };
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
 const ROUTES: Record<string, { route: Route; apiPath: string }> = {
@@ -69,7 +81,9 @@ const FASTIFY_ERRORS: Record<string, ErrorCode> = {
 };
 
 export function createGateway(config: Config, options: GatewayOptions = {}): Gateway {
-  const logger = options.logger ?? pino({ level: config.logging.level, base: { service: 'waybill' } });
+  const logger = options.logger ?? createLogger(config.logging);
+  const tracing = options.tracing ?? disabledTracing();
+  const tracer = tracing.enabled ? tracing.tracer : undefined;
   const metrics = new GatewayMetrics(config.metrics.buckets, { defaultMetrics: options.defaultMetrics ?? true });
   const random = options.random ?? Math.random;
   const upstreams = new UpstreamRegistry(config, logger.child({ component: 'upstreams' }), random, {
@@ -140,11 +154,27 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     void reply.code(status).header('x-request-id', reply.request.id).type('application/json').send(body);
   };
 
-  /** A completion request the gateway answered itself still counts as one logical request. */
+  /** A completion request the gateway answered itself still counts as one logical request: metrics, span, log. */
   const recordRejection = (request: FastifyRequest, route: Route, stream: boolean, status: number, model?: unknown) => {
+    const label = typeof model === 'string' && upstreams.poolFor(model) !== undefined ? model : OTHER;
+    const body = (request.body as ParsedBody | undefined)?.json;
+    const trace = startRequestTrace(
+      tracer,
+      request.headers,
+      {
+        route,
+        path: ROUTE_PATHS[route],
+        model: label,
+        stream,
+        requestId: request.id,
+        arrivalAt: request.arrivalAt,
+        body: isRecord(body) ? body : {},
+      },
+      config.tracing.captureContent,
+    );
     const ledger = new RequestLedger(
       {
-        model: typeof model === 'string' && upstreams.poolFor(model) !== undefined ? model : OTHER,
+        model: label,
         route,
         stream,
         expectedChoices: 1,
@@ -156,8 +186,11 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       request.arrivalAt,
     );
     ledger.reject(status);
-    const settlement = ledger.settle(now());
-    metrics.record(settlement, false);
+    const at = now();
+    const settlement = ledger.settle(at);
+    trace.settle(settlement, at);
+    metrics.record(settlement, false, trace.traceId);
+    if (config.logging.requests) logger.info(requestLogLine(settlement, request.id, trace.traceId), 'request');
     options.onSettled?.(settlement, request.id);
   };
 
@@ -197,6 +230,20 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
         return;
       }
       const injectUsage = fields.stream && config.streaming.injectUsage && !fields.clientAskedUsage;
+      const trace = startRequestTrace(
+        tracer,
+        request.headers,
+        {
+          route: target.route,
+          path: target.apiPath,
+          model: fields.model,
+          stream: fields.stream,
+          requestId: request.id,
+          arrivalAt: request.arrivalAt,
+          body: parsed.json as Record<string, unknown>,
+        },
+        config.tracing.captureContent,
+      );
       void reply.hijack();
       const exchange = new Exchange(
         exchangeDeps,
@@ -209,8 +256,9 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
           expectedChoices: fields.expectedChoices,
           dropUsageChunk: injectUsage,
           requestId: request.id,
-          headers: upstreamHeaders(request.headers, request.id, fields.stream),
+          headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined),
           arrivalAt: request.arrivalAt,
+          trace,
         },
         reply.raw,
       );
@@ -249,9 +297,9 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     });
   });
 
-  app.get('/metrics', async (_request, reply) => {
-    const text = await metrics.registry.metrics();
-    void reply.type(metrics.registry.contentType).send(text);
+  app.get('/metrics', async (request, reply) => {
+    const { contentType, body } = await metrics.scrape(request.headers.accept);
+    void reply.type(contentType).send(body);
   });
 
   return {

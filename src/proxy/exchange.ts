@@ -22,6 +22,9 @@ import { Attempt, type AttemptSink, type NetworkFailure } from './attempt.js';
 import { classifyBody, coalesce, SSE_HEADERS, streamErrorEvent } from './client-wire.js';
 import { parseRetryAfter } from './retry-after.js';
 import { retryDelay, retryReason } from './retry-policy.js';
+import type { RequestTrace } from '../telemetry/request-trace.js';
+import { requestLogLine } from '../telemetry/request-log.js';
+import type { RetryReason } from '../accounting/outcomes.js';
 import type { ModelControls, UpstreamRegistry } from './upstreams.js';
 
 export interface ExchangeDeps {
@@ -53,6 +56,7 @@ export interface CompletionRequest {
   /** Headers for every upstream attempt (see upstreamHeaders). */
   readonly headers: Record<string, string | string[]>;
   readonly arrivalAt: number;
+  readonly trace: RequestTrace;
 }
 
 /** Retry-After Waybill sends with its own 429: the queue is a second's worth of work for a healthy pool. */
@@ -83,6 +87,8 @@ export class Exchange implements AttemptSink {
   /** After the total deadline, how long a client that does not read its ended response may hold it. */
   private lingerTimer: NodeJS.Timeout | undefined;
   private waitingForDrain = false;
+  /** Why the attempt about to start is a retry. */
+  private retriedFor: RetryReason | undefined;
 
   constructor(
     private readonly deps: ExchangeDeps,
@@ -104,6 +110,9 @@ export class Exchange implements AttemptSink {
     this.controls = deps.upstreams.controls(request.model);
     this.ledger = new RequestLedger(info, request.arrivalAt, {
       onInterTokenGap: (ms) => deps.metrics.interTokenGap(request.model, ms),
+      onAnomaly: (kind) => {
+        if (this.attempt !== undefined) request.trace.anomaly(this.attempt.number, kind, deps.now());
+      },
     });
   }
 
@@ -200,12 +209,14 @@ export class Exchange implements AttemptSink {
     });
     this.attempt = attempt;
     attempt.ticket = upstreams.sent(upstream, at);
+    const traceHeaders = this.request.trace.attemptStarted(number, upstream, at, this.retriedFor);
+    const headers = traceHeaders === undefined ? this.request.headers : { ...this.request.headers, ...traceHeaders };
     this.firstOutputTimer = setTimeout(() => this.onTimer('first_output_timeout'), config.timeouts.firstOutputMs);
     upstream.dispatcher.dispatch(
       {
         method: 'POST',
         path: upstream.path(this.request.apiPath),
-        headers: upstream.withCredentials(this.request.headers),
+        headers: upstream.withCredentials(headers),
         body: this.request.body,
       },
       attempt,
@@ -228,13 +239,17 @@ export class Exchange implements AttemptSink {
       else this.hold(raw);
       return;
     }
-    const verdict = this.ledger.streamEvent(this.deps.now(), classifyEventData(event.data));
+    const at = this.deps.now();
+    const facts = classifyEventData(event.data);
+    if (facts.kind === 'error') this.request.trace.upstreamError(attempt.number, facts, at);
+    const verdict = this.ledger.streamEvent(at, facts);
     switch (verdict) {
       case 'hold':
         this.hold(raw);
         return;
       case 'commit':
         this.commit();
+        if (this.ledger.firstOutputWrittenAt !== undefined) this.request.trace.firstOutput(at);
         for (const piece of this.held) this.out.push(piece);
         this.held = [];
         this.heldBytes = 0;
@@ -285,7 +300,9 @@ export class Exchange implements AttemptSink {
 
   onSettled(attempt: Attempt): void {
     const record = this.ledger.attemptAt(attempt.number - 1);
-    this.deps.upstreams.settled(attempt.upstream, attempt.ticket, record, this.deps.now());
+    const at = this.deps.now();
+    this.deps.upstreams.settled(attempt.upstream, attempt.ticket, record, at);
+    this.request.trace.attemptEnded(attempt.number, record, at);
     if (attempt !== this.attempt) return;
     this.clearAttemptClocks();
     if (!this.responseEnded && this.ledger.ending === undefined) {
@@ -345,6 +362,8 @@ export class Exchange implements AttemptSink {
       return false;
     }
     metrics.retryScheduled(this.request.model, reason);
+    this.request.trace.retryScheduled(reason, delay, at);
+    this.retriedFor = reason;
     // The failed attempt's verdict is in the ledger; stop reading it so its connection (and GPU slot) is freed.
     attempt.abort('drained');
     this.retryTimer = setTimeout(() => {
@@ -451,7 +470,9 @@ export class Exchange implements AttemptSink {
     this.clientFinished = true;
     this.responseEnded = true;
     this.res.off('finish', this.onClientFinish);
-    this.ledger.clientCancelled(this.deps.now());
+    const at = this.deps.now();
+    this.ledger.clientCancelled(at);
+    this.request.trace.clientCancelled(at);
     clearTimeout(this.retryTimer);
     this.queueAbort?.abort();
     const attempt = this.attempt;
@@ -501,8 +522,12 @@ export class Exchange implements AttemptSink {
     clearTimeout(this.lingerTimer);
     clearTimeout(this.retryTimer);
     if (this.admission?.admitted === true) this.admission.release();
-    const settlement = this.ledger.settle(this.deps.now());
-    this.deps.metrics.record(settlement, true);
+    const at = this.deps.now();
+    const settlement = this.ledger.settle(at);
+    const trace = this.request.trace;
+    trace.settle(settlement, at);
+    this.deps.metrics.record(settlement, true, trace.traceId);
+    if (this.deps.config.logging.requests) this.deps.logger.info(requestLogLine(settlement, this.request.requestId, trace.traceId), 'request');
     this.deps.onSettled?.(settlement, this.request.requestId);
     this.deps.onDone?.(this);
   }

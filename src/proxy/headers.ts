@@ -29,11 +29,20 @@ const NOT_FORWARDED = new Set([
   'x-request-id',
 ]);
 
-/** Headers for an upstream attempt: the client's, minus the above, plus Waybill's own. */
-export function upstreamHeaders(client: IncomingHttpHeaders, requestId: string, stream: boolean): Record<string, string | string[]> {
+/**
+ * Headers for an upstream attempt: the client's, minus the above, plus Waybill's own. With tracing on, the client's
+ * trace context is not forwarded: each attempt sends its own span's instead (the client's is that span's ancestor).
+ */
+export function upstreamHeaders(
+  client: IncomingHttpHeaders,
+  requestId: string,
+  stream: boolean,
+  forwardTraceContext: boolean,
+): Record<string, string | string[]> {
   const headers: Record<string, string | string[]> = {};
   for (const [name, value] of Object.entries(client)) {
     if (value === undefined || NOT_FORWARDED.has(name)) continue;
+    if (!forwardTraceContext && (name === 'traceparent' || name === 'tracestate')) continue;
     headers[name] = value;
   }
   headers['content-type'] = 'application/json';

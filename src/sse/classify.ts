@@ -30,6 +30,9 @@ export type EventFacts =
       usage: Usage | undefined;
       /** `choices: []` with usage: the chunk a gateway that injected include_usage drops. */
       usageOnly: boolean;
+      /** The response's `id` and `model`, for traces. */
+      id: string | undefined;
+      model: string | undefined;
     };
 
 const DONE = '[DONE]';
@@ -116,7 +119,18 @@ export function classifyJson(json: unknown): EventFacts {
     return { kind: 'malformed' };
   }
   const usage = readUsage(json['usage']);
-  return { kind: 'chunk', output, choices, finishes, usage, usageOnly: choices.length === 0 && usage !== undefined };
+  const id = json['id'];
+  const model = json['model'];
+  return {
+    kind: 'chunk',
+    output,
+    choices,
+    finishes,
+    usage,
+    usageOnly: choices.length === 0 && usage !== undefined,
+    id: typeof id === 'string' ? id : undefined,
+    model: typeof model === 'string' ? model : undefined,
+  };
 }
 
 /** Classifies one SSE event's data buffer. */

@@ -3,7 +3,7 @@
  * starts and stops. Names and label sets are a contract with users' dashboards and alerts; docs/metrics.md says
  * the same and test/metrics-contract.test.ts holds the two together.
  */
-import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type OpenMetricsContentType } from 'prom-client';
 import type { Settlement } from '../accounting/ledger.js';
 import type { EjectionReason, RetryReason } from '../accounting/outcomes.js';
 
@@ -172,82 +172,146 @@ export interface MetricBuckets {
 }
 
 type Labels<S extends MetricSpec> = S['labels'][number];
+type LabelSet<S extends MetricSpec> = Partial<Record<Labels<S>, string>>;
 
-function counter<S extends MetricSpec>(registry: Registry, spec: S): Counter<Labels<S>> {
-  return new Counter({ name: spec.name, help: spec.help, labelNames: spec.labels, registers: [registry] });
+/**
+ * A counter in both expositions. prom-client names a counter differently by the registry it is created in (an
+ * OpenMetrics counter drops `_total` from its family name, and prints it only on samples), so one object cannot
+ * serve both formats: each registry gets its own, and every increment goes to both (two hash lookups, per request,
+ * not per event).
+ */
+class CounterPair<S extends MetricSpec> {
+  private readonly text: Counter<Labels<S>>;
+  private readonly open: Counter<Labels<S>>;
+
+  constructor(
+    registries: Registries,
+    spec: S,
+    private readonly exemplars = false,
+  ) {
+    const config = { name: spec.name, help: spec.help, labelNames: spec.labels };
+    this.text = new Counter({ ...config, registers: [registries.text] });
+    this.open = new Counter({ ...config, registers: [registries.open], enableExemplars: exemplars });
+  }
+
+  inc(labels: LabelSet<S>, value = 1, exemplarLabels: Record<string, string> = NO_EXEMPLAR): void {
+    this.text.inc(labels, value);
+    // prom-client types exemplar labels as the metric's own label names; trace_id is not one of them.
+    if (this.exemplars) this.open.inc({ labels, value, exemplarLabels: exemplarLabels as LabelSet<S> });
+    else this.open.inc(labels, value);
+  }
 }
 
-function histogram<S extends MetricSpec>(registry: Registry, spec: S, buckets: readonly number[]): Histogram<Labels<S>> {
-  return new Histogram({ name: spec.name, help: spec.help, labelNames: spec.labels, buckets: [...buckets], registers: [registry] });
+interface Registries {
+  readonly text: Registry;
+  readonly open: Registry<OpenMetricsContentType>;
 }
 
-/** Waybill's metrics on their own registry (one per gateway instance), with prom-client's process metrics. */
+/**
+ * A histogram or gauge is one object in both registries (their names do not change between formats). One with
+ * exemplars must be created in the OpenMetrics registry (prom-client refuses it in a Prometheus one) and is then
+ * added to the Prometheus registry, whose text simply leaves the exemplars out.
+ */
+function histogram<S extends MetricSpec>(registries: Registries, spec: S, buckets: readonly number[], enableExemplars = false): Histogram<Labels<S>> {
+  const metric = new Histogram({
+    name: spec.name,
+    help: spec.help,
+    labelNames: spec.labels,
+    buckets: [...buckets],
+    registers: [registries.open],
+    enableExemplars,
+  });
+  registries.text.registerMetric(metric);
+  return metric;
+}
+
+function scrapeGauge<S extends MetricSpec>(registries: Registries, spec: S, collect: (gauge: Gauge<Labels<S>>) => void): Gauge<Labels<S>> {
+  return new Gauge({
+    name: spec.name,
+    help: spec.help,
+    labelNames: spec.labels,
+    registers: [registries.text, registries.open],
+    collect() {
+      collect(this);
+    },
+  });
+}
+
+function openMetricsRegistry(): Registry<OpenMetricsContentType> {
+  const registry = new Registry<OpenMetricsContentType>();
+  registry.setContentType(Registry.OPENMETRICS_CONTENT_TYPE);
+  return registry;
+}
+
+/** No exemplar: prom-client skips an empty label set. */
+const NO_EXEMPLAR = {};
+
+/**
+ * Waybill's metrics, one set per gateway instance, with prom-client's process metrics. Served as Prometheus text, or
+ * as OpenMetrics when the scraper asks for it: only OpenMetrics carries the trace-id exemplars of the requests
+ * counter and the latency histograms, so a dashboard can jump from a slow bucket to a trace.
+ */
 export class GatewayMetrics {
   readonly registry = new Registry();
-  private readonly requests = counter(this.registry, METRICS.requests);
-  private readonly attempts = counter(this.registry, METRICS.attempts);
-  private readonly requestAttempts = histogram(this.registry, METRICS.requestAttempts, REQUEST_ATTEMPTS_BUCKETS);
-  private readonly anomalies = counter(this.registry, METRICS.anomalies);
-  private readonly finishReasons = counter(this.registry, METRICS.finishReasons);
-  private readonly cancellations = counter(this.registry, METRICS.cancellations);
+  readonly openMetrics = openMetricsRegistry();
+  private readonly registries: Registries = { text: this.registry, open: this.openMetrics };
+  private readonly requests = new CounterPair(this.registries, METRICS.requests, true);
+  private readonly attempts = new CounterPair(this.registries, METRICS.attempts);
+  private readonly requestAttempts = histogram(this.registries, METRICS.requestAttempts, REQUEST_ATTEMPTS_BUCKETS);
+  private readonly anomalies = new CounterPair(this.registries, METRICS.anomalies);
+  private readonly finishReasons = new CounterPair(this.registries, METRICS.finishReasons);
+  private readonly cancellations = new CounterPair(this.registries, METRICS.cancellations);
   private readonly ttft: Histogram<'model' | 'prompt_len'>;
   private readonly itl: Histogram<'model'>;
   private readonly tpot: Histogram<'model'>;
   private readonly duration: Histogram<'model' | 'route' | 'outcome'>;
-  private readonly slo = counter(this.registry, METRICS.slo);
-  private readonly promptTokens = counter(this.registry, METRICS.promptTokens);
-  private readonly cachedPromptTokens = counter(this.registry, METRICS.cachedPromptTokens);
-  private readonly completionTokens = counter(this.registry, METRICS.completionTokens);
-  private readonly usageMissing = counter(this.registry, METRICS.usageMissing);
+  private readonly slo = new CounterPair(this.registries, METRICS.slo);
+  private readonly promptTokens = new CounterPair(this.registries, METRICS.promptTokens);
+  private readonly cachedPromptTokens = new CounterPair(this.registries, METRICS.cachedPromptTokens);
+  private readonly completionTokens = new CounterPair(this.registries, METRICS.completionTokens);
+  private readonly usageMissing = new CounterPair(this.registries, METRICS.usageMissing);
   private readonly inflight = new Gauge({
     name: METRICS.inflight.name,
     help: METRICS.inflight.help,
     labelNames: METRICS.inflight.labels,
-    registers: [this.registry],
+    registers: [this.registry, this.openMetrics],
   });
-  private readonly retries = counter(this.registry, METRICS.retries);
-  private readonly retryBudgetExhausted = counter(this.registry, METRICS.retryBudgetExhausted);
-  private readonly upstreamEjections = counter(this.registry, METRICS.upstreamEjections);
+  private readonly retries = new CounterPair(this.registries, METRICS.retries);
+  private readonly retryBudgetExhausted = new CounterPair(this.registries, METRICS.retryBudgetExhausted);
+  private readonly upstreamEjections = new CounterPair(this.registries, METRICS.upstreamEjections);
   private readonly queueWait: Histogram<'model'>;
   private sources: GaugeSources | undefined;
   /** ITL is observed per event on the hot path: bind the label once per model instead of hashing it each time. */
   private readonly itlByModel = new Map<string, Histogram.Internal<'model'>>();
 
   constructor(buckets: MetricBuckets, options: { defaultMetrics?: boolean } = {}) {
-    this.ttft = histogram(this.registry, METRICS.ttft, buckets.ttft);
-    this.itl = histogram(this.registry, METRICS.itl, buckets.itl);
-    this.tpot = histogram(this.registry, METRICS.tpot, buckets.tpot);
-    this.duration = histogram(this.registry, METRICS.duration, buckets.duration);
-    this.queueWait = histogram(this.registry, METRICS.queueWait, buckets.queueWait);
-    const sources = () => this.sources;
-    new Gauge({
-      name: METRICS.upstreamUp.name,
-      help: METRICS.upstreamUp.help,
-      labelNames: METRICS.upstreamUp.labels,
-      registers: [this.registry],
-      collect() {
-        for (const upstream of sources()?.upstreams() ?? []) this.set({ upstream: upstream.name }, upstream.up ? 1 : 0);
-      },
+    const registries = this.registries;
+    this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
+    // Per event, on the hot path: no exemplars.
+    this.itl = histogram(registries, METRICS.itl, buckets.itl);
+    this.tpot = histogram(registries, METRICS.tpot, buckets.tpot, true);
+    this.duration = histogram(registries, METRICS.duration, buckets.duration, true);
+    this.queueWait = histogram(registries, METRICS.queueWait, buckets.queueWait);
+    scrapeGauge(registries, METRICS.upstreamUp, (gauge) => {
+      for (const upstream of this.sources?.upstreams() ?? []) gauge.set({ upstream: upstream.name }, upstream.up ? 1 : 0);
     });
-    new Gauge({
-      name: METRICS.upstreamInflight.name,
-      help: METRICS.upstreamInflight.help,
-      labelNames: METRICS.upstreamInflight.labels,
-      registers: [this.registry],
-      collect() {
-        for (const upstream of sources()?.upstreams() ?? []) this.set({ upstream: upstream.name }, upstream.inflight);
-      },
+    scrapeGauge(registries, METRICS.upstreamInflight, (gauge) => {
+      for (const upstream of this.sources?.upstreams() ?? []) gauge.set({ upstream: upstream.name }, upstream.inflight);
     });
-    new Gauge({
-      name: METRICS.queueDepth.name,
-      help: METRICS.queueDepth.help,
-      labelNames: METRICS.queueDepth.labels,
-      registers: [this.registry],
-      collect() {
-        for (const queue of sources()?.queues() ?? []) this.set({ model: queue.model }, queue.depth);
-      },
+    scrapeGauge(registries, METRICS.queueDepth, (gauge) => {
+      for (const queue of this.sources?.queues() ?? []) gauge.set({ model: queue.model }, queue.depth);
     });
-    if (options.defaultMetrics !== false) collectDefaultMetrics({ register: this.registry, eventLoopMonitoringPrecision: 10 });
+    if (options.defaultMetrics !== false) {
+      // Its counters have the same naming problem as ours: one set per registry.
+      collectDefaultMetrics({ register: this.registry, eventLoopMonitoringPrecision: 10 });
+      collectDefaultMetrics({ register: this.openMetrics, eventLoopMonitoringPrecision: 10 });
+    }
+  }
+
+  /** The exposition for a scrape: OpenMetrics (with exemplars) when the scraper accepts it, else Prometheus text. */
+  async scrape(accept: string | undefined): Promise<{ contentType: string; body: string }> {
+    const registry = accept?.includes('application/openmetrics-text') === true ? this.openMetrics : this.registry;
+    return { contentType: registry.contentType, body: await registry.metrics() };
   }
 
   /** Pre-creates zero-valued series for the served models so dashboards and `rate()` see them from the start. */
@@ -289,11 +353,15 @@ export class GatewayMetrics {
     child.observe(ms / 1000);
   }
 
-  /** Records one settled logical request. `started` says whether requestStarted() was called for it. */
-  record(s: Settlement, started: boolean): void {
+  /**
+   * Records one settled logical request. `started` says whether requestStarted() was called for it; `traceId`, when
+   * the request was traced, becomes the exemplar of its observations.
+   */
+  record(s: Settlement, started: boolean, traceId?: string): void {
     const model = s.model;
+    const exemplarLabels = traceId === undefined ? NO_EXEMPLAR : { trace_id: traceId };
     if (started) this.inflight.dec({ model });
-    this.requests.inc({ model, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome });
+    this.requests.inc({ model, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplarLabels);
     for (const attempt of s.attempts) {
       this.attempts.inc({ model, upstream: attempt.upstream, result: attempt.result ?? 'cancelled' });
     }
@@ -301,9 +369,9 @@ export class GatewayMetrics {
     for (const anomaly of s.anomalies) this.anomalies.inc({ model, upstream: anomaly.upstream, kind: anomaly.kind });
     for (const reason of s.finishReasons) this.finishReasons.inc({ model, finish_reason: reason });
     if (s.cancelPhase !== undefined) this.cancellations.inc({ model, phase: s.cancelPhase });
-    if (s.ttftMs !== undefined) this.ttft.observe({ model, prompt_len: s.promptLen }, s.ttftMs / 1000);
-    if (s.tpotMs !== undefined) this.tpot.observe({ model }, s.tpotMs / 1000);
-    this.duration.observe({ model, route: s.route, outcome: s.outcome }, s.durationMs / 1000);
+    if (s.ttftMs !== undefined) this.ttft.observe({ labels: { model, prompt_len: s.promptLen }, value: s.ttftMs / 1000, exemplarLabels });
+    if (s.tpotMs !== undefined) this.tpot.observe({ labels: { model }, value: s.tpotMs / 1000, exemplarLabels });
+    this.duration.observe({ labels: { model, route: s.route, outcome: s.outcome }, value: s.durationMs / 1000, exemplarLabels });
     this.slo.inc({ model, prompt_len: s.promptLen, result: s.slo });
     const usage = s.usage;
     if (usage !== undefined) {

@@ -1,0 +1,54 @@
+/**
+ * The wide event: one log line per logical request when it ends, with everything needed to explain it — and no
+ * prompt, completion, key or header. docs/observability.md lists the fields; test/tracing.test.ts checks them.
+ */
+import type { Settlement } from '../accounting/ledger.js';
+
+export interface RequestLogLine {
+  request_id: string;
+  trace_id: string | undefined;
+  model: string;
+  route: string;
+  stream: boolean;
+  code: number;
+  outcome: string;
+  attempts: Array<{ upstream: string; result: string; status: number | undefined; duration_ms: number | undefined }>;
+  ttft_ms: number | undefined;
+  tpot_ms: number | undefined;
+  tokens: { prompt: number | undefined; cached: number | undefined; completion: number | undefined };
+  finish_reasons: string[];
+  anomalies: string[];
+  cancel_phase: string | undefined;
+  slo: string;
+  prompt_len: string;
+  duration_ms: number;
+}
+
+const round = (ms: number | undefined) => (ms === undefined ? undefined : Math.round(ms * 1000) / 1000);
+
+export function requestLogLine(s: Settlement, requestId: string, traceId: string | undefined): RequestLogLine {
+  return {
+    request_id: requestId,
+    trace_id: traceId,
+    model: s.model,
+    route: s.route,
+    stream: s.stream,
+    code: s.code,
+    outcome: s.outcome,
+    attempts: s.attempts.map((a) => ({
+      upstream: a.upstream,
+      result: a.result ?? 'cancelled',
+      status: a.status,
+      duration_ms: a.endedAt === undefined ? undefined : round(a.endedAt - a.startedAt),
+    })),
+    ttft_ms: round(s.ttftMs),
+    tpot_ms: round(s.tpotMs),
+    tokens: { prompt: s.usage?.promptTokens, cached: s.usage?.cachedTokens, completion: s.usage?.completionTokens },
+    finish_reasons: [...s.finishReasons],
+    anomalies: s.anomalies.map((a) => a.kind),
+    cancel_phase: s.cancelPhase,
+    slo: s.slo,
+    prompt_len: s.promptLen,
+    duration_ms: round(s.durationMs) ?? 0,
+  };
+}

@@ -17,6 +17,7 @@ import { GatewayMetrics } from '../telemetry/metrics.js';
 import { requestLogLine } from '../telemetry/request-log.js';
 import { startRequestTrace } from '../telemetry/request-trace.js';
 import { disabledTracing, type Tracing } from '../telemetry/tracing.js';
+import { within } from '../util/within.js';
 import { checkCompletion, withUsageRequested } from './completions.js';
 import { errorBody, type ErrorBody, type ErrorCode } from './errors.js';
 
@@ -345,17 +346,6 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     await within(closed, config.streaming.drainGraceMs + 1000);
     await upstreams.close();
     logger.info('drained');
-  }
-}
-
-/** Waits for `promise` at most `ms`; true when it settled in time. The timer does not outlive the wait. */
-async function within(promise: Promise<unknown>, ms: number): Promise<boolean> {
-  let timer: NodeJS.Timeout | undefined;
-  const deadline = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), ms)));
-  try {
-    return await Promise.race([promise.then(() => true), deadline]);
-  } finally {
-    clearTimeout(timer);
   }
 }
 

@@ -163,12 +163,11 @@ class SpanTrace implements RequestTrace {
     }
     this.span = tracer.startSpan(`POST ${start.path}`, { kind: SpanKind.SERVER, startTime: start.arrivalAt, attributes }, parent);
     this.context = trace.setSpan(parent, this.span);
+    this.traceId = this.span.isRecording() ? this.span.spanContext().traceId : undefined;
   }
 
-  get traceId(): string | undefined {
-    const spanContext = this.span.spanContext();
-    return this.span.isRecording() ? spanContext.traceId : undefined;
-  }
+  /** Read at the start: a span stops recording when it ends, and the id is wanted after that (logs, exemplars). */
+  readonly traceId: string | undefined;
 
   attemptStarted(number: number, upstream: { name: string; url: URL }, at: number, retriedFor: RetryReason | undefined): Record<string, string> {
     const port = Number(upstream.url.port) || (upstream.url.protocol === 'https:' ? 443 : 80);

@@ -10,6 +10,7 @@ import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { NodeSDK } from '@opentelemetry/sdk-node';
 import { BatchSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import type { Config } from '../config/load.js';
+import { within } from '../util/within.js';
 
 export interface Tracing {
   readonly enabled: boolean;
@@ -22,6 +23,7 @@ export interface Tracing {
 }
 
 const TRACER_NAME = 'waybill';
+const FLUSH_LIMIT_MS = 3_000;
 
 /** Tracing that records nothing: the API's no-op tracer (spans cost an object each, and are never exported). */
 export function disabledTracing(): Tracing {
@@ -66,9 +68,13 @@ export function startTracing(config: Config['tracing'], env: NodeJS.ProcessEnv =
     enabled: true,
     tracer: trace.getTracer(TRACER_NAME),
     endpoint,
+    // Bounded: with the collector down, the exporter retries for its whole timeout, and neither a test nor a
+    // shutting-down gateway should wait that long for spans it cannot deliver.
     flush: async () => {
-      await provider().forceFlush?.();
+      await within(provider().forceFlush?.() ?? Promise.resolve(), FLUSH_LIMIT_MS);
     },
-    shutdown: () => sdk.shutdown(),
+    shutdown: async () => {
+      await within(sdk.shutdown(), FLUSH_LIMIT_MS);
+    },
   };
 }

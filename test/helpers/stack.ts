@@ -8,6 +8,7 @@ import type { Settlement } from '../../src/accounting/ledger.js';
 import { parseConfig } from '../../src/config/load.js';
 import type { ConfigInput } from '../../src/config/schema.js';
 import { createGateway, type Gateway } from '../../src/http/server.js';
+import type { Tracing } from '../../src/telemetry/tracing.js';
 import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../../src/sim/server.js';
 
 export interface StackOptions {
@@ -19,6 +20,8 @@ export interface StackOptions {
   admission?: Record<string, unknown>;
   /** Leave the pool's models out, so they are discovered from the simulators. */
   discover?: boolean;
+  /** OpenTelemetry tracing for the gateway. */
+  tracing?: Tracing;
   /** Extra upstream URLs added to the pool (e.g. a closed port). */
   extraUpstreams?: Array<{ name: string; url: string }>;
 }
@@ -70,6 +73,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const gateway = createGateway(config, {
     logger: pino({ level: 'silent' }),
     defaultMetrics: false,
+    ...(options.tracing !== undefined ? { tracing: options.tracing } : {}),
     onSettled: (settlement) => {
       settlements.push(settlement);
       for (const waiter of waiters.filter((w) => settlements.length >= w.count)) {

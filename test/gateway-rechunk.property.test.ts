@@ -56,6 +56,8 @@ beforeAll(async () => {
     server: { host: '127.0.0.1', port: 0 },
     pools: [{ name: 'p', models: ['m'], upstreams: [{ name: 'scripted', url: `http://127.0.0.1:${port}` }] }],
     streaming: { drain_grace: '200ms' },
+    // The property is about framing: one attempt each, so the retry budget cannot make two runs differ.
+    retries: { max_attempts: 1 },
   });
   gateway = createGateway(config, {
     logger: pino({ level: 'silent' }),

@@ -129,6 +129,17 @@ describe('retries before commit', () => {
     expect(await total(s, 'waybill_requests_total', { outcome: 'delivered' })).toBe(2);
   });
 
+  it('makes no attempt after the total deadline, and answers at the deadline', async () => {
+    const s = await stack({ config: { timeouts: { first_output: '100ms', total: '250ms' }, retries: { backoff_base: '1ms', backoff_max: '1ms' } } });
+    const client = await post(s.base, '/v1/chat/completions', CHAT, { 'x-sim-fault': 'stall_after=0' });
+    expect(client.status).toBe(504);
+    const [settlement] = await s.settled(1);
+    // Two first-output timeouts (100 ms each), then a third attempt cut by the deadline: never a fourth.
+    expect(settlement?.attempts.map((a) => a.result)).toEqual(['timeout', 'timeout', 'timeout']);
+    expect(settlement?.durationMs).toBeLessThan(400);
+    expect(settlement).toMatchObject({ outcome: 'timeout', code: 504 });
+  });
+
   it('fails with what the last attempt said when the retry budget is spent', async () => {
     const bad = await scripted((_req, res) => res.writeHead(503).end());
     const s = await stack({

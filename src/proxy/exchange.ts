@@ -89,6 +89,8 @@ export class Exchange implements AttemptSink {
   private waitingForDrain = false;
   /** Why the attempt about to start is a retry. */
   private retriedFor: RetryReason | undefined;
+  /** The total deadline fired: no further attempt, whatever the arithmetic says (timers may fire a little early). */
+  private pastDeadline = false;
 
   constructor(
     private readonly deps: ExchangeDeps,
@@ -350,7 +352,7 @@ export class Exchange implements AttemptSink {
     const { config, metrics, now, random } = this.deps;
     const attempt = this.attempt;
     const record = this.ledger.currentAttempt;
-    if (attempt === undefined || record === undefined || this.clientFinished) return false;
+    if (attempt === undefined || record === undefined || this.clientFinished || this.pastDeadline) return false;
     const reason = retryReason(record, config.retries);
     if (reason === undefined || this.ledger.attemptCount >= config.retries.maxAttempts) return false;
     const retryAfter = parseRetryAfter(attempt.retryAfter, Date.now());
@@ -481,6 +483,7 @@ export class Exchange implements AttemptSink {
   };
 
   private onTimer(reason: 'first_output_timeout' | 'idle_timeout' | 'total_timeout'): void {
+    if (reason === 'total_timeout') this.pastDeadline = true;
     const attempt = this.attempt;
     if (attempt !== undefined && !attempt.finished) attempt.abort(reason);
     else if (!this.responseEnded && !this.settled) {

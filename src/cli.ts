@@ -9,6 +9,7 @@ import { createGateway } from './http/server.js';
 import { startTracing } from './telemetry/tracing.js';
 import { createSimulator } from './sim/server.js';
 import { runSim } from './sim/main.js';
+import { runLoad } from '../load/main.js';
 
 const USAGE = `usage: waybill <command> [options]
 
@@ -18,6 +19,7 @@ commands:
         without --model the served models are discovered from the upstreams' GET /v1/models.
   sim [--port P] [--model NAME] ...      run the simulated vLLM (default port 8000); see docs/simulator.md
   demo [--port P]                        run the simulator and a gateway in front of it
+  load --url URL ...                     the streaming load generator; waybill load --help
   check-config FILE                      validate a configuration file and exit
 `;
 
@@ -172,6 +174,8 @@ export async function main(argv: string[]): Promise<number> {
         return await runSim(rest);
       case 'demo':
         return await demo(rest);
+      case 'load':
+        return await runLoad(rest);
       case 'check-config':
         return await checkConfig(rest);
       case undefined:

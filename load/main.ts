@@ -1,0 +1,301 @@
+/**
+ * `waybill load` / `npm run load --`: an OpenAI-compatible streaming load generator for Waybill, the simulator or a
+ * real vLLM. See docs/load.md.
+ */
+import { writeFile, readFile } from 'node:fs/promises';
+import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import { request } from 'undici';
+import { parse as parseYaml } from 'yaml';
+import { duration } from '../src/config/schema.js';
+import { reconcile, settledSnapshot, snapshot } from './reconcile.js';
+import { htmlReport, jsonReport, reconciliationText, summaryTable } from './report.js';
+import { runWorkload, type Progress } from './runner.js';
+import { summarize, type SloThresholds } from './stats.js';
+import { FAULT_KINDS, parseRange, type FaultKind, type Range, type Workload } from './workload.js';
+
+export const USAGE = `usage: waybill load --url URL (--concurrency N | --rate R) (--requests N | --duration D) [options]
+
+target and shape
+  --url URL                   OpenAI-compatible base URL (Waybill, the simulator, or vLLM)
+  --model NAME                model (default: the first of GET /v1/models)
+  --concurrency N             closed loop: N concurrent streams
+  --rate R                    open loop: Poisson arrivals, R requests per second
+  --requests N | --duration D stop after N requests, or after D (e.g. 30s, 2m)
+  --seed N                    workload seed (default 1): the same seed sends the same requests
+  --workload FILE             YAML with any of the workload keys below (snake_case); flags override it
+workload
+  --prompt-tokens A[-B]       prompt length in tokens, fixed or uniform (default 64-512)
+  --output-tokens A[-B]       max_tokens (default 32-128)
+  --stream-share X            share of streamed requests (default 1)
+  --chat-share X              share of chat completions; the rest legacy completions (default 1)
+  --n A[-B]                   choices per request (default 1)
+  --usage-share X             share of streams asking stream_options.include_usage (default 0)
+  --cancel-share X            share of streams the client abandons (default 0)
+  --cancel-after-first-token-share X   of those, the share abandoned after the first token (default 0.5)
+  --fault-share X             share of requests with a simulator fault (x-sim-fault; default 0)
+  --fault-kinds a,b,...       fault kinds to draw from (default: all)
+  --slow-share X              share of streams the simulator makes slow (TTFT 3 s or 120 ms/token)
+  --simulator                 the target is (or fronts) the simulator: faults and race-free cancellations apply
+SLO, reports, reconciliation
+  --slo-ttft D --slo-tpot D --slo-e2e D   thresholds (default 2s, 100ms, 60s) for attainment and goodput
+  --json FILE                 write the JSON report
+  --html FILE                 write the self-contained HTML report
+  --reconcile                 the target is Waybill: compare its /metrics (before/after) with what clients saw
+  --sim URL                   a simulator behind Waybill, for --reconcile (repeatable)
+  --api-key KEY               sent as Authorization: Bearer
+  --timeout D                 per-request limit (default 5m)
+  --quiet                     no progress line
+`;
+
+interface LoadConfig {
+  baseUrl: string;
+  model: string | undefined;
+  concurrency: number | undefined;
+  rate: number | undefined;
+  requests: number | undefined;
+  durationMs: number | undefined;
+  seed: number;
+  workload: Workload;
+  simulator: boolean;
+  slo: SloThresholds;
+  json: string | undefined;
+  html: string | undefined;
+  reconcile: boolean;
+  sims: string[];
+  apiKey: string | undefined;
+  timeoutMs: number;
+  quiet: boolean;
+}
+
+const OPTIONS = {
+  url: { type: 'string' },
+  model: { type: 'string' },
+  concurrency: { type: 'string' },
+  rate: { type: 'string' },
+  requests: { type: 'string' },
+  duration: { type: 'string' },
+  seed: { type: 'string' },
+  workload: { type: 'string' },
+  'prompt-tokens': { type: 'string' },
+  'output-tokens': { type: 'string' },
+  'stream-share': { type: 'string' },
+  'chat-share': { type: 'string' },
+  n: { type: 'string' },
+  'usage-share': { type: 'string' },
+  'cancel-share': { type: 'string' },
+  'cancel-after-first-token-share': { type: 'string' },
+  'fault-share': { type: 'string' },
+  'fault-kinds': { type: 'string' },
+  'slow-share': { type: 'string' },
+  simulator: { type: 'boolean' },
+  'slo-ttft': { type: 'string' },
+  'slo-tpot': { type: 'string' },
+  'slo-e2e': { type: 'string' },
+  json: { type: 'string' },
+  html: { type: 'string' },
+  reconcile: { type: 'boolean' },
+  sim: { type: 'string', multiple: true },
+  'api-key': { type: 'string' },
+  timeout: { type: 'string' },
+  quiet: { type: 'boolean' },
+  help: { type: 'boolean' },
+} as const;
+
+/** Reads flags (and the workload file), reporting every problem at once, each naming its flag. */
+export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { problems: string[] }> {
+  const { values } = parseArgs({ args: argv, options: OPTIONS, strict: true });
+  const problems: string[] = [];
+  let file: Record<string, unknown> = {};
+  if (values.workload !== undefined) {
+    try {
+      const parsed: unknown = parseYaml(await readFile(values.workload, 'utf8'));
+      if (parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed)) file = parsed as Record<string, unknown>;
+      else problems.push(`--workload: ${values.workload} is not a YAML mapping`);
+    } catch (err) {
+      problems.push(`--workload: ${(err as Error).message.split('\n')[0] ?? ''}`);
+    }
+  }
+  const flag = (name: keyof typeof OPTIONS): string | undefined => {
+    const fromFlag = values[name];
+    if (typeof fromFlag === 'string') return fromFlag;
+    const fromFile = file[name.replaceAll('-', '_')];
+    if (typeof fromFile === 'string' || typeof fromFile === 'number' || typeof fromFile === 'boolean') return String(fromFile);
+    if (Array.isArray(fromFile)) return fromFile.join(',');
+    if (fromFile !== undefined && fromFile !== null) problems.push(`--workload: key ${name.replaceAll('-', '_')} must be a value`);
+    return undefined;
+  };
+  const share = (name: keyof typeof OPTIONS, fallback: number): number => {
+    const text = flag(name);
+    if (text === undefined) return fallback;
+    const value = Number(text);
+    if (!(value >= 0 && value <= 1)) problems.push(`--${name}: "${text}" is not a share between 0 and 1`);
+    return value;
+  };
+  const range = (name: keyof typeof OPTIONS, fallback: Range): Range => {
+    const text = flag(name);
+    if (text === undefined) return fallback;
+    const value = parseRange(text);
+    if (value === undefined) problems.push(`--${name}: "${text}" is not N or A-B`);
+    return value ?? fallback;
+  };
+  const ms = (name: keyof typeof OPTIONS, fallback: number | undefined): number | undefined => {
+    const text = flag(name);
+    if (text === undefined) return fallback;
+    const parsed = duration.safeParse(/^\d+(\.\d+)?$/.test(text) ? Number(text) : text);
+    if (!parsed.success) problems.push(`--${name}: "${text}" is not a duration (e.g. 250ms, 30s, 2m)`);
+    return parsed.success ? parsed.data : fallback;
+  };
+  const positive = (name: keyof typeof OPTIONS): number | undefined => {
+    const text = flag(name);
+    if (text === undefined) return undefined;
+    const value = Number(text);
+    if (!(value > 0)) problems.push(`--${name}: "${text}" must be a positive number`);
+    return value;
+  };
+
+  const baseUrl = flag('url');
+  if (baseUrl === undefined) problems.push('--url: required');
+  const concurrency = positive('concurrency');
+  const rate = positive('rate');
+  if ((concurrency === undefined) === (rate === undefined)) problems.push('--concurrency / --rate: give exactly one');
+  const requests = positive('requests');
+  const durationMs = ms('duration', undefined);
+  if (requests === undefined && durationMs === undefined) problems.push('--requests / --duration: give at least one');
+  const kindsText = flag('fault-kinds');
+  const faultKinds = kindsText === undefined ? [...FAULT_KINDS] : kindsText.split(',').map((k) => k.trim()).filter(Boolean);
+  for (const kind of faultKinds) if (!(FAULT_KINDS as readonly string[]).includes(kind)) problems.push(`--fault-kinds: unknown kind "${kind}" (one of ${FAULT_KINDS.join(', ')})`);
+  const reconcileRun = values.reconcile === true || file['reconcile'] === true;
+  const workload: Workload = {
+    model: flag('model'),
+    promptTokens: range('prompt-tokens', { min: 64, max: 512 }),
+    outputTokens: range('output-tokens', { min: 32, max: 128 }),
+    streamShare: share('stream-share', 1),
+    chatShare: share('chat-share', 1),
+    n: range('n', { min: 1, max: 1 }),
+    // Reconciling compares token totals: the client must see usage on every stream.
+    usageShare: reconcileRun ? 1 : share('usage-share', 0),
+    cancelShare: share('cancel-share', 0),
+    cancelAfterFirstTokenShare: share('cancel-after-first-token-share', 0.5),
+    faultShare: share('fault-share', 0),
+    faultKinds: faultKinds as FaultKind[],
+    slowShare: share('slow-share', 0),
+  };
+  if (workload.cancelShare + workload.faultShare + workload.slowShare > 1) problems.push('--cancel-share + --fault-share + --slow-share: must not exceed 1');
+  const slo = { ttftMs: ms('slo-ttft', 2000) ?? 2000, tpotMs: ms('slo-tpot', 100) ?? 100, e2eMs: ms('slo-e2e', 60_000) ?? 60_000 };
+  const seedText = flag('seed');
+  const seed = seedText === undefined ? 1 : Number(seedText);
+  if (!Number.isInteger(seed)) problems.push(`--seed: "${seedText ?? ''}" is not an integer`);
+  const timeoutMs = ms('timeout', 300_000) ?? 300_000;
+  if (problems.length > 0 || baseUrl === undefined) return { problems };
+  return {
+    baseUrl: baseUrl.replace(/\/+$/, ''),
+    model: workload.model,
+    concurrency,
+    rate,
+    requests,
+    durationMs,
+    seed,
+    workload,
+    simulator: values.simulator === true || workload.faultShare > 0 || workload.slowShare > 0 || reconcileRun,
+    slo,
+    json: flag('json'),
+    html: flag('html'),
+    reconcile: reconcileRun,
+    sims: values.sim ?? [],
+    apiKey: flag('api-key'),
+    timeoutMs,
+    quiet: values.quiet === true,
+  };
+}
+
+async function firstModel(baseUrl: string, apiKey: string | undefined): Promise<string> {
+  const response = await request(`${baseUrl}/v1/models`, { headers: apiKey === undefined ? {} : { authorization: `Bearer ${apiKey}` } });
+  const body = (await response.body.json()) as { data?: Array<{ id?: unknown }> };
+  const id = body.data?.[0]?.id;
+  if (typeof id !== 'string') throw new Error(`${baseUrl}/v1/models lists no model; give --model`);
+  return id;
+}
+
+function progressPrinter(quiet: boolean): ((p: Progress) => void) | undefined {
+  if (quiet) return undefined;
+  const tty = process.stderr.isTTY;
+  let lastPlain = 0;
+  return (p) => {
+    const line = `${(p.elapsedMs / 1000).toFixed(1)}s  done ${p.done}  in flight ${p.inFlight}  errors ${p.errors}  ${(p.done / Math.max(0.001, p.elapsedMs / 1000)).toFixed(1)} req/s`;
+    if (tty) process.stderr.write(`\r${line}\u001b[K`);
+    else if (p.elapsedMs - lastPlain >= 5000) {
+      lastPlain = p.elapsedMs;
+      process.stderr.write(`${line}\n`);
+    }
+  };
+}
+
+export interface LoadOutcome {
+  readonly exitCode: number;
+  readonly mismatches: number;
+}
+
+/** Runs the load tool with parsed options; returns its exit code (1 when reconciliation found mismatches). */
+export async function runLoadWith(config: LoadConfig, out: (text: string) => void = (t) => process.stdout.write(`${t}\n`)): Promise<LoadOutcome> {
+  const model = config.model ?? (await firstModel(config.baseUrl, config.apiKey));
+  const before = config.reconcile ? await snapshot(config.baseUrl, config.sims) : undefined;
+  const progress = progressPrinter(config.quiet);
+  const run = await runWorkload({
+    baseUrl: config.baseUrl,
+    model,
+    apiKey: config.apiKey,
+    workload: config.workload,
+    seed: config.seed,
+    concurrency: config.concurrency,
+    rate: config.rate,
+    requests: config.requests,
+    durationMs: config.durationMs,
+    simulator: config.simulator,
+    requestTimeoutMs: config.timeoutMs,
+    ...(progress === undefined ? {} : { onProgress: progress }),
+  });
+  if (progress !== undefined && process.stderr.isTTY) process.stderr.write('\n');
+  const summary = summarize(run.results, run.durationMs / 1000, config.slo);
+  out(summaryTable(summary, config.slo));
+  let reconciliation;
+  if (before !== undefined) {
+    const after = await settledSnapshot(config.baseUrl, config.sims, before, run.results.length);
+    reconciliation = reconcile(run.results, before, after, config.slo);
+    out(reconciliationText(reconciliation));
+  }
+  if (config.json !== undefined) await writeFile(config.json, JSON.stringify(jsonReport(summary, config.slo, run.results, reconciliation), null, 2));
+  if (config.html !== undefined) await writeFile(config.html, htmlReport(summary, config.slo, run.results, reconciliation));
+  const mismatches = reconciliation?.mismatches.length ?? 0;
+  return { exitCode: mismatches > 0 ? 1 : 0, mismatches };
+}
+
+export async function runLoad(argv: string[]): Promise<number> {
+  if (argv.includes('--help') || argv.includes('-h')) {
+    console.log(USAGE);
+    return 0;
+  }
+  let config;
+  try {
+    config = await parseLoadArgs(argv);
+  } catch (err) {
+    console.error(`${(err as Error).message}\n\n${USAGE}`);
+    return 2;
+  }
+  if ('problems' in config) {
+    console.error(`invalid load options:\n${config.problems.map((p) => `  - ${p}`).join('\n')}\n\n${USAGE}`);
+    return 2;
+  }
+  return (await runLoadWith(config)).exitCode;
+}
+
+const invoked = process.argv[1];
+if (invoked !== undefined && import.meta.url === pathToFileURL(invoked).href) {
+  runLoad(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (err: unknown) => {
+      console.error(err instanceof Error ? err.message : err);
+      process.exit(1);
+    },
+  );
+}

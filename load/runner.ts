@@ -1,0 +1,102 @@
+/**
+ * Runs a workload: closed loop (N concurrent clients, each sending its next request when the last ends) or open
+ * loop (Poisson arrivals at a rate), for a number of requests or a duration, whichever the options name. Bounded
+ * in count and time; stops by itself.
+ */
+import { Agent } from 'undici';
+import { runRequest, type RequestResult } from './client.js';
+import { planRequest, seededRandom, type PlannedRequest, type Workload } from './workload.js';
+
+export interface RunOptions {
+  readonly baseUrl: string;
+  readonly model: string;
+  readonly apiKey: string | undefined;
+  readonly workload: Workload;
+  readonly seed: number;
+  /** Closed loop: concurrent clients. */
+  readonly concurrency: number | undefined;
+  /** Open loop: mean arrivals per second. */
+  readonly rate: number | undefined;
+  readonly requests: number | undefined;
+  readonly durationMs: number | undefined;
+  readonly simulator: boolean;
+  readonly requestTimeoutMs: number;
+  readonly onProgress?: (progress: Progress) => void;
+}
+
+export interface Progress {
+  readonly done: number;
+  readonly inFlight: number;
+  readonly errors: number;
+  readonly elapsedMs: number;
+}
+
+export interface RunResult {
+  readonly results: RequestResult[];
+  readonly durationMs: number;
+}
+
+/** Outcomes that are failures of the system under test (client cancellations and 4xx are not). */
+const ERRORS = new Set(['failed', 'timeout', 'stream_error', 'incomplete']);
+
+export async function runWorkload(options: RunOptions): Promise<RunResult> {
+  const random = seededRandom(options.seed);
+  const dispatcher = new Agent({ connections: Math.max(16, (options.concurrency ?? 64) * 2), keepAliveTimeout: 4_000 });
+  const results: RequestResult[] = [];
+  const runStart = performance.now();
+  const stopAt = options.durationMs === undefined ? Number.POSITIVE_INFINITY : runStart + options.durationMs;
+  const limit = options.requests ?? Number.POSITIVE_INFINITY;
+  if (!Number.isFinite(limit) && !Number.isFinite(stopAt)) throw new Error('give a request count or a duration');
+  let planned = 0;
+  let inFlight = 0;
+  let errors = 0;
+  const client = {
+    baseUrl: options.baseUrl,
+    model: options.model,
+    apiKey: options.apiKey,
+    dispatcher,
+    runStart,
+    timeoutMs: options.requestTimeoutMs,
+  };
+  const next = (): PlannedRequest | undefined => {
+    if (planned >= limit || performance.now() >= stopAt) return undefined;
+    return planRequest(options.workload, random, planned++, options.simulator);
+  };
+  const execute = async (plan: PlannedRequest) => {
+    inFlight++;
+    const result = await runRequest(plan, client);
+    inFlight--;
+    if (ERRORS.has(result.outcome)) errors++;
+    results.push(result);
+  };
+  const progress = options.onProgress;
+  const ticker =
+    progress === undefined
+      ? undefined
+      : setInterval(() => progress({ done: results.length, inFlight, errors, elapsedMs: performance.now() - runStart }), 250);
+  try {
+    if (options.rate !== undefined) {
+      const pending: Array<Promise<void>> = [];
+      let at = performance.now();
+      for (let plan = next(); plan !== undefined; plan = next()) {
+        // Exponential gaps: a Poisson process, so bursts happen as they do in production.
+        at += (-Math.log(1 - random()) / options.rate) * 1000;
+        const wait = at - performance.now();
+        if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+        pending.push(execute(plan));
+      }
+      await Promise.all(pending);
+    } else {
+      const workers = Array.from({ length: options.concurrency ?? 1 }, async () => {
+        for (let plan = next(); plan !== undefined; plan = next()) await execute(plan);
+      });
+      await Promise.all(workers);
+    }
+  } finally {
+    if (ticker !== undefined) clearInterval(ticker);
+    await dispatcher.close();
+  }
+  results.sort((a, b) => a.plan.index - b.plan.index);
+  progress?.({ done: results.length, inFlight: 0, errors, elapsedMs: performance.now() - runStart });
+  return { results, durationMs: performance.now() - runStart };
+}

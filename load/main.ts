@@ -161,7 +161,7 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
   if ((concurrency === undefined) === (rate === undefined)) problems.push('--concurrency / --rate: give exactly one');
   const requests = positive('requests');
   const durationMs = ms('duration', undefined);
-  if (requests === undefined && durationMs === undefined) problems.push('--requests / --duration: give at least one');
+  if (requests === undefined && flag('duration') === undefined) problems.push('--requests / --duration: give at least one');
   const kindsText = flag('fault-kinds');
   const faultKinds = kindsText === undefined ? [...FAULT_KINDS] : kindsText.split(',').map((k) => k.trim()).filter(Boolean);
   for (const kind of faultKinds) if (!(FAULT_KINDS as readonly string[]).includes(kind)) problems.push(`--fault-kinds: unknown kind "${kind}" (one of ${FAULT_KINDS.join(', ')})`);

@@ -1,6 +1,7 @@
 /**
  * The workload: what each request of a run is, drawn from a seed so a run can be repeated exactly. Pure.
  */
+import { FAULT_KINDS, type FaultKind } from '../src/sim/faults.js';
 
 /** A fixed value or an inclusive uniform integer range: `64`, `32-512`. */
 export interface Range {
@@ -29,21 +30,7 @@ export interface Workload {
   readonly slowShare: number;
 }
 
-export const FAULT_KINDS = [
-  'status',
-  'error_before_output',
-  'error_after',
-  'reset_after',
-  'reset_before_response',
-  'stall_after',
-  'end_after',
-  'no_done',
-  'drop_finish',
-  'malformed_after',
-  'oversized_after',
-  'data_after_done',
-] as const;
-export type FaultKind = (typeof FAULT_KINDS)[number];
+
 
 /**
  * Faults drawn for non-stream requests. The simulator ignores the stream-only kinds there, and answers the error
@@ -74,17 +61,9 @@ export interface PlannedRequest {
   readonly slow: 'ttft' | 'tpot' | undefined;
 }
 
-/** mulberry32: small, fast, good enough for workload draws; the same seed gives the same run. */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** The workload's draws use the simulator's seeded PRNG: the same seed gives the same run. */
+export { createRandom as seededRandom } from '../src/sim/prng.js';
+export { FAULT_KINDS, type FaultKind };
 
 export function parseRange(text: string): Range | undefined {
   const match = /^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$/.exec(text);

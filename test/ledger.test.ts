@@ -1,23 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { RequestLedger, type RequestInfo, type Verdict } from '../src/accounting/ledger.js';
-import { promptLenClasses } from '../src/accounting/prompt-len.js';
+import { requestInfo } from './helpers/ledger-info.js';
 import { classifyEventData, type EventFacts } from '../src/sse/classify.js';
 
-const BOUNDARIES = [1024, 4096, 16384, 65536];
-
-function info(overrides: Partial<RequestInfo> = {}): RequestInfo {
-  return {
-    model: 'm',
-    route: 'chat_completions',
-    stream: true,
-    expectedChoices: 1,
-    dropUsageChunk: true,
-    slo: { ttftMs: 1000, tpotMs: 50, e2eMs: 5000, ttftByPromptLenMs: { '4k-16k': 3000 } },
-    promptLenBoundaries: BOUNDARIES,
-    promptLenClasses: promptLenClasses(BOUNDARIES),
-    ...overrides,
-  };
-}
+const info = requestInfo;
 
 const role = (index = 0) => `{"choices":[{"index":${index},"delta":{"role":"assistant","content":""},"finish_reason":null}]}`;
 const delta = (text: string, index = 0) => `{"choices":[{"index":${index},"delta":{"content":${JSON.stringify(text)}},"finish_reason":null}]}`;

@@ -14,6 +14,7 @@ import {
 } from '../src/accounting/outcomes.js';
 import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import { classifyEventData } from '../src/sse/classify.js';
+import { requestInfo } from './helpers/ledger-info.js';
 import { GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS } from '../src/telemetry/metrics.js';
 
 const doc = readFileSync(new URL('../docs/metrics.md', import.meta.url), 'utf8');
@@ -97,16 +98,7 @@ describe('the exported text carries exactly the contracted label names', () => {
   it('emits every series with the documented labels and help', async () => {
     const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1], queueWait: [1] }, { defaultMetrics: false });
     const ledger = new RequestLedger(
-      {
-        model: 'm',
-        route: 'chat_completions',
-        stream: true,
-        expectedChoices: 1,
-        dropUsageChunk: true,
-        slo: { ttftMs: 1000, tpotMs: 100, e2eMs: 1000, ttftByPromptLenMs: {} },
-        promptLenBoundaries: [1024],
-        promptLenClasses: promptLenClasses([1024]),
-      },
+      requestInfo({ slo: { ttftMs: 1000, tpotMs: 100, e2eMs: 1000, ttftByPromptLenMs: {} }, promptLenBoundaries: [1024], promptLenClasses: promptLenClasses([1024]) }),
       0,
       { onInterTokenGap: (ms) => metrics.interTokenGap('m', ms) },
     );

@@ -1,10 +1,10 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { RequestLedger } from '../src/accounting/ledger.js';
-import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import { prettyLine } from '../src/telemetry/logger.js';
 import { requestLogLine } from '../src/telemetry/request-log.js';
 import { EVENTS, GEN_AI, WAYBILL } from '../src/telemetry/request-trace.js';
+import { requestInfo } from './helpers/ledger-info.js';
 
 const doc = readFileSync(new URL('../docs/observability.md', import.meta.url), 'utf8');
 
@@ -16,19 +16,7 @@ describe('docs/observability.md and the code agree', () => {
   });
 
   it('documents exactly the fields of the per-request log line', () => {
-    const ledger = new RequestLedger(
-      {
-        model: 'm',
-        route: 'chat_completions',
-        stream: true,
-        expectedChoices: 1,
-        dropUsageChunk: true,
-        slo: { ttftMs: 1, tpotMs: 1, e2eMs: 1, ttftByPromptLenMs: {} },
-        promptLenBoundaries: [1024],
-        promptLenClasses: promptLenClasses([1024]),
-      },
-      0,
-    );
+    const ledger = new RequestLedger(requestInfo(), 0);
     ledger.reject(400);
     const line = requestLogLine(ledger.settle(1), 'id', undefined);
     const section = doc.split('## The per-request log line')[1] ?? '';

@@ -1,0 +1,308 @@
+/**
+ * Against a real Prometheus (Debian's package, which .ci/run installs): it scrapes a gateway in front of two
+ * simulated vLLMs, one of them breaking a share of its answers, evaluates deploy/prometheus/waybill-rules.yaml, and
+ * what it records must agree with what the clients saw. A client counts an answer as delivered when it got 200 and
+ * the stream ended with `data: [DONE]`.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { request } from 'undici';
+import { stringify } from 'yaml';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseConfig } from '../src/config/load.js';
+import { createGateway, type Gateway } from '../src/http/server.js';
+import { createSimulator, type FaultKind, type Simulator } from '../src/sim/server.js';
+import { runTool } from './helpers/promql.js';
+
+const ROOT = join(import.meta.dirname, '..');
+const RULES = join(ROOT, 'deploy', 'prometheus', 'waybill-rules.yaml');
+const PROMETHEUS = process.env.PROMETHEUS_BIN ?? 'prometheus';
+const MODEL = 'sim-model';
+const DONE = 'data: [DONE]\n\n';
+
+const REQUESTS = 300;
+const CONCURRENCY = 8;
+/** Each client pauses between requests, so the run spans several scrapes. */
+const PAUSE_MS = 120;
+/** Every SLOW_EVERY-th request decodes slowly on purpose: delivered, but over the TPOT threshold. */
+const SLOW_EVERY = 7;
+const SLOW_FAULT = 'tokens=3; itl_ms=250';
+/**
+ * Before the measured run, one of each outcome, so its counter series exist when the run starts: rate() cannot see
+ * the increment that creates a series (Waybill does not pre-create its counters at 0), which over a run of a few
+ * scrapes would skew the recorded ratios.
+ */
+const WARM_UP: Array<string | undefined> = [
+  ...Array.from({ length: 20 }, () => undefined),
+  SLOW_FAULT,
+  SLOW_FAULT,
+  'error_before_output',
+  'error_before_output',
+  'status=500',
+  'status=503',
+  'error_after=2',
+  'error_after=0',
+  'reset_after=2',
+  'reset_after=0',
+  'reset_before_response',
+  'stall_after=2',
+  'stall_after=0',
+  'end_after=2',
+  'end_after=0',
+  'no_done',
+  'drop_finish',
+  'malformed_after=2',
+  'data_after_done',
+];
+/** Random faults of the broken simulator: failures before and after the first token, retried or not. */
+const FAULT_KINDS: FaultKind[] = [
+  'status',
+  'error_before_output',
+  'error_after',
+  'reset_after',
+  'reset_before_response',
+  'stall_after',
+  'end_after',
+  'no_done',
+  'drop_finish',
+  'malformed_after',
+  'data_after_done',
+];
+
+interface Observed {
+  readonly status: number;
+  readonly delivered: boolean;
+  readonly slow: boolean;
+}
+
+interface QueryResult {
+  status: string;
+  data: { resultType: string; result: Array<{ metric: Record<string, string>; value: [number, string] }> };
+}
+
+interface RulesResult {
+  data: { groups: Array<{ name: string; rules: Array<{ name: string; health: string; lastError?: string }> }> };
+}
+
+async function freePort(): Promise<number> {
+  const server = createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const address = server.address();
+  server.close();
+  if (address === null || typeof address === 'string') throw new Error('no port');
+  return address.port;
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Polls until `check` returns a value, or fails after `ms` saying what it waited for. */
+async function waitFor<T>(what: string, ms: number, check: () => Promise<T | undefined>): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = await check().catch(() => undefined);
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}\n${prometheusLog.slice(-2000)}`);
+    await sleep(200);
+  }
+}
+
+let prometheusLog = '';
+let prometheus: ChildProcess | undefined;
+let promBase = '';
+let gateway: Gateway | undefined;
+let gatewayBase = '';
+const sims: Simulator[] = [];
+let dir = '';
+
+async function query(expr: string): Promise<QueryResult['data']['result']> {
+  const response = await request(`${promBase}/api/v1/query?query=${encodeURIComponent(expr)}`);
+  const body = (await response.body.json()) as QueryResult;
+  if (body.status !== 'success') throw new Error(`query failed: ${expr}`);
+  return body.data.result;
+}
+
+/** The single value of an instant query, or undefined when it has none. */
+async function scalar(expr: string): Promise<number | undefined> {
+  const result = await query(expr);
+  if (result.length > 1) throw new Error(`${expr}: ${result.length} series`);
+  const value = result[0]?.value[1];
+  return value === undefined ? undefined : Number(value);
+}
+
+async function send(base: string, index: number, fault = index % SLOW_EVERY === 3 ? SLOW_FAULT : undefined): Promise<Observed> {
+  const slow = fault === SLOW_FAULT;
+  const response = await request(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...(fault !== undefined ? { 'x-sim-fault': fault } : {}) },
+    body: JSON.stringify({ model: MODEL, stream: true, messages: [{ role: 'user', content: `request ${index}` }] }),
+    headersTimeout: 10_000,
+    bodyTimeout: 10_000,
+  });
+  const body = await response.body.text();
+  return { status: response.statusCode, delivered: response.statusCode === 200 && body.endsWith(DONE), slow };
+}
+
+/** Set when Prometheus cannot run here: the test then fails with it, rather than being skipped with its hook. */
+let missing: Error | undefined;
+
+beforeAll(async () => {
+  try {
+    const version = runTool(PROMETHEUS, ['--version']);
+    if (version.status !== 0) throw new Error(`${PROMETHEUS} --version failed:\n${version.output}`);
+  } catch (err) {
+    missing = err as Error;
+    return;
+  }
+  sims.push(createSimulator({ ttftMs: 5, itlMs: 1, outputTokens: 8, jitter: 0, seed: 7 }));
+  sims.push(createSimulator({ ttftMs: 5, itlMs: 1, outputTokens: 8, jitter: 0, seed: 11, faultRate: 0.5, faultKinds: FAULT_KINDS }));
+  const urls = await Promise.all(sims.map(async (sim) => (await sim.listen(0, '127.0.0.1')).url));
+  const config = parseConfig(
+    {
+      server: { host: '127.0.0.1', port: 0 },
+      pools: [{ name: 'sim', models: [MODEL], upstreams: urls.map((url, i) => ({ name: `sim-${i}`, url })) }],
+      // Keep the broken simulator in rotation: the point is a steady fault mix, not ejection.
+      health: { interval: '1h', eject_after_failures: 1000 },
+      timeouts: { first_output: '1s', idle: '600ms', total: '10s' },
+      // Generous TTFT (a retry after a first-output timeout still meets it); a TPOT threshold that only the slow
+      // requests miss (a normal one would need 700 ms of stalls across its 8 tokens).
+      slo: { ttft: '3s', tpot: '100ms' },
+      logging: { level: 'silent' },
+    },
+    'e2e',
+  );
+  gateway = createGateway(config, { logger: pino({ level: 'silent' }), defaultMetrics: true });
+  gatewayBase = await gateway.listen();
+
+  dir = mkdtempSync(join(tmpdir(), 'waybill-prometheus-'));
+  const configFile = join(dir, 'prometheus.yml');
+  writeFileSync(
+    configFile,
+    stringify({
+      global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
+      rule_files: [RULES],
+      scrape_configs: [{ job_name: 'waybill', static_configs: [{ targets: [new URL(gatewayBase).host] }] }],
+    }),
+  );
+  const port = await freePort();
+  promBase = `http://127.0.0.1:${port}`;
+  prometheus = spawn(
+    PROMETHEUS,
+    [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--log.level=warn'],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  prometheus.stdout?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
+  prometheus.stderr?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
+  prometheus.on('exit', (code) => (prometheusLog += `\nprometheus exited with ${String(code)}`));
+
+  await waitFor('Prometheus to be ready', 20_000, async () => {
+    const response = await request(`${promBase}/-/ready`);
+    await response.body.dump();
+    return response.statusCode === 200 ? true : undefined;
+  });
+  await waitFor('the first scrape of the gateway', 15_000, async () => ((await scalar('up{job="waybill"}')) === 1 ? true : undefined));
+}, 45_000);
+
+afterAll(async () => {
+  if (prometheus !== undefined && prometheus.exitCode === null) {
+    const exited = once(prometheus, 'exit');
+    prometheus.kill('SIGTERM');
+    await Promise.race([exited, sleep(5_000).then(() => prometheus?.kill('SIGKILL'))]);
+  }
+  await gateway?.close();
+  await Promise.all(sims.map((sim) => sim.close()));
+  if (dir !== '') rmSync(dir, { recursive: true, force: true });
+});
+
+describe('waybill-rules.yaml on a real Prometheus', () => {
+  it('records the delivered ratio and SLO attainment the clients observed', async () => {
+    if (missing !== undefined) throw missing;
+    const warmUp = await Promise.all(WARM_UP.map((fault, i) => send(gatewayBase, -1 - i, fault)));
+    // Settlement can trail the client's last byte (streaming.drain_grace): wait until a scrape has every request.
+    const scrapedAll = (count: number) =>
+      waitFor(`Prometheus to scrape ${count} requests`, 20_000, async () =>
+        (await scalar('sum(waybill_requests_total{job="waybill"})')) === count ? await scalar('max(timestamp(waybill_requests_total{job="waybill"}))') : undefined,
+      );
+    await scrapedAll(warmUp.length);
+
+    const run: Observed[] = [];
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: CONCURRENCY }, async () => {
+        while (next < REQUESTS) {
+          run.push(await send(gatewayBase, next++));
+          await sleep(PAUSE_MS);
+        }
+      }),
+    );
+    expect(run).toHaveLength(REQUESTS);
+
+    const count = (of: Observed[], is: (o: Observed) => boolean) => of.filter(is).length;
+    const isDelivered = (o: Observed) => o.delivered;
+    const is2xx = (o: Observed) => o.status >= 200 && o.status < 300;
+    // The client's own fault: a 4xx other than 429 (here, vLLM's lazy-validation 400). Excluded from the SLO.
+    const isExcluded = (o: Observed) => o.status >= 400 && o.status < 500 && o.status !== 429;
+    const isMet = (o: Observed) => o.delivered && !o.slow;
+    const observed = [...warmUp, ...run];
+    const total = observed.length;
+    const delivered = count(observed, isDelivered);
+    const twoXX = count(observed, is2xx);
+    const excluded = count(observed, isExcluded);
+    const met = count(observed, isMet);
+    // The mix did break things, and not everything.
+    expect(count(run, isDelivered)).toBeGreaterThan(REQUESTS / 2);
+    expect(count(run, isDelivered)).toBeLessThan(REQUESTS);
+    expect(count(run, is2xx)).toBeGreaterThan(count(run, isDelivered));
+
+    const scraped = await scrapedAll(total);
+    // Then for a rule evaluation that saw that scrape.
+    await waitFor('the recording rules to evaluate after the last scrape', 15_000, async () => {
+      const at = await scalar(`min(timestamp(model:waybill_requests_delivered:ratio_rate5m{model="${MODEL}"}))`);
+      return at !== undefined && at > scraped + 1 ? true : undefined;
+    });
+
+    // Exact: the counters hold every request since the gateway started, warm-up included.
+    expect(await scalar('sum(waybill_requests_total{outcome="delivered"})')).toBe(delivered);
+    expect(await scalar('sum(waybill_requests_total{code=~"2.."})')).toBe(twoXX);
+    expect(await scalar('sum(waybill_slo_requests_total)')).toBe(total);
+    expect(await scalar('sum(waybill_slo_requests_total{result="met"})')).toBe(met);
+    expect(await scalar('sum(waybill_slo_requests_total{result="excluded"})')).toBe(excluded);
+    const promDelivered = await scalar('sum(waybill_requests_total{outcome="delivered"}) / sum(waybill_requests_total)');
+    const promAttainment = await scalar('sum(waybill_slo_requests_total{result="met"}) / sum(waybill_slo_requests_total{result!="excluded"})');
+    expect(promDelivered).toBeCloseTo(delivered / total, 12);
+    expect(promAttainment).toBeCloseTo(met / (total - excluded), 12);
+
+    // The recording rules: rate() over the measured run (the warm-up is in the first sample, before it), so close
+    // rather than equal: rate() extrapolates each series to the window's edges on its own.
+    const runDelivered = count(run, isDelivered) / REQUESTS;
+    const runTwoXX = count(run, is2xx) / REQUESTS;
+    const runAttainment = count(run, isMet) / (REQUESTS - count(run, isExcluded));
+    const recordedDelivered = await scalar(`model:waybill_requests_delivered:ratio_rate5m{model="${MODEL}"}`);
+    const recordedTwoXX = await scalar(`model:waybill_requests_2xx:ratio_rate5m{model="${MODEL}"}`);
+    const recordedAttainment = await scalar(`model:waybill_slo_attainment:ratio_rate5m{model="${MODEL}"}`);
+    console.log(
+      `e2e: ${total} requests (${REQUESTS} measured). Counters, clients vs Prometheus: delivered ${(delivered / total).toFixed(4)} vs ` +
+        `${promDelivered?.toFixed(4)}, SLO attainment ${(met / (total - excluded)).toFixed(4)} vs ${promAttainment?.toFixed(4)} ` +
+        `(met ${met}, excluded ${excluded}). Recording rules over the measured run, clients vs Prometheus: delivered ` +
+        `${runDelivered.toFixed(4)} vs ${recordedDelivered?.toFixed(4)}, 2xx ${runTwoXX.toFixed(4)} vs ${recordedTwoXX?.toFixed(4)}, ` +
+        `SLO attainment ${runAttainment.toFixed(4)} vs ${recordedAttainment?.toFixed(4)}`,
+    );
+    expect(Math.abs((recordedDelivered ?? Number.NaN) - runDelivered)).toBeLessThan(0.02);
+    expect(Math.abs((recordedTwoXX ?? Number.NaN) - runTwoXX)).toBeLessThan(0.02);
+    expect(Math.abs((recordedAttainment ?? Number.NaN) - runAttainment)).toBeLessThan(0.02);
+
+    // Every rule evaluated without error against real Waybill series (label matching, types).
+    const rulesResponse = await request(`${promBase}/api/v1/rules`);
+    const rules = (await rulesResponse.body.json()) as RulesResult;
+    const evaluated = rules.data.groups.flatMap((g) => g.rules);
+    expect(evaluated.length).toBeGreaterThan(50);
+    for (const rule of evaluated) expect(`${rule.name}: ${rule.health} ${rule.lastError ?? ''}`.trim()).toBe(`${rule.name}: ok`);
+    // The process metrics the dashboard reads came through the scrape too.
+    expect(await scalar('count(nodejs_eventloop_lag_seconds{job="waybill"})')).toBe(1);
+  }, 60_000);
+});

@@ -1,0 +1,292 @@
+/**
+ * The Prometheus rules and the Grafana dashboard against the real tool and the metrics contract: promtool checks and
+ * unit-tests the rules (deploy/prometheus/tests), parses every dashboard query, and every metric name they use must
+ * be one Waybill exports. promtool comes with Debian's `prometheus` package, which .ci/run installs.
+ */
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parse, stringify } from 'yaml';
+import { describe, expect, it } from 'vitest';
+import { parseConfig } from '../src/config/load.js';
+import { GatewayMetrics, METRICS } from '../src/telemetry/metrics.js';
+import { metricNames, runTool, withoutGrafanaVariables } from './helpers/promql.js';
+
+const ROOT = join(import.meta.dirname, '..');
+const RULES_DIR = join(ROOT, 'deploy', 'prometheus');
+const WAYBILL_RULES = join(RULES_DIR, 'waybill-rules.yaml');
+const VLLM_RULES = join(RULES_DIR, 'vllm-rules.yaml');
+const DASHBOARD = join(ROOT, 'deploy', 'grafana', 'waybill-dashboard.json');
+const RUNBOOK = join(ROOT, 'docs', 'runbook.md');
+
+/** vLLM's engine metric names (v1), from vllm-wire.md section 8. */
+const VLLM_METRICS = new Set([
+  'vllm:num_requests_running',
+  'vllm:num_requests_waiting',
+  'vllm:kv_cache_usage_perc',
+  'vllm:prompt_tokens_total',
+  'vllm:generation_tokens_total',
+  'vllm:request_success_total',
+  'vllm:time_to_first_token_seconds',
+  'vllm:inter_token_latency_seconds',
+  'vllm:request_time_per_output_token_seconds',
+  'vllm:e2e_request_latency_seconds',
+  'vllm:prefix_cache_hits_total',
+  'vllm:prefix_cache_queries_total',
+  'vllm:num_preemptions_total',
+  'vllm:cache_config_info',
+]);
+
+interface Rule {
+  record?: string;
+  alert?: string;
+  expr: string;
+  for?: string;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+}
+
+interface RuleFile {
+  groups: Array<{ name: string; rules: Rule[] }>;
+}
+
+interface Target {
+  expr: string;
+  refId: string;
+  exemplar?: boolean;
+}
+
+interface Panel {
+  id: number;
+  type: string;
+  title: string;
+  datasource?: { type: string; uid: string };
+  targets?: Target[];
+}
+
+interface Dashboard {
+  panels: Panel[];
+  templating: { list: Array<{ name: string; type: string; query: unknown }> };
+}
+
+function rules(path: string): Rule[] {
+  return (parse(readFileSync(path, 'utf8')) as RuleFile).groups.flatMap((g) => g.rules);
+}
+
+const dashboard = JSON.parse(readFileSync(DASHBOARD, 'utf8')) as Dashboard;
+const queryPanels = dashboard.panels.filter((p) => p.type !== 'row');
+
+/** Every name Waybill's /metrics can carry: the contract, its histogram series, prom-client's defaults, and `up`. */
+async function exportedNames(): Promise<Set<string>> {
+  const names = new Set<string>(['up']);
+  for (const spec of Object.values(METRICS)) {
+    names.add(spec.name);
+    if (spec.type === 'histogram') for (const suffix of ['_bucket', '_sum', '_count']) names.add(spec.name + suffix);
+  }
+  // The exposition a gateway serves, default metrics included: every family has its TYPE line, samples or not.
+  const metrics = new GatewayMetrics(parseConfig({ pools: [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://127.0.0.1:1' }] }] }, 'test').metrics.buckets);
+  for (const [, name = '', type] of (await metrics.registry.metrics()).matchAll(/^# TYPE (\S+) (\S+)$/gm)) {
+    names.add(name);
+    if (type === 'histogram') for (const suffix of ['_bucket', '_sum', '_count']) names.add(name + suffix);
+  }
+  metrics.registry.clear();
+  metrics.openMetrics.clear();
+  return names;
+}
+
+function promtool(...args: string[]): string {
+  const { status, output } = runTool('promtool', args);
+  expect(status, `promtool ${args.join(' ')}\n${output}`).toBe(0);
+  return output;
+}
+
+describe('metricNames', () => {
+  it('lists selected metrics, not functions, keywords, labels or literals', () => {
+    expect(metricNames('sum by (model, le) (rate(a_total{x="y{z}"}[5m])) / on (model) group_left (le) b:c:d > 0.5')).toEqual(['a_total', 'b:c:d']);
+    expect(metricNames('histogram_quantile(0.99, sum(rate(h_bucket[1h] offset 5m)) without (pod)) or vector(1e3) and bool up')).toEqual(['h_bucket', 'up']);
+    expect(metricNames('absent(vllm:num_requests_running{job="vllm"}) unless on () count(x) > 0')).toEqual(['vllm:num_requests_running', 'x']);
+  });
+});
+
+describe('promtool', () => {
+  it('checks both rule files', () => {
+    const output = promtool('check', 'rules', WAYBILL_RULES, VLLM_RULES);
+    expect(output).toMatch(/SUCCESS/);
+  });
+
+  it('passes the rules unit tests: recorded values and alerts, counter resets, idle traffic, no data', () => {
+    const tests = readdirSync(join(RULES_DIR, 'tests')).filter((f) => f.endsWith('.yaml'));
+    expect(tests.sort()).toEqual(['vllm-rules.test.yaml', 'waybill-rules.test.yaml']);
+    const output = promtool('test', 'rules', ...tests.map((f) => join(RULES_DIR, 'tests', f)));
+    expect(output).not.toMatch(/FAILED/);
+  });
+
+  it("parses every dashboard panel's query", () => {
+    const dir = mkdtempSync(join(tmpdir(), 'waybill-dashboard-'));
+    try {
+      const recording = queryPanels.flatMap((panel) =>
+        (panel.targets ?? []).map((t) => ({ record: `dashboard:panel_${panel.id}_${t.refId}`, expr: withoutGrafanaVariables(t.expr) })),
+      );
+      expect(recording.length).toBeGreaterThan(20);
+      const file = join(dir, 'dashboard-queries.yaml');
+      writeFileSync(file, stringify({ groups: [{ name: 'dashboard', rules: recording }] }));
+      expect(promtool('check', 'rules', file)).toContain(`SUCCESS: ${recording.length} rules found`);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('Waybill rules', () => {
+  const all = rules(WAYBILL_RULES);
+  const alerts = all.filter((r) => r.alert !== undefined);
+
+  it('use only metrics Waybill exports (and the rules they record)', async () => {
+    const exported = await exportedNames();
+    const recorded = new Set(all.flatMap((r) => (r.record !== undefined ? [r.record] : [])));
+    for (const rule of all) {
+      for (const name of metricNames(rule.expr)) {
+        expect(exported.has(name) || recorded.has(name), `${rule.record ?? rule.alert ?? '?'} uses ${name}`).toBe(true);
+      }
+    }
+    for (const name of recorded) expect(name, 'level:metric:operations').toMatch(/^[a-z_]+:waybill_[a-z0-9_]+:[a-z0-9_]+$/);
+  });
+
+  it('take every ratio over a positive denominator, so no traffic means no value', () => {
+    for (const rule of all.filter((r) => r.record?.includes(':ratio_') === true)) {
+      expect(rule.expr, rule.record).toMatch(/\/ \(.*> 0\)\s*\)?\s*$/s);
+    }
+  });
+
+  it('aggregate histogram buckets by le before histogram_quantile, rate() inside sum()', () => {
+    for (const rule of all.filter((r) => r.expr.includes('histogram_quantile'))) {
+      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, model\) \(rate\(waybill_\w+_bucket\[5m\]\)\)\)/);
+    }
+    for (const rule of all) expect(rule.expr, rule.record ?? rule.alert).not.toMatch(/rate\(\s*sum/);
+  });
+
+  it('page and ticket on both SLOs with multiwindow burn rates', () => {
+    const byName = new Map(alerts.map((a) => [a.alert, a]));
+    for (const [slo, budget] of [['delivery', '0.005'], ['slo', '0.05']] as const) {
+      const prefix = slo === 'delivery' ? 'WaybillDeliverySLO' : 'WaybillGoodputSLO';
+      const fast = byName.get(`${prefix}FastBurn`);
+      const slow = byName.get(`${prefix}SlowBurn`);
+      expect(fast?.labels?.severity).toBe('critical');
+      expect(slow?.labels?.severity).toBe('warning');
+      const errors = `model:waybill_${slo}_errors:ratio_rate`;
+      for (const [rule, pairs] of [
+        [fast, [['1h', '5m', `14.4 * ${budget}`], ['6h', '30m', `6 * ${budget}`]]],
+        [slow, [['1d', '2h', `3 * ${budget}`], ['3d', '6h', budget]]],
+      ] as const) {
+        for (const [long, short, threshold] of pairs) {
+          expect(rule?.expr).toContain(`${errors}${long} > ${threshold.includes('*') ? `(${threshold})` : threshold}`);
+          expect(rule?.expr).toContain(`${errors}${short} > ${threshold.includes('*') ? `(${threshold})` : threshold}`);
+          // The minimum-traffic guard on the long window.
+          expect(rule?.expr).toMatch(new RegExp(`model:waybill_${slo}_valid_requests:rate${long} \\* \\d+ >= 100`));
+        }
+      }
+    }
+  });
+
+  it('cover the warnings and the absent-data cases the issue lists', () => {
+    const exprs = alerts.map((a) => a.expr).join('\n');
+    expect(exprs).toMatch(/outcome=~"stream_error\|incomplete"/);
+    expect(exprs).toContain('model:waybill_upstream_attempts_per_request:ratio_rate5m');
+    expect(exprs).toContain('waybill_retry_budget_exhausted_total');
+    expect(exprs).toContain('waybill_requests_total{code="429"}');
+    expect(exprs).toContain('waybill_upstream_up');
+    expect(exprs).toContain('absent(up{job="waybill"})');
+    expect(exprs).toContain('up{job="waybill"} == 0');
+    expect(exprs).toContain('absent(waybill_requests_total{job="waybill"})');
+  });
+});
+
+describe('vLLM rules', () => {
+  it("use only vLLM's own metric names and up", () => {
+    for (const rule of rules(VLLM_RULES)) {
+      for (const name of metricNames(rule.expr)) expect(VLLM_METRICS.has(name) || name === 'up', `${rule.alert ?? '?'} uses ${name}`).toBe(true);
+    }
+  });
+});
+
+describe('alert annotations', () => {
+  const runbook = readFileSync(RUNBOOK, 'utf8');
+  // GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes.
+  const anchors = new Set([...runbook.matchAll(/^## (.+)$/gm)].map((m) => (m[1] ?? '').trim().toLowerCase().replace(/[^\w\- ]/g, '').replace(/ /g, '-')));
+  const alerts = [...rules(WAYBILL_RULES), ...rules(VLLM_RULES)].filter((r) => r.alert !== undefined);
+
+  it('give every alert a severity, summary, description and a runbook section of its own', () => {
+    expect(alerts.length).toBeGreaterThanOrEqual(15);
+    for (const alert of alerts) {
+      const name = alert.alert ?? '';
+      expect(['critical', 'warning', 'info'], name).toContain(alert.labels?.severity);
+      expect(alert.annotations?.summary, name).toBeTruthy();
+      expect(alert.annotations?.description, name).toBeTruthy();
+      expect(alert.annotations?.runbook_url, name).toBe(`docs/runbook.md#${name.toLowerCase()}`);
+      expect(anchors.has(name.toLowerCase()), `docs/runbook.md has a section ## ${name}`).toBe(true);
+    }
+  });
+
+  it('leave no runbook section without its alert', () => {
+    const names = new Set(alerts.map((a) => (a.alert ?? '').toLowerCase()));
+    const sections = [...anchors].filter((a) => /^(waybill|vllm)/.test(a));
+    for (const section of sections) expect(names.has(section), `runbook section ${section}`).toBe(true);
+  });
+});
+
+describe('Grafana dashboard', () => {
+  it('queries only metrics Waybill exports, never recording rules (it works without them)', async () => {
+    const exported = await exportedNames();
+    for (const panel of queryPanels) {
+      expect(panel.targets?.length, panel.title).toBeGreaterThan(0);
+      for (const target of panel.targets ?? []) {
+        for (const name of metricNames(withoutGrafanaVariables(target.expr))) {
+          expect(exported.has(name), `panel "${panel.title}" uses ${name}`).toBe(true);
+        }
+      }
+    }
+  });
+
+  it('has Prometheus datasource, model and upstream variables, and every query honours them', () => {
+    const variables = new Map(dashboard.templating.list.map((v) => [v.name, v]));
+    expect(variables.get('datasource')?.type).toBe('datasource');
+    expect(variables.get('datasource')?.query).toBe('prometheus');
+    expect(variables.get('model')?.type).toBe('query');
+    expect(variables.get('upstream')?.type).toBe('query');
+    const labelsOf = new Map<string, readonly string[]>();
+    for (const spec of Object.values(METRICS)) {
+      for (const suffix of spec.type === 'histogram' ? ['_bucket', '_sum', '_count'] : ['']) labelsOf.set(spec.name + suffix, spec.labels);
+    }
+    for (const panel of queryPanels) {
+      expect(panel.datasource?.uid, panel.title).toBe('${datasource}');
+      for (const target of panel.targets ?? []) {
+        for (const match of target.expr.matchAll(/\b(waybill_\w+)(\{[^}]*\})?/g)) {
+          const [, name = '', selector = ''] = match;
+          const labels = labelsOf.get(name) ?? [];
+          if (labels.includes('model')) expect(selector, `${panel.title}: ${name}`).toContain('model=~"$model"');
+          // Per-request ratios (attempts / requests) keep every upstream: a subset over all requests means nothing.
+          const perRequest = target.expr.includes('waybill_requests_total');
+          if (labels.includes('upstream') && !perRequest) expect(selector, `${panel.title}: ${name}`).toContain('upstream=~"$upstream"');
+        }
+      }
+    }
+  });
+
+  it('puts customer impact first and shows exemplars on the latency panels', () => {
+    const titles = dashboard.panels.map((p) => p.title);
+    expect(titles[0]).toBe('Customer impact');
+    const impact = titles.slice(1, titles.indexOf('Attempts and retries'));
+    expect(impact).toEqual(expect.arrayContaining(['Requests by outcome', 'Delivered vs HTTP 2xx', 'Joint SLO attainment', 'Error budget burn rate (1h)', 'Time to first token', 'Time per output token']));
+    for (const panel of queryPanels) {
+      for (const target of panel.targets ?? []) {
+        if (/waybill_(time_to_first_token|time_per_output_token|request_duration)_seconds_bucket/.test(target.expr)) {
+          expect(target.exemplar, `${panel.title} ${target.refId}`).toBe(true);
+        }
+      }
+    }
+    const all = queryPanels.flatMap((p) => (p.targets ?? []).map((t) => t.expr)).join('\n');
+    for (const name of ['waybill_upstream_attempts_total', 'waybill_stream_anomalies_total', 'waybill_choice_finish_reasons_total', 'waybill_client_cancellations_total', 'waybill_queue_depth', 'waybill_queue_wait_seconds_bucket', 'waybill_upstream_up', 'waybill_upstream_inflight', 'waybill_upstream_ejections_total', 'waybill_cached_prompt_tokens_total', 'nodejs_eventloop_lag_seconds']) {
+      expect(all, name).toContain(name);
+    }
+  });
+});

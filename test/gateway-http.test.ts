@@ -144,6 +144,8 @@ describe('operational endpoints', () => {
     expect(response.headers['content-type']).toMatch(/^text\/plain; version=0\.0\.4/);
     const text = await response.body.text();
     expect(text).toContain('# TYPE waybill_requests_total counter');
+    // Created at zero at start-up for each served model, before any such request.
+    expect(text).toContain('waybill_slo_requests_total{model="sim-model",prompt_len="64k+",result="met"} 0');
   });
 
   it('keeps a safe client request id and replaces an unsafe one', async () => {

@@ -309,7 +309,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     upstreams,
     async listen() {
       await upstreams.start();
-      metrics.declareModels(upstreams.models());
+      metrics.declareModels(upstreams.models(), config.metrics.promptLenClasses);
       return app.listen({ host: config.server.host, port: config.server.port });
     },
     get inflight() {

@@ -5,7 +5,7 @@
  */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type OpenMetricsContentType } from 'prom-client';
 import type { Settlement } from '../accounting/ledger.js';
-import type { EjectionReason, RetryReason } from '../accounting/outcomes.js';
+import { ROUTES, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -315,8 +315,16 @@ export class GatewayMetrics {
   }
 
   /** Pre-creates zero-valued series for the served models so dashboards and `rate()` see them from the start. */
-  declareModels(models: readonly string[]): void {
-    for (const model of models) this.inflight.set({ model }, 0);
+  declareModels(models: readonly string[], promptLenClasses: readonly string[]): void {
+    for (const model of models) {
+      this.inflight.set({ model }, 0);
+      // The series the SLO rules divide by exist from the start: rate() then sees the first request, and an idle
+      // gateway is not mistaken for an absent one.
+      for (const route of ROUTES) {
+        for (const stream of ['true', 'false']) this.requests.inc({ model, route, stream, code: '200', outcome: 'delivered' }, 0);
+      }
+      for (const promptLen of promptLenClasses) this.slo.inc({ model, prompt_len: promptLen, result: 'met' }, 0);
+    }
   }
 
   /** Where the scrape-time gauges read their values. */

@@ -1,0 +1,382 @@
+/**
+ * The benchmark's child processes (simulator, gateway, nginx), each pinned with `taskset`, and what the kernel says
+ * about them: CPU time and RSS from /proc/<pid>, per-core busy time from /proc/stat.
+ *
+ * Every child is registered for cleanup: SIGKILL on exit, on SIGINT/SIGTERM and on an uncaught error.
+ */
+import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
+import { mkdirSync, openSync, closeSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+import { request } from 'undici';
+
+export const CLK_TCK = readClockTicks();
+
+function readClockTicks(): number {
+  try {
+    const value = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim());
+    return Number.isInteger(value) && value > 0 ? value : 100;
+  } catch {
+    return 100;
+  }
+}
+
+// --- cleanup ---------------------------------------------------------------------------------------------------
+
+const children = new Set<ChildProcess>();
+let cleanupInstalled = false;
+
+export function killAll(): void {
+  for (const child of children) {
+    if (child.exitCode === null && child.signalCode === null) {
+      try {
+        child.kill('SIGKILL');
+      } catch {
+        // already gone
+      }
+    }
+  }
+  children.clear();
+}
+
+function installCleanup(): void {
+  if (cleanupInstalled) return;
+  cleanupInstalled = true;
+  process.on('exit', killAll);
+  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
+    process.on(signal, () => {
+      console.error(`\n${signal}: stopping the benchmark's processes`);
+      killAll();
+      process.exit(130);
+    });
+  }
+  process.on('uncaughtException', (error) => {
+    console.error(error);
+    killAll();
+    process.exit(1);
+  });
+}
+
+export interface Child {
+  readonly name: string;
+  readonly process: ChildProcess;
+  readonly pid: number;
+  /** Files where its stdout / stderr go (stderr may be the same file). */
+  readonly logFile: string;
+  /** SIGTERM, then SIGKILL after `graceMs`; resolves when it has exited. */
+  stop(graceMs?: number): Promise<void>;
+}
+
+/**
+ * Starts `command args` pinned to `core` (taskset execs the command, so the pid is the command's). stdout and stderr
+ * go to `<dir>/<name>.log`, except that `watchStdout` gets stdout lines instead when given.
+ */
+export function spawnPinned(options: {
+  name: string;
+  core: number;
+  command: string;
+  args: string[];
+  dir: string;
+  watchStdout?: (line: string) => void;
+  env?: NodeJS.ProcessEnv;
+}): Child {
+  installCleanup();
+  const logFile = join(options.dir, `${options.name}.log`);
+  const fd = openSync(logFile, 'a');
+  const child = spawn('taskset', ['-c', String(options.core), options.command, ...options.args], {
+    stdio: ['ignore', options.watchStdout !== undefined ? 'pipe' : fd, fd],
+    env: options.env ?? process.env,
+    // Whatever a child writes to its working directory (V8 logs with --perf-basic-prof) stays out of the repository.
+    cwd: options.dir,
+  });
+  closeSync(fd);
+  children.add(child);
+  if (options.watchStdout !== undefined && child.stdout !== null) {
+    const watch = options.watchStdout;
+    let buffered = '';
+    child.stdout.setEncoding('utf8');
+    child.stdout.on('data', (text: string) => {
+      buffered += text;
+      let nl = buffered.indexOf('\n');
+      while (nl !== -1) {
+        watch(buffered.slice(0, nl));
+        buffered = buffered.slice(nl + 1);
+        nl = buffered.indexOf('\n');
+      }
+    });
+  }
+  const exited = new Promise<void>((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) resolve();
+    else child.once('exit', () => resolve());
+  });
+  child.once('exit', () => children.delete(child));
+  if (child.pid === undefined) throw new Error(`could not start ${options.name} (${options.command})`);
+  return {
+    name: options.name,
+    process: child,
+    pid: child.pid,
+    logFile,
+    async stop(graceMs = 3000) {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill('SIGTERM');
+      const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
+      await exited;
+      clearTimeout(timer);
+    },
+  };
+}
+
+/** A port that was free a moment ago (the child binds it right after). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      const port = typeof address === 'object' && address !== null ? address.port : 0;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/** Polls `url` until it answers 200, for at most `timeoutMs`. */
+export async function waitFor200(url: string, timeoutMs: number, child?: Child): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let last = '';
+  while (Date.now() < deadline) {
+    if (child !== undefined && (child.process.exitCode !== null || child.process.signalCode !== null)) {
+      throw new Error(`${child.name} exited (${child.process.exitCode ?? child.process.signalCode}); see ${child.logFile}`);
+    }
+    try {
+      const response = await request(url, { headersTimeout: 1000, bodyTimeout: 1000 });
+      await response.body.dump();
+      if (response.statusCode === 200) return;
+      last = `HTTP ${response.statusCode}`;
+    } catch (error) {
+      last = error instanceof Error ? error.message : String(error);
+    }
+    await sleep(100);
+  }
+  throw new Error(`${url} not ready within ${timeoutMs} ms (${last})${child === undefined ? '' : `; see ${child.logFile}`}`);
+}
+
+// --- the processes ----------------------------------------------------------------------------------------------
+
+export interface SimSettings {
+  itlMs: number;
+  ttftMs: number;
+  outputTokens: number;
+  seed: number;
+}
+
+/** `waybill sim` on a free port; resolves once it printed its URL. */
+export async function startSim(bin: string, core: number, dir: string, settings: SimSettings): Promise<{ child: Child; origin: string }> {
+  let resolveUrl: (url: string) => void = () => undefined;
+  const url = new Promise<string>((resolve) => (resolveUrl = resolve));
+  const child = spawnPinned({
+    name: 'sim',
+    core,
+    dir,
+    command: process.execPath,
+    args: [
+      bin,
+      'sim',
+      '--port',
+      '0',
+      '--itl-ms',
+      String(settings.itlMs),
+      '--ttft-ms',
+      String(settings.ttftMs),
+      '--output-tokens',
+      String(settings.outputTokens),
+      '--jitter',
+      '0',
+      '--seed',
+      String(settings.seed),
+    ],
+    watchStdout: (line) => {
+      const match = /http:\/\/127\.0\.0\.1:\d+/.exec(line);
+      if (match !== null) resolveUrl(match[0]);
+    },
+  });
+  const timeout = sleep(10_000).then(() => undefined);
+  const origin = await Promise.race([url, timeout]);
+  if (origin === undefined) throw new Error(`the simulator did not print its URL; see ${child.logFile}`);
+  await waitFor200(`${origin}/health`, 10_000, child);
+  return { child, origin };
+}
+
+export interface GatewaySettings {
+  name: string;
+  upstream: string;
+  /** Per-request wide log line on (at level info, to a file), or everything below warn off. */
+  requestLogs: boolean;
+  /** Extra node flags, e.g. --cpu-prof. */
+  nodeFlags?: string[];
+}
+
+/** `waybill serve --config FILE` on a free port; resolves once /readyz says 200. */
+export async function startGateway(bin: string, core: number, dir: string, settings: GatewaySettings): Promise<{ child: Child; origin: string }> {
+  const port = await freePort();
+  // JSON is YAML.
+  const config = {
+    server: { host: '127.0.0.1', port },
+    pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: settings.upstream }] }],
+    logging: settings.requestLogs ? { level: 'info', requests: true } : { level: 'warn', requests: false },
+    shutdown: { grace: 0, drain_timeout: 1 },
+  };
+  const configFile = join(dir, `${settings.name}.yaml`);
+  writeFileSync(configFile, JSON.stringify(config, null, 2));
+  const child = spawnPinned({
+    name: settings.name,
+    core,
+    dir,
+    command: process.execPath,
+    args: [...(settings.nodeFlags ?? []), bin, 'serve', '--config', configFile],
+    // No OTLP endpoint from the environment: tracing off, as configured.
+    env: withoutOtel(process.env),
+  });
+  const origin = `http://127.0.0.1:${port}`;
+  await waitFor200(`${origin}/readyz`, 15_000, child);
+  return { child, origin };
+}
+
+function withoutOtel(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const copy: NodeJS.ProcessEnv = {};
+  for (const [key, value] of Object.entries(env)) if (!key.startsWith('OTEL_')) copy[key] = value;
+  return copy;
+}
+
+/** nginx as a plain streaming reverse proxy: one process (no master), buffering off, keep-alive upstream. */
+export async function startNginx(nginxBin: string, core: number, dir: string, upstream: string): Promise<{ child: Child; origin: string }> {
+  const port = await freePort();
+  const prefix = join(dir, 'nginx');
+  mkdirSync(prefix, { recursive: true });
+  const upstreamHost = upstream.replace(/^http:\/\//, '');
+  const conf = `# generated by bench/proxy.ts
+worker_processes 1;
+master_process off;
+daemon off;
+pid ${prefix}/nginx.pid;
+error_log ${prefix}/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path ${prefix}/client_body;
+  proxy_temp_path ${prefix}/proxy;
+  fastcgi_temp_path ${prefix}/fastcgi;
+  uwsgi_temp_path ${prefix}/uwsgi;
+  scgi_temp_path ${prefix}/scgi;
+  keepalive_requests 1000000;
+  keepalive_timeout 60s;
+  upstream sim {
+    server ${upstreamHost};
+    keepalive 1024;
+    keepalive_requests 1000000;
+    keepalive_timeout 4s;
+  }
+  server {
+    listen 127.0.0.1:${port};
+    location / {
+      proxy_pass http://sim;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      proxy_read_timeout 120s;
+    }
+  }
+}
+`;
+  const confFile = join(prefix, 'nginx.conf');
+  writeFileSync(confFile, conf);
+  const child = spawnPinned({ name: 'nginx', core, dir, command: nginxBin, args: ['-p', prefix, '-c', confFile, '-e', join(prefix, 'error.log')] });
+  const origin = `http://127.0.0.1:${port}`;
+  await waitFor200(`${origin}/health`, 10_000, child);
+  return { child, origin };
+}
+
+// --- /proc ------------------------------------------------------------------------------------------------------
+
+/** utime + stime of a process (all its threads), in µs. */
+export function processCpuUs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  // Fields after the command name (which may contain spaces), from field 3 (state) on.
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  const utime = Number(fields[11]);
+  const stime = Number(fields[12]);
+  return ((utime + stime) * 1e6) / CLK_TCK;
+}
+
+/**
+ * Time on CPU of every thread of a process, µs, from /proc/<pid>/task/<tid>/schedstat (nanoseconds): finer than the
+ * clock ticks of /proc/<pid>/stat, for small amounts such as the CPU a proxy uses at rest.
+ */
+export function processRuntimeUs(pid: number): number {
+  let ns = 0;
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      ns += Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'utf8').split(' ')[0]);
+    } catch {
+      // the thread ended meanwhile (its time is then lost: this is for small, steady amounts only)
+    }
+  }
+  return ns / 1000;
+}
+
+/** VmRSS and VmHWM (peak RSS) of a process, in KiB. */
+export function processMemoryKiB(pid: number): { rss: number; hwm: number } {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const field = (name: string) => {
+    const match = new RegExp(`^${name}:\\s+(\\d+) kB`, 'm').exec(status);
+    return match === null ? Number.NaN : Number(match[1]);
+  };
+  return { rss: field('VmRSS'), hwm: field('VmHWM') };
+}
+
+/** Busy and total time of each CPU, µs (from /proc/stat). */
+export function coreTimes(): { busyUs: number; totalUs: number }[] {
+  const cores: { busyUs: number; totalUs: number }[] = [];
+  for (const line of readFileSync('/proc/stat', 'utf8').split('\n')) {
+    const match = /^cpu(\d+)\s+(.*)$/.exec(line);
+    if (match === null) continue;
+    const values = (match[2] as string).split(/\s+/).map(Number);
+    // user nice system idle iowait irq softirq steal guest guest_nice; guest time is already in user.
+    const total = values.slice(0, 8).reduce((a, b) => a + b, 0);
+    const idle = (values[3] ?? 0) + (values[4] ?? 0);
+    cores[Number(match[1])] = { busyUs: ((total - idle) * 1e6) / CLK_TCK, totalUs: (total * 1e6) / CLK_TCK };
+  }
+  return cores;
+}
+
+/** Pins the calling process (every thread) to `core`. */
+export function pinSelf(core: number): void {
+  execFileSync('taskset', ['-a', '-p', '-c', String(core), String(process.pid)], { stdio: 'ignore' });
+}
+
+/**
+ * Lets every thread of `pid` but the main one run on `cores` (e.g. "0,1"). For CPU profiling: V8's sampler thread
+ * pinned to the same core as a busy main thread gets to run mostly when the main thread is idle, which biases the
+ * samples toward idle time; on another core it interrupts the main thread on time.
+ */
+export function unpinHelperThreads(pid: number, cores: string): number {
+  let moved = 0;
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    if (tid === String(pid)) continue;
+    try {
+      execFileSync('taskset', ['-p', '-c', cores, tid], { stdio: 'ignore' });
+      moved++;
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
+  return moved;
+}
+
+/** Which cores a process may run on, as taskset prints it (e.g. "0"). */
+export function affinityOf(pid: number): string {
+  const out = execFileSync('taskset', ['-c', '-p', String(pid)], { encoding: 'utf8' });
+  return out.slice(out.lastIndexOf(':') + 1).trim();
+}

@@ -100,7 +100,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     const ledger = new RequestLedger(
       requestInfo({ slo: { ttftMs: 1000, tpotMs: 100, e2eMs: 1000, ttftByPromptLenMs: {} }, promptLenBoundaries: [1024], promptLenClasses: promptLenClasses([1024]) }),
       0,
-      { onInterTokenGap: (ms) => metrics.interTokenGap('m', ms) },
+      { onInterTokenGap: (ms) => metrics.interTokenLatency('m').observe(ms / 1000) },
     );
     metrics.requestStarted('m');
     ledger.startAttempt(0, 'u0');

@@ -123,6 +123,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     loggerInstance: fastifyLogger,
     // One wide log line per logical request comes from the ledger, not fastify's per-request pair.
     logController: new LogController({ disableRequestLogging: true }),
+    // Fastify would make a child logger per request; Waybill logs per request once, from the ledger, with the id.
+    childLoggerFactory: (parent) => parent,
     bodyLimit: config.server.body_limit_bytes,
     requestIdHeader: false,
     genReqId: (req) => {

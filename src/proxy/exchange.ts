@@ -110,8 +110,9 @@ export class Exchange implements AttemptSink {
     };
     this.socket = res.socket;
     this.controls = deps.upstreams.controls(request.model);
+    const itl = deps.metrics.interTokenLatency(request.model);
     this.ledger = new RequestLedger(info, request.arrivalAt, {
-      onInterTokenGap: (ms) => deps.metrics.interTokenGap(request.model, ms),
+      onInterTokenGap: (ms) => itl.observe(ms / 1000),
       onAnomaly: (kind) => {
         if (this.attempt !== undefined) request.trace.anomaly(this.attempt.number, kind, deps.now());
       },

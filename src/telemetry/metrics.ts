@@ -3,7 +3,8 @@
  * starts and stops. Names and label sets are a contract with users' dashboards and alerts; docs/metrics.md says
  * the same and test/metrics-contract.test.ts holds the two together.
  */
-import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type OpenMetricsContentType } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type Metric, type OpenMetricsContentType } from 'prom-client';
+import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { ROUTES, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
 
@@ -262,7 +263,7 @@ export class GatewayMetrics {
   private readonly finishReasons = new CounterPair(this.registries, METRICS.finishReasons);
   private readonly cancellations = new CounterPair(this.registries, METRICS.cancellations);
   private readonly ttft: Histogram<'model' | 'prompt_len'>;
-  private readonly itl: Histogram<'model'>;
+  private readonly itl: EventHistogram;
   private readonly tpot: Histogram<'model'>;
   private readonly duration: Histogram<'model' | 'route' | 'outcome'>;
   private readonly slo = new CounterPair(this.registries, METRICS.slo);
@@ -281,14 +282,15 @@ export class GatewayMetrics {
   private readonly upstreamEjections = new CounterPair(this.registries, METRICS.upstreamEjections);
   private readonly queueWait: Histogram<'model'>;
   private sources: GaugeSources | undefined;
-  /** ITL is observed per event on the hot path: bind the label once per model instead of hashing it each time. */
-  private readonly itlByModel = new Map<string, Histogram.Internal<'model'>>();
 
   constructor(buckets: MetricBuckets, options: { defaultMetrics?: boolean } = {}) {
     const registries = this.registries;
     this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
-    // Per event, on the hot path: no exemplars.
-    this.itl = histogram(registries, METRICS.itl, buckets.itl);
+    // Observed per event, on the hot path: a histogram of its own (no label hashing, no exemplars).
+    this.itl = new EventHistogram(METRICS.itl.name, METRICS.itl.help, buckets.itl);
+    // prom-client serialises any object with its metric interface (name, help, type, get()).
+    this.registry.registerMetric(this.itl as unknown as Metric);
+    this.openMetrics.registerMetric(this.itl as unknown as Metric);
     this.tpot = histogram(registries, METRICS.tpot, buckets.tpot, true);
     this.duration = histogram(registries, METRICS.duration, buckets.duration, true);
     this.queueWait = histogram(registries, METRICS.queueWait, buckets.queueWait);
@@ -352,14 +354,11 @@ export class GatewayMetrics {
     this.inflight.inc({ model });
   }
 
-  interTokenGap(model: string, ms: number): void {
-    let child = this.itlByModel.get(model);
-    if (child === undefined) {
-      child = this.itl.labels({ model });
-      this.itlByModel.set(model, child);
-    }
-    child.observe(ms / 1000);
+  /** The inter-token-latency observer for a model's requests: take it once per request, observe per event. */
+  interTokenLatency(model: string): EventObserver {
+    return this.itl.for(model);
   }
+
 
   /**
    * Records one settled logical request. `started` says whether requestStarted() was called for it; `traceId`, when

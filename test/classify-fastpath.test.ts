@@ -1,0 +1,303 @@
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { classifyEventData, classifyEventDataSlow, fastClassify } from '../src/sse/classify.js';
+import { generateCorpus } from './fixtures/sse-fixtures.js';
+
+// The fast path must give exactly what JSON.parse gives, or decline. Every check below compares against
+// classifyEventDataSlow, the unchanged JSON.parse path.
+
+const HEAD = '{"id":"chatcmpl-3f9a","object":"chat.completion.chunk","created":1779883200,"model":"m"';
+const chat = (delta: string, index = 0): string =>
+  `${HEAD},"choices":[{"index":${index},"delta":${delta},"logprobs":null,"finish_reason":null}]}`;
+const completion = (text: string, index = 0): string =>
+  `{"id":"cmpl-7","object":"text_completion","created":1779883200,"model":"Qwen/Qwen3-32B","choices":[{"index":${index},"text":${text},"logprobs":null,"finish_reason":null,"stop_reason":null}]}`;
+
+function chunkFacts(output: number[], index: number, id: string, model: string): unknown {
+  return { kind: 'chunk', output, choices: [index], finishes: [], usage: undefined, usageOnly: false, id, model };
+}
+
+/** Asserts the fast path takes `data` and agrees with JSON.parse; returns the facts. */
+function fastAndAgrees(data: string): unknown {
+  const fast = fastClassify(data);
+  expect(fast).not.toBeUndefined();
+  expect(fast).toStrictEqual(classifyEventDataSlow(data));
+  expect(classifyEventData(data)).toStrictEqual(fast);
+  return fast;
+}
+
+/** Asserts the fast path declines `data` and classifyEventData still equals JSON.parse's answer. */
+function declines(data: string): void {
+  expect(fastClassify(data)).toBeUndefined();
+  expect(classifyEventData(data)).toStrictEqual(classifyEventDataSlow(data));
+}
+
+describe('fastClassify on representative vLLM events', () => {
+  it('role chunk: named, no output', () => {
+    expect(fastAndAgrees(chat('{"role":"assistant","content":""}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
+  });
+
+  it('content delta, empty, null, escaped', () => {
+    expect(fastAndAgrees(chat('{"content":"Hel"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":""}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":null}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":"\\n"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":"\\u0000"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":"\\"error\\": \\"usage\\" }]}"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":"👍🏽 東京"}', 3))).toStrictEqual(chunkFacts([3], 3, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
+  });
+
+  it('reasoning and reasoning_content deltas', () => {
+    expect(fastAndAgrees(chat('{"reasoning":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"reasoning_content":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"reasoning":""}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":null,"reasoning":"x"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"role":"assistant","content":"","reasoning_content":null}'))).toStrictEqual(
+      chunkFacts([], 0, 'chatcmpl-3f9a', 'm'),
+    );
+  });
+
+  it('completions text delta', () => {
+    expect(fastAndAgrees(completion('"ab"', 2))).toStrictEqual(chunkFacts([2], 2, 'cmpl-7', 'Qwen/Qwen3-32B'));
+    expect(fastAndAgrees(completion('""', 1))).toStrictEqual(chunkFacts([], 1, 'cmpl-7', 'Qwen/Qwen3-32B'));
+    expect(fastAndAgrees(completion('"\\\\"'))).toStrictEqual(chunkFacts([0], 0, 'cmpl-7', 'Qwen/Qwen3-32B'));
+  });
+
+  it('declines everything outside the narrow shape', () => {
+    const finish = `${HEAD},"choices":[{"index":0,"delta":{"content":"lo!"},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`;
+    const cases = [
+      '[DONE]',
+      '',
+      finish,
+      chat('{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}'),
+      chat('{"content":"a","content":""}'), // duplicate key: JSON.parse keeps the last
+      chat('{"content":"a"},'),
+      chat('{"content":"a",}'),
+      chat('{"content":"a\\x"}'), // invalid escape
+      chat('{"content":"a\\u12G4"}'),
+      chat('{"content":"a\nb"}'), // raw control character
+      chat('{"content":1}'),
+      chat('{"role":null}'),
+      chat('{"content":"a"}', 1).replace('"index":1', '"index":01'),
+      chat('{"content":"a"}').replace('"index":0', '"index":-1'),
+      chat('{"content":"a"}').replace('"index":0', '"index":1234567890123456789'), // beyond the exact-integer digits
+      chat('{"content":"a"}').replace('1779883200', '01779883200'),
+      chat('{"content":"a"}').replace('"index":0', '"index":0.0'),
+      chat('{"content":"a"}').replace('1779883200', '1779883200.5'),
+      chat('{"content":"a"}').replace('chatcmpl-3f9a', 'chat\\u0063mpl'),
+      chat('{"content":"a"}').replace('"model":"m"', '"model":"m\\"x"'),
+      chat('{"content":"a"}').replace('"model":"m"', '"model":null'),
+      chat('{"content":"a"}') + ' ',
+      ' ' + chat('{"content":"a"}'),
+      chat('{"content":"a"}').replace('"delta":', '"delta": '),
+      chat('{"content":"a"}').replace('}]}', '}],"usage":{"prompt_tokens":1,"completion_tokens":2}}'),
+      chat('{"content":"a"}').replace('}]}', '}],"usage":null}'),
+      chat('{"content":"a"}').replace('}]}', '}],"error":{"message":"x","code":500}}'),
+      chat('{"content":"a"}').replace('}]}', '},{"index":1,"delta":{"content":"b"},"logprobs":null,"finish_reason":null}]}'),
+      chat('{"content":"a"}').replace('"finish_reason":null', '"finish_reason":null,"usage":{"prompt_tokens":1}'),
+      chat('{"content":"a"}').replace('"logprobs":null', '"logprobs":{"content":[]}'),
+      chat('{"content":"a"}').slice(0, -1),
+      `{"object":"chat.completion.chunk","id":"x","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}`,
+      completion('null'),
+      completion('"a"').replace('"finish_reason":null', '"finish_reason":"length"'),
+    ];
+    for (const data of cases) declines(data);
+  });
+
+  it('agrees with JSON.parse on the whole benchmark corpus', () => {
+    let events = 0;
+    let fast = 0;
+    for (const stream of generateCorpus(7, 200)) {
+      for (const payload of stream.payloads) {
+        events++;
+        const facts = fastClassify(payload);
+        if (facts !== undefined) fast++;
+        expect(classifyEventData(payload)).toStrictEqual(classifyEventDataSlow(payload));
+        if (facts !== undefined) expect(facts).toStrictEqual(classifyEventDataSlow(payload));
+      }
+    }
+    expect(fast / events).toBeGreaterThan(0.8);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------------------------
+// Generated events: vLLM-like chunks, then serialised compactly in vLLM's key order, or with keys shuffled,
+// whitespace, and hand mutations that may leave the text invalid JSON.
+// ---------------------------------------------------------------------------------------------------------------
+
+const TRICKY = ['"', '\\', '\\"', '"error"', '"usage"', '\\"error\\"', '}', ']', '}]}', '{', ',', ':', 'null', '\n', '\u0000', '\u001f', '\u2028', '\uD800', '\uDC00', '😀', '\uFEFF', ' '];
+
+const contentString = fc.oneof(
+  fc.string({ unit: 'binary', maxLength: 12 }),
+  fc.array(fc.oneof(fc.constantFrom(...TRICKY), fc.string({ unit: 'grapheme', maxLength: 4 })), { maxLength: 6 }).map((parts) => parts.join('')),
+  fc.constant(''),
+);
+const plainName = fc.stringMatching(/^[A-Za-z0-9/._-]{0,24}$/);
+const nameString = fc.oneof({ weight: 4, arbitrary: plainName }, { weight: 1, arbitrary: contentString });
+const nullableContent = fc.oneof({ weight: 4, arbitrary: contentString }, { weight: 1, arbitrary: fc.constant(null) });
+
+const delta = fc.oneof(
+  fc.constant({ role: 'assistant', content: '' }),
+  nullableContent.map((content) => ({ content })),
+  contentString.map((reasoning) => ({ reasoning })),
+  contentString.map((reasoning_content) => ({ reasoning_content })),
+  fc.record({ content: nullableContent, reasoning: nullableContent }, { requiredKeys: [] }),
+  fc.constant({}),
+  contentString.map((args) => ({ tool_calls: [{ index: 0, function: { arguments: args } }] })),
+  fc.constant({ tool_calls: [] }),
+);
+const finishReason = fc.oneof({ weight: 4, arbitrary: fc.constant(null) }, { weight: 1, arbitrary: fc.constantFrom('stop', 'length', 'tool_calls', '') });
+
+const choice = (chatShape: boolean) =>
+  fc.record({
+    index: fc.integer({ min: 0, max: 3 }),
+    payload: chatShape ? delta : contentString,
+    finish: finishReason,
+    stopReason: fc.boolean(),
+  }).map(({ index, payload, finish, stopReason }): Record<string, unknown> => {
+    const out: Record<string, unknown> = chatShape ? { index, delta: payload } : { index, text: payload };
+    out['logprobs'] = null;
+    out['finish_reason'] = finish;
+    if (stopReason) out['stop_reason'] = null;
+    return out;
+  });
+
+const usage = fc.oneof(
+  fc.constant(null),
+  fc.record({ prompt_tokens: fc.nat(5000), total_tokens: fc.nat(9000), completion_tokens: fc.nat(4000) }),
+  fc.record({ prompt_tokens: fc.nat(9), completion_tokens: fc.nat(9), prompt_tokens_details: fc.record({ cached_tokens: fc.nat(9) }) }),
+);
+const error = fc.oneof(
+  fc.constant(null),
+  fc.constant('Unauthorized'),
+  fc.record({ message: contentString, type: fc.constant('InternalServerError'), param: fc.constant(null), code: fc.constantFrom(400, 500) }),
+);
+
+const event = fc.boolean().chain((chatShape) =>
+  fc.record(
+    {
+      id: nameString,
+      created: fc.oneof(fc.nat(), fc.constant(1779883200)),
+      model: nameString,
+      choices: fc.oneof({ weight: 6, arbitrary: fc.array(choice(chatShape), { minLength: 1, maxLength: 1 }) }, { weight: 1, arbitrary: fc.array(choice(chatShape), { maxLength: 3 }) }),
+      // Absent most of the time, so that a good share of the events fit the fast path's shape.
+      usage: fc.oneof({ weight: 3, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: usage }),
+      error: fc.oneof({ weight: 3, arbitrary: fc.constant(undefined) }, { weight: 1, arbitrary: error }),
+    },
+  ).map((e): Record<string, unknown> => ({
+    id: e.id,
+    object: chatShape ? 'chat.completion.chunk' : 'text_completion',
+    created: e.created,
+    model: e.model,
+    choices: e.choices,
+    ...(e.usage === undefined ? {} : { usage: e.usage }),
+    ...(e.error === undefined ? {} : { error: e.error }),
+  })),
+);
+
+function shuffleKeys(value: unknown, rng: () => number): unknown {
+  if (Array.isArray(value)) return value.map((v) => shuffleKeys(v, rng));
+  if (typeof value !== 'object' || value === null) return value;
+  const entries = Object.entries(value).map(([k, v]) => [k, shuffleKeys(v, rng)] as const);
+  for (let i = entries.length - 1; i > 0; i--) {
+    const j = Math.floor(rng() * (i + 1));
+    const a = entries[i];
+    const b = entries[j];
+    if (a !== undefined && b !== undefined) [entries[i], entries[j]] = [b, a];
+  }
+  return Object.fromEntries(entries);
+}
+
+/** Rewrites some characters of a serialised string as \uXXXX escapes (still valid JSON, same value). */
+function escapeSome(text: string, rng: () => number): string {
+  let out = '';
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const ch = text[i] ?? '';
+    if (ch === '\\') {
+      out += ch + (text[i + 1] ?? '');
+      i++;
+      continue;
+    }
+    if (ch === '"') inString = !inString;
+    else if (inString && rng() < 0.3) {
+      out += '\\u' + ch.charCodeAt(0).toString(16).padStart(4, '0');
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
+const MUTATIONS = [' ', '\n', '\t', '"', '\\', ',', '}', ']', '{', '0', '-', 'x', '\u0001', '"usage":1,', '"error":1,', '\\u00', '\\q'];
+
+const serialised = fc
+  .record({
+    value: event,
+    style: fc.constantFrom('compact', 'compact', 'compact', 'compact', 'compact', 'shuffled', 'indented', 'escaped', 'mutated', 'deleted', 'truncated'),
+    seed: fc.integer(),
+    at: fc.nat(),
+    insert: fc.constantFrom(...MUTATIONS),
+  })
+  .map(({ value, style, seed, at, insert }) => {
+    let state = seed >>> 0;
+    const rng = (): number => {
+      state = (Math.imul(state, 1664525) + 1013904223) >>> 0;
+      return state / 4294967296;
+    };
+    const compact = JSON.stringify(value);
+    const where = compact.length === 0 ? 0 : at % compact.length;
+    switch (style) {
+      case 'shuffled':
+        return JSON.stringify(shuffleKeys(value, rng));
+      case 'indented':
+        return JSON.stringify(value, null, rng() < 0.5 ? 1 : '\t');
+      case 'escaped':
+        return escapeSome(compact, rng);
+      case 'mutated':
+        return compact.slice(0, where) + insert + compact.slice(where);
+      case 'deleted':
+        return compact.slice(0, where) + compact.slice(where + 1);
+      case 'truncated':
+        return compact.slice(0, where);
+      case 'compact':
+        return compact;
+    }
+  });
+
+describe('fastClassify agrees with JSON.parse on generated events', () => {
+  it('classifyEventData equals the JSON.parse path; the fast path, when taken, equals it too', () => {
+    let taken = 0;
+    let runs = 0;
+    fc.assert(
+      fc.property(serialised, (data) => {
+        runs++;
+        const slow = classifyEventDataSlow(data);
+        expect(classifyEventData(data)).toStrictEqual(slow);
+        const fast = fastClassify(data);
+        if (fast !== undefined) {
+          taken++;
+          expect(fast).toStrictEqual(slow);
+        }
+      }),
+      { numRuns: 5000 },
+    );
+    // The property would be vacuous if the generated events never took the fast path.
+    expect(taken).toBeGreaterThan(runs / 20);
+  });
+
+  it('a canonical vLLM delta (one choice, finish_reason null, no usage/error, plain id and model) always takes it', () => {
+    fc.assert(
+      fc.property(fc.boolean(), plainName, plainName, fc.nat(), fc.integer({ min: 0, max: 3 }), fc.oneof(delta, contentString), (isChat, id, model, created, index, payload) => {
+        if (isChat && (typeof payload === 'string' || 'tool_calls' in payload)) return;
+        if (!isChat && typeof payload !== 'string') return;
+        const body = isChat ? { index, delta: payload, logprobs: null, finish_reason: null } : { index, text: payload, logprobs: null, finish_reason: null, stop_reason: null };
+        const data = JSON.stringify({ id, object: isChat ? 'chat.completion.chunk' : 'text_completion', created, model, choices: [body] });
+        const fast = fastClassify(data);
+        expect(fast).not.toBeUndefined();
+        expect(fast).toStrictEqual(classifyEventDataSlow(data));
+      }),
+      { numRuns: 2000 },
+    );
+  });
+});

@@ -42,7 +42,7 @@ const NON_STREAM_FAULTS: ReadonlySet<FaultKind> = new Set(['status', 'reset_afte
 export type CancelPlan =
   /** Abort after this many milliseconds; with a simulator target the first token is held back past it. */
   | { readonly phase: 'before_first_token'; readonly afterMs: number }
-  /** Abort on receiving this many output-bearing events (counting events, not time, so the cut is race-free). */
+  /** Abort on receiving this many output-bearing events; with a simulator target the stream stalls after them. */
   | { readonly phase: 'streaming'; readonly afterEvents: number };
 
 export interface PlannedRequest {
@@ -101,7 +101,11 @@ export function planRequest(workload: Workload, random: () => number, index: num
   const modifiers: string[] = [`tokens=${maxTokens}`];
   if (roll < workload.cancelShare && stream) {
     if (random() < workload.cancelAfterFirstTokenShare && maxTokens >= 4) {
-      cancel = { phase: 'streaming', afterEvents: 1 + Math.floor(random() * Math.floor(maxTokens / 2)) };
+      const afterEvents = 1 + Math.floor(random() * Math.floor(maxTokens / 2));
+      cancel = { phase: 'streaming', afterEvents };
+      // The simulator stops after exactly those events, so the stream cannot finish before the client's abort
+      // reaches the gateway however late a busy client reads them (the 100,000-request soak showed it can).
+      modifiers.push(`stall_after=${afterEvents}`);
     } else {
       cancel = { phase: 'before_first_token', afterMs: 10 + Math.floor(random() * 190) };
       modifiers.push(`ttft_ms=${CANCEL_HOLD_MS}`);

@@ -28,7 +28,7 @@ beforeAll(async () => {
     server: { host: '127.0.0.1', port: 0 },
     pools: [{ name: 'sim', models: ['sim-model'], upstreams: simUrls.map((url, i) => ({ name: `sim-${i}`, url })) }],
     // Short clocks so stalls end quickly; slow requests (3 s TTFT) still fit under first_output.
-    timeouts: { first_output: '4s', idle: '400ms', total: '6s' },
+    timeouts: { first_output: '4s', idle: '1s', total: '6s' },
     retries: { backoff_base: '5ms', backoff_max: '20ms' },
     health: { interval: '1h' },
     slo: { ttft: '2s', tpot: '100ms', e2e: '60s' },

@@ -83,8 +83,14 @@ function histogramSvg(title: string, values: readonly number[], unit: string): s
   const width = 520;
   const height = 180;
   if (values.length === 0) return `<figure><figcaption>${escape(title)}: no data</figcaption></figure>`;
-  const min = Math.max(1e-3, Math.min(...values));
-  const max = Math.max(...values);
+  // A loop, not Math.min(...values): a long run has millions of inter-token gaps, past the engine's argument limit.
+  let lowest = Number.POSITIVE_INFINITY;
+  let max = Number.NEGATIVE_INFINITY;
+  for (const v of values) {
+    if (v < lowest) lowest = v;
+    if (v > max) max = v;
+  }
+  const min = Math.max(1e-3, lowest);
   const bins = 40;
   const log = max / min > 50;
   const edge = (i: number) => (log ? min * (max / min) ** (i / bins) : min + ((max - min) * i) / bins);

@@ -3,6 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseLoadArgs, runLoadWith } from '../load/main.js';
+import { htmlReport } from '../load/report.js';
+import { summarize } from '../load/stats.js';
 import { planRequest, seededRandom, type Workload } from '../load/workload.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 
@@ -48,6 +50,20 @@ describe('workload', () => {
       if (plan.fault !== undefined && !plan.stream) expect(['status', 'reset_after', 'reset_before_response', 'stall_after']).toContain(plan.fault);
       if (plan.cancel?.phase === 'streaming') expect(plan.cancel.afterEvents).toBeLessThanOrEqual(plan.maxTokens / 2);
     }
+  });
+});
+
+describe('the HTML report', () => {
+  it('draws a long run (millions of inter-token gaps) without exceeding the call stack', () => {
+    const plan = planRequest(WORKLOAD, seededRandom(1), 0, false);
+    const gaps = Array.from({ length: 1_000_000 }, (_, i) => 1 + (i % 97));
+    const result = {
+      plan, startedAt: 0, status: 200, outcome: 'delivered' as const, code: 200, cancelPhase: undefined, ttftMs: 5, tpotMs: 2,
+      e2eMs: 2000, itlMs: gaps, outputEvents: gaps.length + 1, usage: undefined, finishReasons: ['stop' as const], anomaly: undefined, error: undefined,
+    };
+    const slo = { ttftMs: 2000, tpotMs: 100, e2eMs: 60_000 };
+    const html = htmlReport(summarize([result], 2, slo), slo, [result], undefined);
+    expect(html).toContain('Inter-token latency (per event) (1000000 values');
   });
 });
 

@@ -4,10 +4,10 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Fault } from './faults.js';
-import { jittered, type Random } from './prng.js';
+import { jittered } from './prng.js';
 import { after, type CancelTimer } from './timer.js';
 import { sendBody } from './respond.js';
-import type { StreamControl } from './stream.js';
+import type { GenerationPlan, StreamControl } from './stream.js';
 import {
   choiceText,
   completionBody,
@@ -15,21 +15,11 @@ import {
   errorInfo,
   type GenerationRoute,
   type ResponseIdentity,
-  type Usage,
 } from './wire.js';
 
-export interface NonStreamPlan {
+export interface NonStreamPlan extends GenerationPlan {
   readonly route: GenerationRoute;
   readonly identity: ResponseIdentity;
-  readonly choiceCount: number;
-  readonly tokensPerChoice: number;
-  readonly tokensPerEvent: number;
-  readonly finishReason: string;
-  readonly usage: Usage | null;
-  readonly ttftMs: number;
-  readonly itlMs: number;
-  readonly jitter: number;
-  readonly random: Random;
   /** Only kinds for which appliesToNonStream() holds; the server drops the others. */
   readonly fault: Fault | null;
 }

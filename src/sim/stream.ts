@@ -19,21 +19,25 @@ import {
   type Usage,
 } from './wire.js';
 
-export interface StreamPlan {
-  readonly serializer: ChunkSerializer;
+/** What every generation plan has, streamed or not. */
+export interface GenerationPlan {
   /** Choices in the response: n, or n × prompts for legacy completions (index = choice + prompt_idx × n). */
   readonly choiceCount: number;
   readonly tokensPerChoice: number;
   readonly tokensPerEvent: number;
   /** finish_reason of every choice. */
   readonly finishReason: string;
-  /** null: no usage chunk. */
+  /** null: no usage (chunk or field). */
   readonly usage: Usage | null;
   readonly ttftMs: number;
   readonly itlMs: number;
   readonly jitter: number;
   readonly random: Random;
   readonly fault: Fault | null;
+}
+
+export interface StreamPlan extends GenerationPlan {
+  readonly serializer: ChunkSerializer;
   readonly framing: FramingStyle;
 }
 

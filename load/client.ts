@@ -67,9 +67,18 @@ function gatewayStreamOutcome(data: string): Outcome | undefined {
   }
 }
 
-function statusOutcome(status: number): Outcome {
-  if (status === 504) return 'timeout';
-  return status >= 500 ? 'failed' : 'rejected';
+/**
+ * The outcome of an error status, as Waybill counts it: a 504 is `timeout` only when Waybill's own deadline fired
+ * (its body says `upstream_timeout`); an upstream's error event with code 504, passed through, is `failed`.
+ */
+export function statusOutcome(status: number, body: string): Outcome {
+  if (status < 500) return 'rejected';
+  if (status !== 504) return 'failed';
+  try {
+    return (JSON.parse(body) as { error?: { code?: unknown } }).error?.code === 'upstream_timeout' ? 'timeout' : 'failed';
+  } catch {
+    return 'failed';
+  }
 }
 
 export async function runRequest(plan: PlannedRequest, options: ClientOptions): Promise<RequestResult> {
@@ -92,6 +101,7 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
   let anomaly: string | undefined;
   let error: string | undefined;
   let doneAt: number | undefined;
+  let errorBody = '';
 
   const cancel = plan.cancel;
   let cancelTimer: NodeJS.Timeout | undefined;
@@ -159,6 +169,7 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
       framer.end();
     } else {
       const text = await response.body.text();
+      errorBody = text;
       const at = performance.now();
       if (status === 200) {
         let facts: EventFacts;
@@ -191,7 +202,7 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
     outcome = 'failed';
     anomaly ??= `no response: ${error ?? 'unknown'}`;
   } else if (status !== 200) {
-    outcome = statusOutcome(status);
+    outcome = statusOutcome(status, errorBody);
   } else if (!plan.stream) {
     outcome = allFinished ? 'delivered' : 'incomplete';
   } else if (doneSeen) {

@@ -41,7 +41,12 @@ const ERRORS = new Set(['failed', 'timeout', 'stream_error', 'incomplete']);
 
 export async function runWorkload(options: RunOptions): Promise<RunResult> {
   const random = seededRandom(options.seed);
-  const dispatcher = new Agent({ connections: Math.max(16, (options.concurrency ?? 64) * 2), keepAliveTimeout: 4_000 });
+  // Closed loop: as many connections as streams (with room). Open loop: unbounded, or requests would queue inside
+  // the client once rate × latency passed the pool, and arrivals would stop being Poisson.
+  const dispatcher = new Agent({
+    connections: options.concurrency === undefined ? null : Math.max(16, options.concurrency * 2),
+    keepAliveTimeout: 4_000,
+  });
   const results: RequestResult[] = [];
   const runStart = performance.now();
   const stopAt = options.durationMs === undefined ? Number.POSITIVE_INFINITY : runStart + options.durationMs;

@@ -2,6 +2,7 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { statusOutcome } from '../load/client.js';
 import { parseLoadArgs, runLoadWith } from '../load/main.js';
 import { htmlReport } from '../load/report.js';
 import { summarize } from '../load/stats.js';
@@ -50,6 +51,15 @@ describe('workload', () => {
       if (plan.fault !== undefined && !plan.stream) expect(['status', 'reset_after', 'reset_before_response', 'stall_after']).toContain(plan.fault);
       if (plan.cancel?.phase === 'streaming') expect(plan.cancel.afterEvents).toBeLessThanOrEqual(plan.maxTokens / 2);
     }
+  });
+});
+
+describe('client-side outcomes', () => {
+  it('tells Waybill\'s own 504 (a deadline: timeout) from an upstream error event with code 504 (failed)', () => {
+    expect(statusOutcome(504, '{"error":{"message":"m","type":"timeout_error","param":null,"code":"upstream_timeout"}}')).toBe('timeout');
+    expect(statusOutcome(504, '{"error":{"message":"m","type":"GatewayTimeout","param":null,"code":504}}')).toBe('failed');
+    expect(statusOutcome(502, '')).toBe('failed');
+    expect(statusOutcome(429, '')).toBe('rejected');
   });
 });
 

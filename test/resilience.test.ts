@@ -129,6 +129,24 @@ describe('retries before commit', () => {
     expect(await total(s, 'waybill_requests_total', { outcome: 'delivered' })).toBe(2);
   });
 
+  it('counts a refused connection once: in-flight back to 0, ejected after exactly the configured failures', async () => {
+    // Healthy at start-up (so it is picked), then gone: every later connection is refused.
+    const doomed = await startScripted(() => undefined);
+    const s = await stack({
+      extraUpstreams: [{ name: 'closed', url: doomed.url }],
+      config: { health: { interval: '1h', eject_after_failures: 2, ejection_base: '1h', ejection_max: '1h' } },
+    });
+    await doomed.close();
+    for (let i = 0; i < 12; i++) expect((await post(s.base, '/v1/chat/completions', STREAM)).body.endsWith(DONE)).toBe(true);
+    await s.settled(12);
+    expect(await total(s, 'waybill_upstream_attempts_total', { upstream: 'closed', result: 'connect_error' })).toBe(2);
+    expect(await total(s, 'waybill_upstream_ejections_total', { upstream: 'closed', reason: 'consecutive_failures' })).toBe(1);
+    expect(await total(s, 'waybill_upstream_inflight', { upstream: 'closed' })).toBe(0);
+    expect(await total(s, 'waybill_upstream_inflight', { upstream: 'sim-0' })).toBe(0);
+    expect(await total(s, 'waybill_retries_total', { reason: 'connect_error' })).toBe(2);
+    expect(await total(s, 'waybill_request_attempts_sum')).toBe(12 + 2);
+  });
+
   it('makes no attempt after the total deadline, and answers at the deadline', async () => {
     const s = await stack({ config: { timeouts: { first_output: '100ms', total: '250ms' }, retries: { backoff_base: '1ms', backoff_max: '1ms' } } });
     const client = await post(s.base, '/v1/chat/completions', CHAT, { 'x-sim-fault': 'stall_after=0' });
@@ -276,6 +294,21 @@ describe('graceful drain', () => {
     await expect(request(`http://127.0.0.1:${port}/healthz`, { dispatcher: new Agent() })).rejects.toThrow(/ECONNREFUSED/);
     const settlements = await s.settled(3);
     expect(settlements.map((x) => x.outcome)).toEqual(['delivered', 'delivered', 'delivered']);
+  });
+
+  it('answers a request without output at the drain deadline with 503, and does not retry it', async () => {
+    const hanging = await scripted(() => undefined);
+    const s = await stack({ sims: 0, extraUpstreams: [{ name: 'hanging', url: hanging.url }], config: { health: { interval: '1h' }, shutdown: { grace: 0, drain_timeout: '200ms' } } });
+    const pending = post(s.base, '/v1/chat/completions', STREAM);
+    for (let i = 0; i < 200 && hanging.requests() === 0; i++) await new Promise((r) => setTimeout(r, 5));
+    await s.gateway.drain();
+    const client = await pending;
+    expect(client.status).toBe(503);
+    expect(JSON.parse(client.body)).toMatchObject({ error: { code: 'shutting_down' } });
+    const [settlement] = await s.settled(1);
+    expect(settlement).toMatchObject({ outcome: 'failed', code: 503 });
+    expect(settlement?.attempts.map((a) => a.result)).toEqual(['timeout']);
+    expect(hanging.requests()).toBe(1);
   });
 
   it('ends what is left at the drain deadline with an error event, counted as a timeout', async () => {

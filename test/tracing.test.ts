@@ -302,6 +302,8 @@ describe('exemplars and privacy', () => {
     expect(text.split('\n').some((l) => l.startsWith('waybill_requests_total{') && l.includes(exemplar))).toBe(true);
     expect(text.split('\n').some((l) => l.startsWith('waybill_time_to_first_token_seconds_bucket{') && l.includes('# {trace_id="'))).toBe(true);
     expect(text.split('\n').some((l) => l.startsWith('waybill_request_duration_seconds_bucket{') && l.includes('# {trace_id="'))).toBe(true);
+    // Requests without a trace leave no empty exemplar behind (it would replace a real one).
+    expect(text).not.toContain('# {}');
     const plainText = await (await request(`${base}/metrics`)).body.text();
     expect(plainText).toContain('waybill_requests_total{');
     expect(plainText).not.toContain('trace_id');

@@ -373,6 +373,23 @@ export class RequestLedger {
     return ending?.kind === 'failure' ? ending.failure : undefined;
   }
 
+  /**
+   * The shell stops reading the current attempt once its verdict is known (the drain grace after `[DONE]` or an
+   * error event ran out): its result is what it sent.
+   */
+  attemptReleased(at: number): void {
+    const attempt = this.attempts.at(-1);
+    if (attempt !== undefined) this.judge(attempt, at);
+  }
+
+  private judge(attempt: AttemptState, at: number): void {
+    if (attempt.result !== undefined) return;
+    if (attempt.error !== undefined) attempt.result = 'error_payload';
+    else if (attempt.sawDone) attempt.result = this.unfinishedChoices() > 0 ? 'incomplete' : 'ok';
+    else attempt.result = this.committed ? 'incomplete' : 'cancelled';
+    attempt.endedAt ??= at;
+  }
+
   /** The client went away before its response ended. Ends the current attempt as cancelled. */
   clientCancelled(at: number): void {
     if (this.cancelledAt !== undefined || this.clientEndAt !== undefined) return;
@@ -393,16 +410,8 @@ export class RequestLedger {
   settle(at: number): Settlement {
     if (this.settled) throw new Error('ledger settled twice');
     this.settled = true;
-    for (const attempt of this.attempts) {
-      if (attempt.result === undefined) {
-        // The shell stopped reading an attempt without a stream end (e.g. the drain grace after `[DONE]` or an
-        // error event ran out): judge it by what it sent; never lose it.
-        if (attempt.error !== undefined) attempt.result = 'error_payload';
-        else if (attempt.sawDone) attempt.result = this.unfinishedChoices() > 0 ? 'incomplete' : 'ok';
-        else attempt.result = this.committed ? 'incomplete' : 'cancelled';
-        attempt.endedAt ??= at;
-      }
-    }
+    // An attempt the shell stopped watching without telling why is judged by what it sent: never lost.
+    for (const attempt of this.attempts) this.judge(attempt, at);
     const endAt = this.cancelledAt ?? this.clientEndAt ?? at;
     const durationMs = endAt - this.arrivalAt;
     const { outcome, code } = this.outcomeAndCode();

@@ -163,7 +163,12 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.settle();
   }
 
+  /**
+   * Once only: an abort from inside this attempt's own report (a retry scheduled from onNetworkFailure, say) settles
+   * it before the reporting path returns and would settle it again.
+   */
   private settle(): void {
+    if (this.done) return;
     this.done = true;
     this.sink.onSettled(this);
   }

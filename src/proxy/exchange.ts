@@ -91,6 +91,8 @@ export class Exchange implements AttemptSink {
   private retriedFor: RetryReason | undefined;
   /** The total deadline fired: no further attempt, whatever the arithmetic says (timers may fire a little early). */
   private pastDeadline = false;
+  /** The gateway's drain deadline passed: no further attempt, the upstream pools are closing. */
+  private shuttingDown = false;
 
   constructor(
     private readonly deps: ExchangeDeps,
@@ -143,24 +145,26 @@ export class Exchange implements AttemptSink {
 
   /** The gateway is shutting down and its drain deadline passed: end this request now, and count it. */
   shutdown(): void {
+    this.shuttingDown = true;
     const attempt = this.attempt;
     if (attempt !== undefined && !attempt.finished) {
       attempt.abort('shutdown');
-      return;
+    } else if (!this.responseEnded && !this.settled) {
+      clearTimeout(this.retryTimer);
+      this.queueAbort?.abort();
+      if (!this.ledger.committed) {
+        this.ledger.reject(503);
+        this.writeError(503, errorBody('shutting_down', 'the gateway is shutting down; retry the request'));
+      }
     }
-    if (this.responseEnded || this.settled) return;
-    clearTimeout(this.retryTimer);
-    this.queueAbort?.abort();
-    if (!this.ledger.committed) {
-      this.ledger.reject(503);
-      this.writeError(503, errorBody('shutting_down', 'the gateway is shutting down; retry the request'));
-    }
+    // A client that does not take even its ended response must not hold the exit.
+    this.closeIfNotTaken();
   }
 
   private onAdmission(admission: Admission): void {
     this.deps.metrics.queueWaited(this.request.model, admission.waitedMs);
-    if (admission.admitted && this.clientFinished) {
-      // Admitted just as the client left (the request may already be settled): give the slot back.
+    if (admission.admitted && (this.clientFinished || this.responseEnded)) {
+      // Admitted just as the client left, or after the request was answered (shutdown): give the slot back.
       admission.release();
       this.maybeSettle();
       return;
@@ -211,6 +215,8 @@ export class Exchange implements AttemptSink {
       maxResponseBytes: config.streaming.maxResponseBytes,
     });
     this.attempt = attempt;
+    // Counted when the retry is made, not when scheduled: retries_total = attempts - requests, exactly.
+    if (this.retriedFor !== undefined) this.deps.metrics.retryScheduled(this.request.model, this.retriedFor);
     attempt.ticket = upstreams.sent(upstream, at);
     const traceHeaders = this.request.trace.attemptStarted(number, upstream, at, this.retriedFor);
     const headers = traceHeaders === undefined ? this.request.headers : { ...this.request.headers, ...traceHeaders };
@@ -340,7 +346,10 @@ export class Exchange implements AttemptSink {
     // after an error, data after `[DONE]`), then let it go.
     const attempt = this.attempt;
     if (attempt !== undefined && !attempt.finished) {
-      this.drainTimer = setTimeout(() => attempt.abort('drained'), this.deps.config.streaming.drainGraceMs);
+      this.drainTimer = setTimeout(() => {
+        this.ledger.attemptReleased(this.deps.now());
+        attempt.abort('drained');
+      }, this.deps.config.streaming.drainGraceMs);
       if (this.waitingForDrain) attempt.resume();
     }
   }
@@ -353,7 +362,7 @@ export class Exchange implements AttemptSink {
     const { config, metrics, now, random } = this.deps;
     const attempt = this.attempt;
     const record = this.ledger.currentAttempt;
-    if (attempt === undefined || record === undefined || this.clientFinished || this.pastDeadline) return false;
+    if (attempt === undefined || record === undefined || this.clientFinished || this.pastDeadline || this.shuttingDown) return false;
     const reason = retryReason(record, config.retries);
     if (reason === undefined || this.ledger.attemptCount >= config.retries.maxAttempts) return false;
     const retryAfter = parseRetryAfter(attempt.retryAfter, Date.now());
@@ -364,7 +373,6 @@ export class Exchange implements AttemptSink {
       metrics.retryBudgetSpent(this.request.model);
       return false;
     }
-    metrics.retryScheduled(this.request.model, reason);
     this.request.trace.retryScheduled(reason, delay, at);
     this.retriedFor = reason;
     // The failed attempt's verdict is in the ledger; stop reading it so its connection (and GPU slot) is freed.
@@ -502,13 +510,18 @@ export class Exchange implements AttemptSink {
       }
       this.maybeSettle();
     }
-    if (reason === 'total_timeout' && !this.clientFinished) {
-      // A client that does not read even its ended response would hold it forever: give it the drain grace to
-      // take the last bytes (Waybill's error event), then close the connection; that counts as the client leaving.
-      this.lingerTimer = setTimeout(() => {
-        if (!this.clientFinished) this.res.destroy();
-      }, this.deps.config.streaming.drainGraceMs);
-    }
+    if (reason === 'total_timeout') this.closeIfNotTaken();
+  }
+
+  /**
+   * A client that does not read even its ended response would hold it forever: give it the drain grace to take the
+   * last bytes (Waybill's error event), then close the connection; that counts as the client leaving.
+   */
+  private closeIfNotTaken(): void {
+    if (this.clientFinished || this.lingerTimer !== undefined) return;
+    this.lingerTimer = setTimeout(() => {
+      if (!this.clientFinished) this.res.destroy();
+    }, this.deps.config.streaming.drainGraceMs);
   }
 
   /** Stops the clocks of the attempt in flight; the request's total deadline keeps running. */

@@ -116,7 +116,7 @@ export const METRICS = {
     name: 'waybill_retries_total',
     type: 'counter',
     labels: ['model', 'reason'],
-    help: 'Retries scheduled (before commit only), by what the failed attempt said.',
+    help: 'Retry attempts made (before commit only), by what the failed attempt said.',
   },
   retryBudgetExhausted: {
     name: 'waybill_retry_budget_exhausted_total',
@@ -195,11 +195,14 @@ class CounterPair<S extends MetricSpec> {
     this.open = new Counter({ ...config, registers: [registries.open], enableExemplars: exemplars });
   }
 
-  inc(labels: LabelSet<S>, value = 1, exemplarLabels: Record<string, string> = NO_EXEMPLAR): void {
+  inc(labels: LabelSet<S>, value = 1, exemplarLabels?: Record<string, string>): void {
     this.text.inc(labels, value);
-    // prom-client types exemplar labels as the metric's own label names; trace_id is not one of them.
-    if (this.exemplars) this.open.inc({ labels, value, exemplarLabels: exemplarLabels as LabelSet<S> });
-    else this.open.inc(labels, value);
+    if (!this.exemplars) this.open.inc(labels, value);
+    // Without a trace, no exemplar label set at all: prom-client's counter skips only its own default empty set,
+    // and would record any other `{}` as an exemplar, replacing a real one. prom-client types exemplar labels as
+    // the metric's own label names; trace_id is not one of them.
+    else if (exemplarLabels === undefined) this.open.inc({ labels, value });
+    else this.open.inc({ labels, value, exemplarLabels: exemplarLabels as LabelSet<S> });
   }
 }
 
@@ -244,7 +247,7 @@ function openMetricsRegistry(): Registry<OpenMetricsContentType> {
   return registry;
 }
 
-/** No exemplar: prom-client skips an empty label set. */
+/** No exemplar, for histograms: prom-client's histogram skips any empty label set (its counter does not). */
 const NO_EXEMPLAR = {};
 
 /**
@@ -366,9 +369,10 @@ export class GatewayMetrics {
    */
   record(s: Settlement, started: boolean, traceId?: string): void {
     const model = s.model;
-    const exemplarLabels = traceId === undefined ? NO_EXEMPLAR : { trace_id: traceId };
+    const exemplar = traceId === undefined ? undefined : { trace_id: traceId };
+    const exemplarLabels = exemplar ?? NO_EXEMPLAR;
     if (started) this.inflight.dec({ model });
-    this.requests.inc({ model, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplarLabels);
+    this.requests.inc({ model, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplar);
     for (const attempt of s.attempts) {
       this.attempts.inc({ model, upstream: attempt.upstream, result: attempt.result ?? 'cancelled' });
     }

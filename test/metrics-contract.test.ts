@@ -125,7 +125,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     miss.bodyReceived(1, 200, classifyEventData('{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}'));
     miss.clientEnded(1);
     metrics.record(miss.settle(1), false);
-    metrics.retryScheduled('m', 'reset');
+    metrics.retryMade('m', 'reset');
     metrics.retryBudgetSpent('m');
     metrics.upstreamEjected('u0', 'consecutive_failures');
     metrics.queueWaited('m', 20);

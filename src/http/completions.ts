@@ -3,6 +3,7 @@
  * and account (model, stream, n, prompt count). Everything else is the upstream's to validate.
  */
 import type { Route } from '../accounting/outcomes.js';
+import { isRecord } from '../sse/classify.js';
 import { errorBody, type ErrorBody } from './errors.js';
 
 export interface CompletionFields {
@@ -14,10 +15,6 @@ export interface CompletionFields {
 }
 
 export type Checked = { ok: true; fields: CompletionFields } | { ok: false; status: number; body: ErrorBody; stream: boolean };
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
 
 /** Number of prompts in a legacy completions `prompt`: a string or token list is one; a list of them is several. */
 function promptCount(prompt: unknown): number {

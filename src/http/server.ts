@@ -9,14 +9,14 @@ import type { Logger } from 'pino';
 import { RequestLedger, type Settlement } from '../accounting/ledger.js';
 import { OTHER, type Route } from '../accounting/outcomes.js';
 import type { Config } from '../config/load.js';
-import { Exchange, type ExchangeDeps } from '../proxy/exchange.js';
+import { Exchange, ledgerInfo, publishSettlement, type ExchangeDeps } from '../proxy/exchange.js';
 import { upstreamHeaders } from '../proxy/headers.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
 import { createLogger } from '../telemetry/logger.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
-import { requestLogLine } from '../telemetry/request-log.js';
 import { startRequestTrace } from '../telemetry/request-trace.js';
 import { disabledTracing, type Tracing } from '../telemetry/tracing.js';
+import { isRecord } from '../sse/classify.js';
 import { within } from '../util/within.js';
 import { checkCompletion, withUsageRequested } from './completions.js';
 import { errorBody, type ErrorBody, type ErrorCode } from './errors.js';
@@ -50,10 +50,6 @@ export interface Gateway {
 }
 
 const ROUTE_PATHS: Record<Route, string> = { chat_completions: '/v1/chat/completions', completions: '/v1/completions' };
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
 
 const ROUTES: Record<string, { route: Route; apiPath: string }> = {
   '/v1/chat/completions': { route: 'chat_completions', apiPath: '/v1/chat/completions' },
@@ -175,26 +171,14 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       },
       config.tracing.captureContent,
     );
+    // A rejection's SLO result (excluded, or failed for 429/503) does not depend on thresholds.
     const ledger = new RequestLedger(
-      {
-        model: label,
-        route,
-        stream,
-        expectedChoices: 1,
-        dropUsageChunk: false,
-        slo: config.slo.defaults,
-        promptLenBoundaries: config.metrics.promptLenBoundaries,
-        promptLenClasses: config.metrics.promptLenClasses,
-      },
+      ledgerInfo(config, { model: label, route, stream, expectedChoices: 1, dropUsageChunk: false }),
       request.arrivalAt,
     );
     ledger.reject(status);
     const at = now();
-    const settlement = ledger.settle(at);
-    trace.settle(settlement, at);
-    metrics.record(settlement, false, trace.traceId);
-    if (config.logging.requests) logger.info(requestLogLine(settlement, request.id, trace.traceId), 'request');
-    options.onSettled?.(settlement, request.id);
+    publishSettlement(exchangeDeps, ledger.settle(at), request.id, trace, false, at);
   };
 
   app.setErrorHandler((error: FastifyError, request, reply) => {

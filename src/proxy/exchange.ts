@@ -59,6 +59,37 @@ export interface CompletionRequest {
   readonly trace: RequestTrace;
 }
 
+/** The ledger's facts of a request, with the model's SLO thresholds and the configured prompt-length classes. */
+export function ledgerInfo(
+  config: Config,
+  request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'>,
+): RequestInfo {
+  return {
+    ...request,
+    slo: config.slo.models[request.model] ?? config.slo.defaults,
+    promptLenBoundaries: config.metrics.promptLenBoundaries,
+    promptLenClasses: config.metrics.promptLenClasses,
+  };
+}
+
+/**
+ * Everything a settled logical request feeds: its span, the metrics (with its trace id as exemplar), the wide log
+ * line, and the settlement subscribers. Shared by proxied requests and those the gateway answered itself.
+ */
+export function publishSettlement(
+  deps: ExchangeDeps,
+  settlement: Settlement,
+  requestId: string,
+  trace: RequestTrace,
+  started: boolean,
+  at: number,
+): void {
+  trace.settle(settlement, at);
+  deps.metrics.record(settlement, started, trace.traceId);
+  if (deps.config.logging.requests) deps.logger.info(requestLogLine(settlement, requestId, trace.traceId), 'request');
+  deps.onSettled?.(settlement, requestId);
+}
+
 /** Retry-After Waybill sends with its own 429: the queue is a second's worth of work for a healthy pool. */
 const OVERLOADED_RETRY_AFTER_S = '1';
 
@@ -99,17 +130,7 @@ export class Exchange implements AttemptSink {
     private readonly request: CompletionRequest,
     private readonly res: ServerResponse,
   ) {
-    const { config } = deps;
-    const info: RequestInfo = {
-      model: request.model,
-      route: request.route,
-      stream: request.stream,
-      expectedChoices: request.expectedChoices,
-      dropUsageChunk: request.dropUsageChunk,
-      slo: config.slo.models[request.model] ?? config.slo.defaults,
-      promptLenBoundaries: config.metrics.promptLenBoundaries,
-      promptLenClasses: config.metrics.promptLenClasses,
-    };
+    const info = ledgerInfo(deps.config, request);
     this.socket = res.socket;
     this.controls = deps.upstreams.controls(request.model);
     const itl = deps.metrics.interTokenLatency(request.model);
@@ -216,7 +237,7 @@ export class Exchange implements AttemptSink {
     });
     this.attempt = attempt;
     // Counted when the retry is made, not when scheduled: retries_total = attempts - requests, exactly.
-    if (this.retriedFor !== undefined) this.deps.metrics.retryScheduled(this.request.model, this.retriedFor);
+    if (this.retriedFor !== undefined) this.deps.metrics.retryMade(this.request.model, this.retriedFor);
     attempt.ticket = upstreams.sent(upstream, at);
     const traceHeaders = this.request.trace.attemptStarted(number, upstream, at, this.retriedFor);
     const headers = traceHeaders === undefined ? this.request.headers : { ...this.request.headers, ...traceHeaders };
@@ -540,12 +561,7 @@ export class Exchange implements AttemptSink {
     clearTimeout(this.retryTimer);
     if (this.admission?.admitted === true) this.admission.release();
     const at = this.deps.now();
-    const settlement = this.ledger.settle(at);
-    const trace = this.request.trace;
-    trace.settle(settlement, at);
-    this.deps.metrics.record(settlement, true, trace.traceId);
-    if (this.deps.config.logging.requests) this.deps.logger.info(requestLogLine(settlement, this.request.requestId, trace.traceId), 'request');
-    this.deps.onSettled?.(settlement, this.request.requestId);
+    publishSettlement(this.deps, this.ledger.settle(at), this.request.requestId, this.request.trace, true, at);
     this.deps.onDone?.(this);
   }
 }

@@ -37,7 +37,8 @@ export type EventFacts =
 
 const DONE = '[DONE]';
 
-function isRecord(value: unknown): value is Record<string, unknown> {
+/** A JSON object (not an array, not null). */
+export function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 

@@ -337,7 +337,7 @@ export class GatewayMetrics {
     this.sources = sources;
   }
 
-  retryScheduled(model: string, reason: RetryReason): void {
+  retryMade(model: string, reason: RetryReason): void {
     this.retries.inc({ model, reason });
   }
 

@@ -2,7 +2,7 @@
  * Against a real Prometheus (Debian's package, which .ci/run installs): it scrapes a gateway in front of two
  * simulated vLLMs, one of them breaking a share of its answers, evaluates deploy/prometheus/waybill-rules.yaml, and
  * what it records must agree with what the clients saw. A client counts an answer as delivered when it got 200 and
- * the stream ended with `data: [DONE]`.
+ * the stream ended with `data: [DONE]`. Without prometheus on PATH it skips (WAYBILL_REQUIRE_TOOLS=1: fails).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
@@ -13,16 +13,16 @@ import { join } from 'node:path';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { stringify } from 'yaml';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import { createSimulator, type FaultKind, type Simulator } from '../src/sim/server.js';
 import { FAULT_KINDS as ALL_FAULT_KINDS } from '../src/sim/faults.js';
-import { runTool } from './helpers/promql.js';
+import { PROMETHEUS, runTool } from './helpers/promql.js';
+import { describeWithTool } from './helpers/system-tool.js';
 
 const ROOT = join(import.meta.dirname, '..');
 const RULES = join(ROOT, 'deploy', 'prometheus', 'waybill-rules.yaml');
-const PROMETHEUS = process.env.PROMETHEUS_BIN ?? 'prometheus';
 const MODEL = 'sim-model';
 const DONE = 'data: [DONE]\n\n';
 
@@ -140,13 +140,13 @@ async function send(base: string, index: number, fault = index % SLOW_EVERY === 
   return { status: response.statusCode, delivered: response.statusCode === 200 && body.endsWith(DONE), slow };
 }
 
-/** Set when Prometheus cannot run here: the test then fails with it, rather than being skipped with its hook. */
+/** Set when Prometheus cannot run here (one not on PATH skips the block): the test then fails with it, not its hook. */
 let missing: Error | undefined;
 
 beforeAll(async () => {
   try {
-    const version = runTool(PROMETHEUS, ['--version']);
-    if (version.status !== 0) throw new Error(`${PROMETHEUS} --version failed:\n${version.output}`);
+    const version = runTool(PROMETHEUS.command, ['--version']);
+    if (version.status !== 0) throw new Error(`${PROMETHEUS.command} --version failed:\n${version.output}`);
   } catch (err) {
     missing = err as Error;
     return;
@@ -184,7 +184,7 @@ beforeAll(async () => {
   const port = await freePort();
   promBase = `http://127.0.0.1:${port}`;
   prometheus = spawn(
-    PROMETHEUS,
+    PROMETHEUS.command,
     [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--log.level=warn'],
     { stdio: ['ignore', 'pipe', 'pipe'] },
   );
@@ -211,7 +211,7 @@ afterAll(async () => {
   if (dir !== '') rmSync(dir, { recursive: true, force: true });
 });
 
-describe('waybill-rules.yaml on a real Prometheus', () => {
+describeWithTool(PROMETHEUS, 'waybill-rules.yaml on a real Prometheus', () => {
   it('records the delivered ratio and SLO attainment the clients observed', async () => {
     if (missing !== undefined) throw missing;
     const warmUp = await Promise.all(WARM_UP.map((fault, i) => send(gatewayBase, -1 - i, fault)));

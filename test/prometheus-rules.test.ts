@@ -1,7 +1,8 @@
 /**
  * The Prometheus rules and the Grafana dashboard against the real tool and the metrics contract: promtool checks and
  * unit-tests the rules (deploy/prometheus/tests), parses every dashboard query, and every metric name they use must
- * be one Waybill exports. promtool comes with Debian's `prometheus` package, which .ci/run installs.
+ * be one Waybill exports. promtool comes with Debian's `prometheus` package, which .ci/run installs; without it the
+ * promtool tests skip (WAYBILL_REQUIRE_TOOLS=1: fail).
  */
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -10,7 +11,8 @@ import { parse, stringify } from 'yaml';
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import { GatewayMetrics, METRICS } from '../src/telemetry/metrics.js';
-import { metricNames, runTool, withoutGrafanaVariables } from './helpers/promql.js';
+import { metricNames, PROMTOOL, runTool, withoutGrafanaVariables } from './helpers/promql.js';
+import { describeWithTool } from './helpers/system-tool.js';
 
 const ROOT = join(import.meta.dirname, '..');
 const RULES_DIR = join(ROOT, 'deploy', 'prometheus');
@@ -95,7 +97,7 @@ async function exportedNames(): Promise<Set<string>> {
 }
 
 function promtool(...args: string[]): string {
-  const { status, output } = runTool('promtool', args);
+  const { status, output } = runTool(PROMTOOL.command, args);
   expect(status, `promtool ${args.join(' ')}\n${output}`).toBe(0);
   return output;
 }
@@ -108,7 +110,7 @@ describe('metricNames', () => {
   });
 });
 
-describe('promtool', () => {
+describeWithTool(PROMTOOL, 'promtool', () => {
   it('checks both rule files', () => {
     const output = promtool('check', 'rules', WAYBILL_RULES, VLLM_RULES);
     expect(output).toMatch(/SUCCESS/);

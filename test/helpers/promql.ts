@@ -3,6 +3,13 @@
  * query parser of its own; its rule checker parses for us, this only lists names.
  */
 import { spawnSync } from 'node:child_process';
+import type { SystemTool } from './system-tool.js';
+
+/** Debian's `prometheus` package brings both promtool and prometheus; .ci/run installs it. */
+const INSTALL = 'Debian: apt-get install prometheus';
+export const PROMTOOL: SystemTool = { command: 'promtool', install: INSTALL };
+/** PROMETHEUS_BIN picks another build of the server. */
+export const PROMETHEUS: SystemTool = { command: process.env.PROMETHEUS_BIN ?? 'prometheus', install: INSTALL };
 
 const KEYWORDS = new Set(['and', 'or', 'unless', 'bool', 'offset', 'by', 'without', 'on', 'ignoring', 'group_left', 'group_right', 'inf', 'nan', 'start', 'end']);
 
@@ -40,8 +47,8 @@ export interface Spawned {
 }
 
 /**
- * Runs a Prometheus tool (promtool, prometheus). A missing binary fails loudly: .ci/run installs Debian's
- * `prometheus` package, which brings both.
+ * Runs a Prometheus tool (promtool, prometheus). The tests using it check for the tool first (describeWithTool); a
+ * binary that is still missing fails loudly.
  */
 export function runTool(tool: string, args: readonly string[], cwd?: string): Spawned {
   const result = spawnSync(tool, args, { encoding: 'utf8', ...(cwd !== undefined ? { cwd } : {}) });

@@ -13,7 +13,7 @@ const completion = (text: string, index = 0): string =>
   `{"id":"cmpl-7","object":"text_completion","created":1779883200,"model":"Qwen/Qwen3-32B","choices":[{"index":${index},"text":${text},"logprobs":null,"finish_reason":null,"stop_reason":null}]}`;
 
 function chunkFacts(output: number[], index: number, id: string, model: string): unknown {
-  return { kind: 'chunk', output, choices: [index], finishes: [], usage: undefined, usageOnly: false, id, model };
+  return { kind: 'chunk', output, choices: [index], finishes: [], usage: undefined, usageInvalid: false, usageOnly: false, id, model };
 }
 
 /** Asserts the fast path takes `data` and agrees with JSON.parse; returns the facts. */

@@ -40,9 +40,26 @@ function keyPaths(value: unknown, prefix = ''): { all: string[]; leaves: string[
 describe('configuration', () => {
   it('fills every default and resolves durations to milliseconds', () => {
     const config = parseConfig(minimal);
-    expect(config.server).toEqual({ host: '0.0.0.0', port: 8080, body_limit_bytes: 16 * 1024 * 1024 });
+    expect(config.server).toEqual({
+      host: '0.0.0.0',
+      port: 8080,
+      body_limit_bytes: 16 * 1024 * 1024,
+      read_timeout: 30_000,
+      headers_timeout: 10_000,
+      max_header_bytes: 16 * 1024,
+      max_connections: 4096,
+      max_json_depth: 128,
+      max_choices: 128,
+    });
     expect(config.timeouts).toEqual({ connectMs: 5000, firstOutputMs: 120_000, idleMs: 30_000, totalMs: 600_000 });
-    expect(config.streaming).toEqual({ maxEventBytes: 1048576, maxResponseBytes: 67108864, injectUsage: true, drainGraceMs: 1000 });
+    expect(config.streaming).toEqual({
+      maxEventBytes: 1048576,
+      maxResponseBytes: 67108864,
+      maxErrorBodyBytes: 65536,
+      maxHeldEvents: 64,
+      injectUsage: true,
+      drainGraceMs: 1000,
+    });
     expect(config.pools[0]?.upstreams[0]).toMatchObject({ name: '127.0.0.1:8000', weight: 1 });
     expect(config.metrics.promptLenClasses).toEqual(['0-1k', '1k-4k', '4k-16k', '16k-64k', '64k+', 'unknown']);
     expect(Object.isFrozen(config.pools[0])).toBe(true);

@@ -15,6 +15,7 @@ import {
 import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import { classifyEventData } from '../src/sse/classify.js';
 import { requestInfo } from './helpers/ledger-info.js';
+import { INTERNAL_ERROR_COMPONENTS } from '../src/telemetry/guard.js';
 import { GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS } from '../src/telemetry/metrics.js';
 
 const doc = readFileSync(new URL('../docs/metrics.md', import.meta.url), 'utf8');
@@ -78,6 +79,8 @@ describe('docs/metrics.md and the code agree', () => {
     expect(listedValues('result', 1)).toEqual([...SLO_RESULTS]);
     expect(listedValues('reason', 0)).toEqual([...RETRY_REASONS]);
     expect(listedValues('reason', 1)).toEqual([...EJECTION_REASONS]);
+    expect(listedValues('component')).toEqual([...INTERNAL_ERROR_COMPONENTS]);
+    expect(listedValues('probe')).toEqual(['health', 'discovery']);
     const outcomeItems = labelBullet('outcome')
       .split('\n')
       .filter((line) => /^\s+- `/.test(line))
@@ -129,6 +132,8 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.retryBudgetSpent('m');
     metrics.upstreamEjected('u0', 'consecutive_failures');
     metrics.queueWaited('m', 20);
+    metrics.internalError('hook');
+    metrics.probeFailed('u0', 'discovery');
     metrics.observe({
       upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
       queues: () => [{ model: 'm', depth: 3 }],
@@ -158,5 +163,8 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_upstream_inflight{upstream="u0"} 2');
     expect(text).toContain('waybill_queue_depth{model="m"} 3');
     expect(text).toContain('waybill_queue_wait_seconds_sum{model="m"} 0.02');
+    expect(text).toContain('waybill_internal_errors_total{component="hook"} 1');
+    expect(text).toContain('waybill_internal_errors_total{component="exchange"} 0');
+    expect(text).toContain('waybill_upstream_probe_failures_total{upstream="u0",probe="discovery"} 1');
   });
 });

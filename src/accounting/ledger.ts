@@ -9,6 +9,7 @@
  */
 import type { EventFacts, UpstreamError, Usage } from '../sse/classify.js';
 import {
+  ANOMALY_KINDS,
   finishReasonLabel,
   type AnomalyKind,
   type AttemptResult,
@@ -48,6 +49,9 @@ export type Verdict = 'hold' | 'commit' | 'forward' | 'drop';
 /** Why an attempt's upstream stream stopped, as the shell saw it. */
 export type StreamEnd = 'eof' | 'reset' | 'idle_timeout' | 'first_output_timeout' | 'total_timeout' | 'oversized' | 'shutdown';
 
+/** Why Waybill ended a committed stream with its own error event. `internal`: a bug in the gateway, caught. */
+export type GatewayErrorCause = StreamEnd | 'unfinished_choices' | 'internal';
+
 /** How the client response must end once the ledger knows. */
 export type Ending =
   /** `[DONE]` was forwarded: end the response. */
@@ -55,11 +59,12 @@ export type Ending =
   /** The upstream's error event was forwarded: end the response. */
   | { kind: 'upstream_error' }
   /** After commit the stream broke: write Waybill's own error event naming the cause, then end. */
-  | { kind: 'gateway_error'; cause: StreamEnd | 'unfinished_choices' }
+  | { kind: 'gateway_error'; cause: GatewayErrorCause }
   /** Before commit: answer with a status and an error body. */
   | { kind: 'failure'; failure: Failure };
 
 export type FailureCause =
+  | 'upstream_3xx'
   | 'upstream_4xx'
   | 'upstream_5xx'
   | 'error_payload'
@@ -67,7 +72,19 @@ export type FailureCause =
   | 'reset'
   | 'incomplete'
   | 'timeout'
-  | 'shutdown';
+  | 'shutdown'
+  /** An event larger than the limit, or more than the gateway holds before the first output. */
+  | 'oversized'
+  /** A 2xx that breaks the protocol: not an event stream where one was asked for, or not a completion body. */
+  | 'not_event_stream'
+  | 'malformed_body'
+  /** A compressed body (Waybill asks for identity encoding: it must read every byte). */
+  | 'compressed'
+  /** Waybill itself failed (a bug, caught): the client gets 500. */
+  | 'internal';
+
+/** A 2xx response Waybill cannot read, seen at its start. */
+export type ProtocolViolation = 'not_event_stream' | 'compressed';
 
 /** A pre-commit failure of an attempt, as the client would be told about it. */
 export interface Failure {
@@ -129,7 +146,11 @@ export interface LedgerHooks {
 interface AttemptState extends AttemptRecord {
   sawDone: boolean;
   error: UpstreamError | undefined;
+  /** Anomaly kinds already recorded for this attempt (a bit per kind): each counts once per attempt. */
+  anomalyKinds: number;
 }
+
+const ANOMALY_BIT = new Map<AnomalyKind, number>(ANOMALY_KINDS.map((kind, i) => [kind, 1 << i]));
 
 export class RequestLedger {
   private readonly attempts: AttemptState[] = [];
@@ -215,6 +236,7 @@ export class RequestLedger {
       failure: undefined,
       sawDone: false,
       error: undefined,
+      anomalyKinds: 0,
     });
   }
 
@@ -267,10 +289,8 @@ export class RequestLedger {
         return 'commit';
       }
       case 'chunk': {
-        for (const finish of facts.finishes) {
-          if (!this.finishes.has(finish.index)) this.finishes.set(finish.index, finish.reason);
-        }
-        if (facts.usage !== undefined) this.usage = facts.usage;
+        this.recordFinishes(attempt, facts);
+        this.recordUsage(attempt, facts);
         this.responseId ??= facts.id;
         this.responseModel ??= facts.model;
         if (facts.usageOnly && this.info.dropUsageChunk) return 'drop';
@@ -335,7 +355,11 @@ export class RequestLedger {
     attempt.endedAt = at;
     if (status < 200 || status >= 300) {
       const upstreamError = facts.kind === 'error' ? errorOf(facts) : undefined;
-      if (status >= 400 && status < 500) {
+      if (status >= 300 && status < 400) {
+        // Never followed: a redirect from an inference server is a misconfiguration (a URL missing its path, a
+        // login page in front of it), and following it would send the prompt somewhere nobody configured.
+        this.fail(attempt, 'http_3xx', { status: 502, outcome: 'failed', cause: 'upstream_3xx', upstreamError: undefined });
+      } else if (status >= 400 && status < 500) {
         this.fail(attempt, 'http_4xx', { status, outcome: 'rejected', cause: 'upstream_4xx', upstreamError });
       } else {
         this.fail(attempt, 'http_5xx', { status: 502, outcome: 'failed', cause: 'upstream_5xx', upstreamError });
@@ -350,11 +374,13 @@ export class RequestLedger {
     if (facts.kind !== 'chunk' || this.info.stream) {
       // Not a completion body, or JSON where an event stream was asked for: the upstream broke the protocol.
       this.anomaly(attempt, 'malformed_event');
-      this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
+      const cause: FailureCause = this.info.stream ? 'not_event_stream' : 'malformed_body';
+      this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause, upstreamError: undefined });
       return;
     }
-    for (const finish of facts.finishes) if (!this.finishes.has(finish.index)) this.finishes.set(finish.index, finish.reason);
-    this.usage = facts.usage;
+    this.recordFinishes(attempt, facts);
+    this.usage = undefined;
+    this.recordUsage(attempt, facts);
     this.responseId = facts.id;
     this.responseModel = facts.model;
     this.committedAt = at;
@@ -365,6 +391,32 @@ export class RequestLedger {
       attempt.result = 'ok';
     }
     this.endingValue = { kind: 'complete' };
+  }
+
+  /**
+   * A 2xx response that cannot be read (not an event stream where one was asked for, a compressed body): the
+   * attempt failed before any output, whatever its body would have said.
+   */
+  protocolViolation(at: number, violation: ProtocolViolation): void {
+    const attempt = this.attempt();
+    attempt.endedAt = at;
+    this.anomaly(attempt, 'malformed_event');
+    this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: violation, upstreamError: undefined });
+  }
+
+  /**
+   * The gateway failed while serving this request (a bug, caught by the shell): the request ends now, as an error
+   * event on a committed stream or a 500 before.
+   */
+  internalError(at: number): void {
+    const attempt = this.attempts.at(-1);
+    if (attempt !== undefined && attempt.result === undefined) {
+      attempt.result = 'cancelled';
+      attempt.endedAt = at;
+    }
+    this.endingValue = this.committed
+      ? { kind: 'gateway_error', cause: 'internal' }
+      : { kind: 'failure', failure: { status: 500, outcome: 'failed', cause: 'internal', upstreamError: undefined } };
   }
 
   /** The failure the client is answered with when no further attempt is made. */
@@ -424,7 +476,7 @@ export class RequestLedger {
       stream: this.info.stream,
       code,
       outcome,
-      attempts: this.attempts.map(({ sawDone: _d, error: _e, ...record }) => record),
+      attempts: this.attempts.map(({ sawDone: _d, error: _e, anomalyKinds: _k, ...record }) => record),
       anomalies: this.anomalies,
       finishReasons: this.committed ? this.finishReasonLabels() : [],
       cancelPhase: outcome === 'client_cancelled' ? this.cancelPhase() : undefined,
@@ -522,15 +574,40 @@ export class RequestLedger {
     }
   }
 
+  /** One label per expected choice: finish reasons of other indices are never stored (see recordFinishes). */
   private finishReasonLabels(): FinishReason[] {
     const labels: FinishReason[] = [];
-    for (let index = 0; index < this.choiceCount(); index++) labels.push(finishReasonLabel(this.finishes.get(index)));
-    for (const [index, reason] of this.finishes) if (index >= this.choiceCount()) labels.push(finishReasonLabel(reason));
+    for (let index = 0; index < this.info.expectedChoices; index++) labels.push(finishReasonLabel(this.finishes.get(index)));
     return labels;
   }
 
-  private choiceCount(): number {
-    return this.info.expectedChoices;
+  /**
+   * Keeps the first finish_reason of each expected choice. An index outside 0..expectedChoices-1 (or not an
+   * integer) is an anomaly and never a finish reason: counted, it would inflate the finish-reason shares, and
+   * stored, it would let an upstream grow the map with every distinct index it names.
+   */
+  private recordFinishes(attempt: AttemptState, facts: Extract<EventFacts, { kind: 'chunk' }>): void {
+    for (const index of facts.choices) {
+      if (!this.isExpectedChoice(index)) this.anomaly(attempt, 'unexpected_choice');
+    }
+    for (const finish of facts.finishes) {
+      if (!this.isExpectedChoice(finish.index)) continue;
+      if (!this.finishes.has(finish.index)) this.finishes.set(finish.index, finish.reason);
+    }
+  }
+
+  private isExpectedChoice(index: number): boolean {
+    return Number.isInteger(index) && index >= 0 && index < this.info.expectedChoices;
+  }
+
+  /** Usage whose numbers cannot be counted is missing usage, plus an anomaly; the latest usage seen wins. */
+  private recordUsage(attempt: AttemptState, facts: Extract<EventFacts, { kind: 'chunk' }>): void {
+    if (facts.usageInvalid) {
+      this.anomaly(attempt, 'invalid_usage');
+      this.usage = undefined;
+    } else if (facts.usage !== undefined) {
+      this.usage = facts.usage;
+    }
   }
 
   private unfinishedChoices(): number {
@@ -545,7 +622,11 @@ export class RequestLedger {
     this.endingValue = { kind: 'failure', failure };
   }
 
+  /** Records an anomaly once per attempt and kind, so what a request keeps is bounded whatever the upstream sends. */
   private anomaly(attempt: AttemptState, kind: AnomalyKind): void {
+    const bit = ANOMALY_BIT.get(kind) ?? 0;
+    if ((attempt.anomalyKinds & bit) !== 0) return;
+    attempt.anomalyKinds |= bit;
     this.anomalies.push({ upstream: attempt.upstream, kind });
     this.hooks.onAnomaly?.(kind, attempt.upstream);
   }
@@ -555,6 +636,33 @@ export class RequestLedger {
     if (attempt === undefined) throw new Error('no attempt started');
     return attempt;
   }
+}
+
+/**
+ * The settlement of a request whose ledger itself failed (a bug, caught by the shell): counted once, from what the
+ * shell knows for certain — whether anything had been sent — and nothing it would have to trust the ledger for.
+ */
+export function crashSettlement(info: RequestInfo, arrivalAt: number, committed: boolean, at: number): Settlement {
+  return {
+    model: info.model,
+    route: info.route,
+    stream: info.stream,
+    code: committed ? 200 : 500,
+    outcome: committed ? 'incomplete' : 'failed',
+    attempts: [],
+    anomalies: [],
+    finishReasons: [],
+    cancelPhase: undefined,
+    ttftMs: undefined,
+    tpotMs: undefined,
+    durationMs: at - arrivalAt,
+    usage: undefined,
+    promptLen: 'unknown',
+    slo: 'failed',
+    doneAfterErrorDropped: 0,
+    responseId: undefined,
+    responseModel: undefined,
+  };
 }
 
 function errorOf(facts: Extract<EventFacts, { kind: 'error' }>): UpstreamError {
@@ -574,7 +682,7 @@ function failureForErrorPayload(facts: Extract<EventFacts, { kind: 'error' }>): 
 }
 
 /** A gateway deadline ended the stream (the drain deadline at shutdown included). */
-function isDeadline(cause: StreamEnd | 'unfinished_choices'): boolean {
+function isDeadline(cause: GatewayErrorCause): boolean {
   return cause === 'idle_timeout' || cause === 'total_timeout' || cause === 'first_output_timeout' || cause === 'shutdown';
 }
 
@@ -596,6 +704,7 @@ function resultForEnd(how: StreamEnd): AttemptResult {
 function failureForEnd(how: StreamEnd): Failure {
   // Shutting down is not the upstream's failure: 503, so clients and load balancers go elsewhere.
   if (how === 'shutdown') return { status: 503, outcome: 'failed', cause: 'shutdown', upstreamError: undefined };
+  if (how === 'oversized') return { status: 502, outcome: 'failed', cause: 'oversized', upstreamError: undefined };
   const result = resultForEnd(how);
   if (result === 'timeout') return { status: 504, outcome: 'timeout', cause: 'timeout', upstreamError: undefined };
   return { status: 502, outcome: 'failed', cause: result === 'reset' ? 'reset' : 'incomplete', upstreamError: undefined };

@@ -3,14 +3,18 @@
  * lists or from configuration; docs/metrics.md lists the same values and test/metrics-contract.test.ts checks it.
  */
 
-export const ROUTES = ['chat_completions', 'completions'] as const;
+export const ROUTES = ['chat_completions', 'completions', '_other'] as const;
 export type Route = (typeof ROUTES)[number];
+/** The routes Waybill proxies; `_other` counts what the gateway answered without a route (404, HTTP-level errors). */
+export type ProxiedRoute = Exclude<Route, '_other'>;
+export const PROXIED_ROUTES: readonly ProxiedRoute[] = ['chat_completions', 'completions'];
 
 export const OUTCOMES = ['delivered', 'rejected', 'failed', 'timeout', 'stream_error', 'incomplete', 'client_cancelled'] as const;
 export type Outcome = (typeof OUTCOMES)[number];
 
 export const ATTEMPT_RESULTS = [
   'ok',
+  'http_3xx',
   'http_4xx',
   'http_5xx',
   'error_payload',
@@ -30,6 +34,8 @@ export const ANOMALY_KINDS = [
   'malformed_event',
   'oversized_event',
   'data_after_done',
+  'invalid_usage',
+  'unexpected_choice',
 ] as const;
 export type AnomalyKind = (typeof ANOMALY_KINDS)[number];
 

@@ -59,6 +59,8 @@ export interface Config {
   readonly streaming: {
     readonly maxEventBytes: number;
     readonly maxResponseBytes: number;
+    readonly maxErrorBodyBytes: number;
+    readonly maxHeldEvents: number;
     readonly injectUsage: boolean;
     readonly drainGraceMs: number;
   };
@@ -228,6 +230,8 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv): Co
     streaming: {
       maxEventBytes: raw.streaming.max_event_bytes,
       maxResponseBytes: raw.streaming.max_response_bytes,
+      maxErrorBodyBytes: raw.streaming.max_error_body_bytes,
+      maxHeldEvents: raw.streaming.max_held_events,
       injectUsage: raw.streaming.inject_usage,
       drainGraceMs: raw.streaming.drain_grace,
     },

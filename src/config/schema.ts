@@ -84,6 +84,18 @@ export const configSchema = z.strictObject({
       host: z.string().min(1).default('0.0.0.0'),
       port: z.number().int().min(0).max(65535).default(8080),
       body_limit_bytes: z.number().int().positive().default(16 * 1024 * 1024),
+      /** Arrival → the whole request body received; slower clients get 408 and their connection closed. */
+      read_timeout: positiveDuration.prefault(30),
+      /** Connection (or the previous response) → the request's complete headers; Node answers 408 past it. */
+      headers_timeout: positiveDuration.prefault(10),
+      /** Request line and headers together; larger get 431. */
+      max_header_bytes: z.number().int().min(1024).default(16 * 1024),
+      /** Open client connections; a request on a connection past the limit gets 503 and the connection is closed. */
+      max_connections: z.number().int().positive().default(4096),
+      /** Nesting depth of a JSON body (objects and arrays); deeper gets 400 json_too_deep. */
+      max_json_depth: z.number().int().min(2).max(1000).default(128),
+      /** Choices one request may ask for: n × the number of prompts; more gets 400 too_many_choices. */
+      max_choices: z.number().int().positive().max(100_000).default(128),
     })
     .prefault({}),
   pools: z.array(poolSchema).min(1),
@@ -147,6 +159,10 @@ export const configSchema = z.strictObject({
     .strictObject({
       max_event_bytes: z.number().int().positive().default(1024 * 1024),
       max_response_bytes: z.number().int().positive().default(64 * 1024 * 1024),
+      /** An upstream error body (non-2xx) is read up to this many bytes; its message is relayed from that part. */
+      max_error_body_bytes: z.number().int().positive().default(64 * 1024),
+      /** Events and comments held before the first output (with max_event_bytes as their byte limit). */
+      max_held_events: z.number().int().positive().default(64),
       /** Ask upstreams for usage when the client did not, and drop the usage-only chunk before the client. */
       inject_usage: z.boolean().default(true),
       /** After an upstream error event or [DONE], how long to keep reading the upstream for accounting. */

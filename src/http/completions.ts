@@ -2,9 +2,9 @@
  * The gateway's own checks on a completion request, before any upstream is asked: the fields it needs to route
  * and account (model, stream, n, prompt count). Everything else is the upstream's to validate.
  */
-import type { Route } from '../accounting/outcomes.js';
+import type { ProxiedRoute } from '../accounting/outcomes.js';
 import { isRecord } from '../sse/classify.js';
-import { errorBody, type ErrorBody } from './errors.js';
+import { errorBody, type ErrorBody, type ErrorCode } from './errors.js';
 
 export interface CompletionFields {
   readonly model: string;
@@ -22,11 +22,11 @@ function promptCount(prompt: unknown): number {
   return prompt.every((p) => typeof p === 'number') ? 1 : prompt.length;
 }
 
-export function checkCompletion(route: Route, json: unknown): Checked {
-  const invalid = (message: string, param: string | null, stream = false): Checked => ({
+export function checkCompletion(route: ProxiedRoute, json: unknown, maxChoices: number): Checked {
+  const invalid = (message: string, param: string | null, stream = false, code: ErrorCode = 'invalid_request'): Checked => ({
     ok: false,
     status: 400,
-    body: errorBody('invalid_request', message, param),
+    body: errorBody(code, message, param),
     stream,
   });
   if (!isRecord(json)) return invalid('the request body must be a JSON object', null);
@@ -44,12 +44,17 @@ export function checkCompletion(route: Route, json: unknown): Checked {
   }
   if (route === 'completions' && json['prompt'] === undefined) return invalid('`prompt` is required', 'prompt', streaming);
   const options = json['stream_options'];
+  // Every choice is tracked until it finishes: the product is what the ledger and the metrics will hold.
+  const expectedChoices = n * (route === 'completions' ? promptCount(json['prompt']) : 1);
+  if (expectedChoices > maxChoices) {
+    return invalid(`n × prompts is ${expectedChoices}; at most ${maxChoices} choices per request (server.max_choices)`, 'n', streaming, 'too_many_choices');
+  }
   return {
     ok: true,
     fields: {
       model,
       stream: streaming,
-      expectedChoices: n * (route === 'completions' ? promptCount(json['prompt']) : 1),
+      expectedChoices,
       clientAskedUsage: isRecord(options) && options['include_usage'] === true,
     },
   };
@@ -59,17 +64,88 @@ const OPEN_BRACE = 0x7b;
 const USAGE_MEMBER = Buffer.from('"stream_options":{"include_usage":true},');
 
 /**
- * The body to send upstream with `stream_options.include_usage` turned on. When the client sent no
- * `stream_options`, the member is spliced in after the opening brace and every other byte stays the client's
- * (a JSON.parse/stringify round trip would change numbers past 2^53, such as a large `seed`). Otherwise the
- * object is merged and re-serialised.
+ * The body to send upstream with `stream_options.include_usage` turned on, or undefined when the client's
+ * `stream_options` is something other than an object or null (the upstream will reject it; Waybill does not
+ * repair requests). Every byte outside `stream_options` stays the client's: a JSON.parse/stringify round trip
+ * would change numbers past 2^53 (a large `seed`) and re-serialise whatever the client nested.
  */
-export function withUsageRequested(raw: Buffer, json: Record<string, unknown>): Buffer {
+export function withUsageRequested(raw: Buffer, json: Record<string, unknown>): Buffer | undefined {
   if (!('stream_options' in json)) {
     const brace = raw.indexOf(OPEN_BRACE);
     // A body that checkCompletion accepted is an object with at least `model`, so a comma after the member is valid.
     return Buffer.concat([raw.subarray(0, brace + 1), USAGE_MEMBER, raw.subarray(brace + 1)]);
   }
-  const options = isRecord(json['stream_options']) ? json['stream_options'] : {};
-  return Buffer.from(JSON.stringify({ ...json, stream_options: { ...options, include_usage: true } }));
+  const options = json['stream_options'];
+  if (options !== null && !isRecord(options)) return undefined;
+  const span = memberValueSpan(raw, 'stream_options');
+  if (span === undefined) return undefined;
+  // stream_options holds a few flags: re-serialising that one small object is exact.
+  const value = Buffer.from(JSON.stringify({ ...options, include_usage: true }));
+  return Buffer.concat([raw.subarray(0, span.start), value, raw.subarray(span.end)]);
+}
+
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const COLON = 0x3a;
+const COMMA = 0x2c;
+const CLOSE_BRACE = 0x7d;
+const OPEN_BRACKET = 0x5b;
+const CLOSE_BRACKET = 0x5d;
+
+function skipSpace(raw: Buffer, i: number): number {
+  while (i < raw.length && (raw[i] === 0x20 || raw[i] === 0x0a || raw[i] === 0x0d || raw[i] === 0x09)) i++;
+  return i;
+}
+
+/** At an opening quote: the index just past the closing one. */
+function skipString(raw: Buffer, i: number): number {
+  for (i++; i < raw.length; i++) {
+    const c = raw[i];
+    if (c === BACKSLASH) i++;
+    else if (c === QUOTE) return i + 1;
+  }
+  return raw.length;
+}
+
+/** At the first byte of a value: the index just past it. */
+function skipValue(raw: Buffer, i: number): number {
+  const first = raw[i];
+  if (first === QUOTE) return skipString(raw, i);
+  if (first === OPEN_BRACE || first === OPEN_BRACKET) {
+    let depth = 0;
+    for (; i < raw.length; i++) {
+      const c = raw[i];
+      if (c === QUOTE) i = skipString(raw, i) - 1;
+      else if (c === OPEN_BRACE || c === OPEN_BRACKET) depth++;
+      else if ((c === CLOSE_BRACE || c === CLOSE_BRACKET) && --depth === 0) return i + 1;
+    }
+    return raw.length;
+  }
+  while (i < raw.length && raw[i] !== COMMA && raw[i] !== CLOSE_BRACE && raw[i] !== 0x20 && raw[i] !== 0x0a && raw[i] !== 0x0d && raw[i] !== 0x09) i++;
+  return i;
+}
+
+/**
+ * The byte span of the value of the top-level member `key` in `raw`, a JSON object that JSON.parse accepted. With
+ * duplicate keys it is the last one, the one JSON.parse (and the upstream's parser) keeps. Keys are compared
+ * decoded, so an escaped spelling of the name is found too.
+ */
+export function memberValueSpan(raw: Buffer, key: string): { start: number; end: number } | undefined {
+  let i = skipSpace(raw, 0);
+  if (raw[i] !== OPEN_BRACE) return undefined;
+  let found: { start: number; end: number } | undefined;
+  i = skipSpace(raw, i + 1);
+  while (i < raw.length && raw[i] === QUOTE) {
+    const keyEnd = skipString(raw, i);
+    const name: unknown = JSON.parse(raw.toString('utf8', i, keyEnd));
+    i = skipSpace(raw, keyEnd);
+    if (raw[i] !== COLON) return undefined;
+    const start = skipSpace(raw, i + 1);
+    const end = skipValue(raw, start);
+    if (name === key) found = { start, end };
+    i = skipSpace(raw, end);
+    if (raw[i] !== COMMA) break;
+    i = skipSpace(raw, i + 1);
+  }
+  return found;
 }

@@ -13,6 +13,18 @@ export interface ErrorSpec {
 export const ERRORS = {
   invalid_json: { status: 400, type: 'invalid_request_error' },
   invalid_request: { status: 400, type: 'invalid_request_error' },
+  /** JSON nested deeper than server.max_json_depth. */
+  json_too_deep: { status: 400, type: 'invalid_request_error' },
+  /** n × prompts over server.max_choices. */
+  too_many_choices: { status: 400, type: 'invalid_request_error' },
+  /** Node's HTTP parser refused the request (malformed request line or header). */
+  bad_request: { status: 400, type: 'invalid_request_error' },
+  /** Headers or body not received within server.headers_timeout / server.read_timeout. */
+  request_timeout: { status: 408, type: 'invalid_request_error' },
+  /** Request headers over server.max_header_bytes. */
+  headers_too_large: { status: 431, type: 'invalid_request_error' },
+  /** More open client connections than server.max_connections. */
+  too_many_connections: { status: 503, type: 'unavailable_error' },
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   body_too_large: { status: 413, type: 'invalid_request_error' },
   model_not_found: { status: 404, type: 'invalid_request_error' },
@@ -21,6 +33,8 @@ export const ERRORS = {
   upstream_unreachable: { status: 502, type: 'upstream_error' },
   upstream_reset: { status: 502, type: 'upstream_error' },
   upstream_incomplete: { status: 502, type: 'upstream_error' },
+  /** The upstream answered in a way Waybill cannot read or relay: a redirect, an oversized event, not an event stream, a compressed body. */
+  upstream_protocol_error: { status: 502, type: 'upstream_error' },
   upstream_timeout: { status: 504, type: 'timeout_error' },
   no_upstream: { status: 503, type: 'upstream_error' },
   overloaded: { status: 429, type: 'rate_limit_error' },
@@ -41,10 +55,41 @@ export function errorBody(code: ErrorCode, message: string, param: string | null
   return { error: { message, type: ERRORS[code].type, param, code } };
 }
 
+/** Longest upstream error message relayed to a client; the rest is cut (an upstream's body is not ours to amplify). */
+const MAX_RELAYED_MESSAGE = 4096;
+
+function relayed(message: string | undefined): string | undefined {
+  return message !== undefined && message.length > MAX_RELAYED_MESSAGE ? `${message.slice(0, MAX_RELAYED_MESSAGE)}…` : message;
+}
+
+function relayedField(value: string | undefined): string | undefined {
+  return value !== undefined && value.length > 256 ? value.slice(0, 256) : value;
+}
+
 /** The status and body a client gets for a pre-commit failure. */
 export function failureResponse(failure: Failure): { status: number; body: ErrorBody } {
-  const upstream = failure.upstreamError;
+  const upstream = failure.upstreamError && {
+    ...failure.upstreamError,
+    message: relayed(failure.upstreamError.message),
+    type: relayedField(failure.upstreamError.type),
+    param: relayedField(failure.upstreamError.param),
+  };
   switch (failure.cause) {
+    case 'upstream_3xx':
+      return { status: failure.status, body: errorBody('upstream_protocol_error', 'the upstream answered with a redirect, which Waybill does not follow') };
+    case 'oversized':
+      return {
+        status: failure.status,
+        body: errorBody('upstream_protocol_error', 'the upstream sent more than the gateway holds before the first output (an oversized event, or too many bytes or events)'),
+      };
+    case 'not_event_stream':
+      return { status: failure.status, body: errorBody('upstream_protocol_error', 'the upstream answered a streaming request without an event stream') };
+    case 'malformed_body':
+      return { status: failure.status, body: errorBody('upstream_protocol_error', 'the upstream answered with a body that is not a completion') };
+    case 'internal':
+      return { status: 500, body: errorBody('internal_error', 'internal error') };
+    case 'compressed':
+      return { status: failure.status, body: errorBody('upstream_protocol_error', 'the upstream answered with a compressed body, which Waybill cannot account') };
     case 'upstream_4xx':
     case 'error_payload':
       if (failure.status < 500 || upstream !== undefined) {

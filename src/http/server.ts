@@ -3,23 +3,28 @@
  * request is checked, then handed to an Exchange (proxy/) that owns the raw response.
  */
 import { randomUUID } from 'node:crypto';
+import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { RequestLedger, type Settlement } from '../accounting/ledger.js';
-import { OTHER, type Route } from '../accounting/outcomes.js';
+import { OTHER, type ProxiedRoute, type Route } from '../accounting/outcomes.js';
 import type { Config } from '../config/load.js';
-import { Exchange, ledgerInfo, publishSettlement, type ExchangeDeps } from '../proxy/exchange.js';
+import { Exchange, ledgerInfo, type ExchangeDeps } from '../proxy/exchange.js';
 import { upstreamHeaders } from '../proxy/headers.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
 import { createLogger } from '../telemetry/logger.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
-import { startRequestTrace } from '../telemetry/request-trace.js';
+import { ObserverGuard } from '../telemetry/guard.js';
+import { NO_TRACE, startRequestTrace, type RequestTrace } from '../telemetry/request-trace.js';
+import { createSettlementRecorder } from '../telemetry/settlement.js';
 import { disabledTracing, type Tracing } from '../telemetry/tracing.js';
 import { isRecord } from '../sse/classify.js';
 import { within } from '../util/within.js';
+import { BodyAbandoned, BodyError, readJsonBody, type ParsedBody } from './body.js';
 import { checkCompletion, withUsageRequested } from './completions.js';
-import { errorBody, type ErrorBody, type ErrorCode } from './errors.js';
+import { ERRORS, errorBody, type ErrorBody, type ErrorCode } from './errors.js';
 
 export interface GatewayOptions {
   logger?: Logger;
@@ -49,20 +54,14 @@ export interface Gateway {
   close(): Promise<void>;
 }
 
-const ROUTE_PATHS: Record<Route, string> = { chat_completions: '/v1/chat/completions', completions: '/v1/completions' };
+const ROUTE_PATHS: Record<ProxiedRoute, string> = { chat_completions: '/v1/chat/completions', completions: '/v1/completions' };
 
-const ROUTES: Record<string, { route: Route; apiPath: string }> = {
-  '/v1/chat/completions': { route: 'chat_completions', apiPath: '/v1/chat/completions' },
-  '/v1/completions': { route: 'completions', apiPath: '/v1/completions' },
-};
+const ROUTES: ReadonlyMap<string, ProxiedRoute> = new Map(
+  Object.entries(ROUTE_PATHS).map(([route, path]) => [path, route as ProxiedRoute]),
+);
 
 /** A client request id we keep: a safe token, so it can go into logs and upstream headers as it is. */
 const SAFE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
-
-interface ParsedBody {
-  raw: Buffer;
-  json: unknown;
-}
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -76,6 +75,25 @@ const FASTIFY_ERRORS: Record<string, ErrorCode> = {
   FST_ERR_CTP_EMPTY_JSON_BODY: 'invalid_json',
   FST_ERR_CTP_INVALID_CONTENT_LENGTH: 'invalid_request',
 };
+
+/** Node's HTTP-level refusals (before any route): the code Waybill answers each with. */
+function clientErrorCode(error: NodeJS.ErrnoException): ErrorCode {
+  if (error.code === 'ERR_HTTP_REQUEST_TIMEOUT') return 'request_timeout';
+  if (error.code === 'HPE_HEADER_OVERFLOW') return 'headers_too_large';
+  return 'bad_request';
+}
+
+/** A whole HTTP/1.1 error response in bytes, for a socket no request object owns. */
+function rawErrorResponse(code: ErrorCode, message: string): string {
+  const status = ERRORS[code].status;
+  const body = JSON.stringify(errorBody(code, message));
+  return `HTTP/1.1 ${status} ${STATUS_TEXT[status] ?? 'Error'}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`;
+}
+
+const STATUS_TEXT: Record<number, string> = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' };
+
+/** What Node's HTTP server keeps of the response in flight on a socket (undocumented, stable since Node 0.x). */
+type SocketWithResponse = Socket & { _httpMessage?: ServerResponse };
 
 export function createGateway(config: Config, options: GatewayOptions = {}): Gateway {
   const logger = options.logger ?? createLogger(config.logging);
@@ -94,6 +112,17 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     },
     queues: () => upstreams.queues(),
   });
+  const guard = new ObserverGuard((component, error) => {
+    logger.error({ err: error, component }, 'internal error');
+    metrics.internalError(component);
+  });
+  const publish = createSettlementRecorder({
+    metrics,
+    logger,
+    guard,
+    logRequests: config.logging.requests,
+    onSettled: options.onSettled,
+  });
   const exchanges = new Set<Exchange>();
   let draining = false;
   /** Drain or close, whichever came first: both end in the same closed state, once. */
@@ -106,7 +135,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     logger,
     now,
     random,
-    ...(options.onSettled ? { onSettled: options.onSettled } : {}),
+    publish,
+    guard,
     onDone: (exchange) => {
       exchanges.delete(exchange);
       if (exchanges.size === 0) allDone?.();
@@ -122,6 +152,15 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     // Fastify would make a child logger per request; Waybill logs per request once, from the ledger, with the id.
     childLoggerFactory: (parent) => parent,
     bodyLimit: config.server.body_limit_bytes,
+    http: {
+      maxHeaderSize: config.server.max_header_bytes,
+      headersTimeout: config.server.headers_timeout,
+      // Node checks its header deadline on this interval: 30 s by default, far coarser than the deadline.
+      connectionsCheckingInterval: Math.min(1000, config.server.headers_timeout),
+    },
+    // Node's HTTP-level refusals (malformed request, header overflow, header timeout) answered in OpenAI's shape and
+    // counted, like every other request.
+    clientErrorHandler: (error: NodeJS.ErrnoException, socket: Socket) => onClientError(error, socket),
     requestIdHeader: false,
     genReqId: (req) => {
       const given = req.headers['x-request-id'];
@@ -132,123 +171,205 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     return503OnClosing: true,
   });
   app.decorateRequest('arrivalAt', 0);
-  app.addHook('onRequest', (request, _reply, done) => {
+
+  // Connections past server.max_connections are answered (503, then closed) at their first request rather than
+  // dropped unanswered at accept: every request gets an answer and a count.
+  const overLimit = new WeakSet<Socket>();
+  let connections = 0;
+  app.server.on('connection', (socket: Socket) => {
+    connections++;
+    if (connections > config.server.max_connections) overLimit.add(socket);
+    socket.once('close', () => connections--);
+  });
+
+  app.addHook('onRequest', (request, reply, done) => {
     request.arrivalAt = now();
+    if (overLimit.has(request.raw.socket)) {
+      void reply.header('connection', 'close');
+      answerRejection(request, reply, routeOf(request), false, errorBody('too_many_connections', `more than ${config.server.max_connections} open connections; retry later`));
+      return;
+    }
     done();
   });
 
   app.removeAllContentTypeParsers();
-  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, buffer: Buffer, done) => {
-    try {
-      done(null, { raw: buffer, json: JSON.parse(buffer.toString('utf8')) } satisfies ParsedBody);
-    } catch {
-      const error = new Error('the request body is not valid JSON') as FastifyError;
-      error.code = 'WAYBILL_INVALID_JSON';
-      error.statusCode = 400;
-      done(error, undefined);
-    }
-  });
+  app.addContentTypeParser('application/json', async (request: FastifyRequest) =>
+    readJsonBody(
+      request.raw,
+      { maxBytes: config.server.body_limit_bytes, readTimeoutMs: config.server.read_timeout, maxDepth: config.server.max_json_depth },
+      config.server.read_timeout - (now() - request.arrivalAt),
+    ),
+  );
 
   const sendError = (reply: FastifyReply, status: number, body: ErrorBody) => {
     void reply.code(status).header('x-request-id', reply.request.id).type('application/json').send(body);
   };
 
-  /** A completion request the gateway answered itself still counts as one logical request: metrics, span, log. */
-  const recordRejection = (request: FastifyRequest, route: Route, stream: boolean, status: number, model?: unknown) => {
-    const label = typeof model === 'string' && upstreams.poolFor(model) !== undefined ? model : OTHER;
-    const body = (request.body as ParsedBody | undefined)?.json;
-    const trace = startRequestTrace(
-      tracer,
-      request.headers,
-      {
-        route,
-        path: ROUTE_PATHS[route],
-        model: label,
-        stream,
-        requestId: request.id,
-        arrivalAt: request.arrivalAt,
-        body: isRecord(body) ? body : {},
-      },
-      config.tracing.captureContent,
-    );
+  /**
+   * A request the gateway answered itself still counts as one logical request: metrics, log line, and a span for
+   * the proxied routes. `cancelled`: the client left before it could be answered.
+   */
+  const recordAnswered = (
+    start: { route: Route; stream: boolean; requestId: string; arrivalAt: number; headers: IncomingHttpHeaders; body: unknown; model?: unknown },
+    status: number | 'cancelled',
+  ) => {
+    const model = typeof start.model === 'string' && upstreams.poolFor(start.model) !== undefined ? start.model : OTHER;
+    const route = start.route;
+    let trace: RequestTrace = NO_TRACE;
+    if (route !== '_other') {
+      trace = guard.trace(
+        guard.run(
+          'tracing',
+          () =>
+            startRequestTrace(
+              tracer,
+              start.headers,
+              {
+                route,
+                path: ROUTE_PATHS[route],
+                model,
+                stream: start.stream,
+                requestId: start.requestId,
+                arrivalAt: start.arrivalAt,
+                body: isRecord(start.body) ? start.body : {},
+              },
+              config.tracing.captureContent,
+            ),
+          NO_TRACE,
+        ),
+      );
+    }
     // A rejection's SLO result (excluded, or failed for 429/503) does not depend on thresholds.
     const ledger = new RequestLedger(
-      ledgerInfo(config, { model: label, route, stream, expectedChoices: 1, dropUsageChunk: false }),
-      request.arrivalAt,
+      ledgerInfo(config, { model, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false }),
+      start.arrivalAt,
     );
-    ledger.reject(status);
     const at = now();
-    publishSettlement(exchangeDeps, ledger.settle(at), request.id, trace, false, at);
+    if (status === 'cancelled') ledger.clientCancelled(at);
+    else ledger.reject(status);
+    publish(ledger.settle(at), start.requestId, trace, false, at);
   };
 
+  const answerRejection = (request: FastifyRequest, reply: FastifyReply, route: Route, stream: boolean, body: ErrorBody, model?: unknown) => {
+    const status = ERRORS[body.error.code as ErrorCode]?.status ?? 400;
+    recordAnswered(requestStart(request, route, stream, model), status);
+    sendError(reply, status, body);
+  };
+
+  const requestStart = (request: FastifyRequest, route: Route, stream: boolean, model?: unknown) => ({
+    route,
+    stream,
+    model,
+    requestId: request.id,
+    arrivalAt: request.arrivalAt,
+    headers: request.headers,
+    body: (request.body as ParsedBody | undefined)?.json,
+  });
+
+  function onClientError(error: NodeJS.ErrnoException, socket: Socket): void {
+    // A connection reset before a whole request arrived: no request, nobody to answer.
+    if (error.code === 'ECONNRESET' || socket.destroyed) {
+      socket.destroy();
+      return;
+    }
+    const code = clientErrorCode(error);
+    const inFlight = (socket as SocketWithResponse)._httpMessage;
+    // Node's own rule: answer only where no response of an earlier request has started on this socket.
+    if (socket.writable && (inFlight === undefined || !inFlight.headersSent)) {
+      const message =
+        code === 'request_timeout'
+          ? `the request headers did not arrive within ${config.server.headers_timeout} ms`
+          : code === 'headers_too_large'
+            ? `the request headers are larger than ${config.server.max_header_bytes} bytes`
+            : 'the request is not valid HTTP';
+      socket.end(rawErrorResponse(code, message));
+    }
+    socket.destroySoon();
+    const at = now();
+    guard.run('http', () =>
+      recordAnswered({ route: '_other', stream: false, requestId: randomUUID(), arrivalAt: at, headers: {}, body: undefined }, ERRORS[code].status),
+    );
+  }
+
   app.setErrorHandler((error: FastifyError, request, reply) => {
-    const code: ErrorCode =
-      error.code === 'WAYBILL_INVALID_JSON' ? 'invalid_json' : (FASTIFY_ERRORS[error.code] ?? (error.statusCode === 400 ? 'invalid_request' : 'internal_error'));
-    const status = code === 'internal_error' ? 500 : (error.statusCode ?? 400);
-    if (code === 'internal_error') request.log.error({ err: error }, 'unhandled error');
-    const target = ROUTES[request.routeOptions.url ?? ''];
-    if (target !== undefined && request.method === 'POST') recordRejection(request, target.route, false, status);
-    sendError(reply, status, errorBody(code, code === 'internal_error' ? 'internal error' : error.message));
+    const route = routeOf(request);
+    if (error instanceof BodyAbandoned) {
+      // The client left while sending its body: a cancellation, with nobody left to answer.
+      recordAnswered(requestStart(request, route, false), 'cancelled');
+      void reply.hijack();
+      reply.raw.destroy();
+      return;
+    }
+    if (error instanceof BodyError) {
+      if (error.close) void reply.header('connection', 'close');
+      answerRejection(request, reply, route, false, errorBody(error.code, error.message));
+      return;
+    }
+    const code: ErrorCode = FASTIFY_ERRORS[error.code] ?? (error.statusCode === 400 ? 'invalid_request' : 'internal_error');
+    if (code === 'internal_error') guard.report('http', error);
+    answerRejection(request, reply, route, false, errorBody(code, code === 'internal_error' ? 'internal error' : error.message));
   });
 
   app.setNotFoundHandler((request, reply) => {
-    sendError(reply, 404, errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0] ?? ''}`));
+    answerRejection(request, reply, '_other', false, errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0] ?? ''}`));
   });
 
-  for (const [url, target] of Object.entries(ROUTES)) {
-    app.post(url, (request, reply) => {
+  for (const [apiPath, route] of ROUTES) {
+    app.post(apiPath, (request, reply) => {
       const parsed = request.body as ParsedBody | undefined;
       if (parsed === undefined) {
-        recordRejection(request, target.route, false, 415);
-        sendError(reply, 415, errorBody('unsupported_media_type', 'send the request as application/json'));
+        answerRejection(request, reply, route, false, errorBody('unsupported_media_type', 'send the request as application/json'));
         return;
       }
-      const checked = checkCompletion(target.route, parsed.json);
+      const checked = checkCompletion(route, parsed.json, config.server.max_choices);
       if (!checked.ok) {
-        const named = (parsed.json as { model?: unknown } | null)?.model;
-        recordRejection(request, target.route, checked.stream, checked.status, named);
-        sendError(reply, checked.status, checked.body);
+        answerRejection(request, reply, route, checked.stream, checked.body, (parsed.json as { model?: unknown } | null)?.model);
         return;
       }
       const fields = checked.fields;
       if (upstreams.poolFor(fields.model) === undefined) {
-        recordRejection(request, target.route, fields.stream, 404);
-        sendError(reply, 404, errorBody('model_not_found', `The model \`${fields.model}\` does not exist.`, 'model'));
+        answerRejection(request, reply, route, fields.stream, errorBody('model_not_found', `The model \`${fields.model}\` does not exist.`, 'model'));
         return;
       }
-      const injectUsage = fields.stream && config.streaming.injectUsage && !fields.clientAskedUsage;
-      const trace = startRequestTrace(
-        tracer,
-        request.headers,
-        {
-          route: target.route,
-          path: target.apiPath,
-          model: fields.model,
-          stream: fields.stream,
-          requestId: request.id,
-          arrivalAt: request.arrivalAt,
-          body: parsed.json as Record<string, unknown>,
-        },
-        config.tracing.captureContent,
+      const json = parsed.json as Record<string, unknown>;
+      const withUsage = fields.stream && config.streaming.injectUsage && !fields.clientAskedUsage ? withUsageRequested(parsed.raw, json) : undefined;
+      const trace = guard.trace(
+        guard.run(
+          'tracing',
+          () =>
+            startRequestTrace(
+              tracer,
+              request.headers,
+              { route, path: apiPath, model: fields.model, stream: fields.stream, requestId: request.id, arrivalAt: request.arrivalAt, body: json },
+              config.tracing.captureContent,
+            ),
+          NO_TRACE,
+        ),
       );
+      const completion = {
+        route,
+        apiPath,
+        model: fields.model,
+        stream: fields.stream,
+        body: withUsage ?? parsed.raw,
+        expectedChoices: fields.expectedChoices,
+        dropUsageChunk: withUsage !== undefined,
+        requestId: request.id,
+        headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined),
+        arrivalAt: request.arrivalAt,
+        trace,
+      };
       void reply.hijack();
-      const exchange = new Exchange(
-        exchangeDeps,
-        {
-          route: target.route,
-          apiPath: target.apiPath,
-          model: fields.model,
-          stream: fields.stream,
-          body: injectUsage ? withUsageRequested(parsed.raw, parsed.json as Record<string, unknown>) : parsed.raw,
-          expectedChoices: fields.expectedChoices,
-          dropUsageChunk: injectUsage,
-          requestId: request.id,
-          headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined),
-          arrivalAt: request.arrivalAt,
-          trace,
-        },
-        reply.raw,
-      );
+      let exchange: Exchange;
+      try {
+        exchange = new Exchange(exchangeDeps, completion, reply.raw);
+      } catch (error) {
+        // Nothing was started: answered and counted here, once. (Once started, the exchange guards itself.)
+        guard.report('exchange', error);
+        answerRaw(reply.raw, request.id, 500, errorBody('internal_error', 'internal error'));
+        recordAnswered(requestStart(request, route, fields.stream, fields.model), 500);
+        return;
+      }
       exchanges.add(exchange);
       exchange.start();
     });
@@ -333,6 +454,18 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     await upstreams.close();
     logger.info('drained');
   }
+}
+
+function routeOf(request: FastifyRequest): Route {
+  return request.method === 'POST' ? (ROUTES.get(request.routeOptions.url ?? '') ?? '_other') : '_other';
+}
+
+/** An error answer on a hijacked response; a client already gone is simply not answered. */
+function answerRaw(res: ServerResponse, requestId: string, status: number, body: ErrorBody): void {
+  if (res.headersSent || res.destroyed) return;
+  const payload = Buffer.from(JSON.stringify(body));
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': payload.length, 'x-request-id': requestId });
+  res.end(payload);
 }
 
 function sleep(ms: number): Promise<void> {

@@ -3,7 +3,7 @@
  * bytes to the exchange. Bytes flow through untouched; the framer and classifier only watch them.
  */
 import type { Dispatcher } from 'undici';
-import type { StreamEnd } from '../accounting/ledger.js';
+import type { ProtocolViolation, StreamEnd } from '../accounting/ledger.js';
 import { createFramer, type Framer, type SseEvent } from '../sse/framer.js';
 import type { Upstream } from './upstreams.js';
 
@@ -15,6 +15,8 @@ export type NetworkFailure = 'connect_error' | 'reset';
 /** What the attempt reports to the logical request that owns it. */
 export interface AttemptSink {
   onResponseStart(attempt: Attempt, status: number): void;
+  /** A 2xx that cannot be read (see ProtocolViolation); the attempt is stopped right after. */
+  onProtocolViolation(attempt: Attempt, violation: ProtocolViolation): void;
   onBlock(attempt: Attempt, raw: Buffer, event: SseEvent | null): void;
   /** All blocks of one upstream read have been reported: the moment to write what they produced in one go. */
   onChunkDone(attempt: Attempt): void;
@@ -37,6 +39,14 @@ function isEventStream(headers: Record<string, string | string[] | undefined>): 
   return typeof type === 'string' && type.toLowerCase().startsWith('text/event-stream');
 }
 
+/** Waybill asks for identity encoding; anything else cannot be framed or classified. */
+function isCompressed(headers: Record<string, string | string[] | undefined>): boolean {
+  const encoding = headers['content-encoding'];
+  if (encoding === undefined) return false;
+  const value = (Array.isArray(encoding) ? encoding.join(',') : encoding).trim().toLowerCase();
+  return value !== '' && value !== 'identity';
+}
+
 export class Attempt implements Dispatcher.DispatchHandler {
   private controller: Dispatcher.DispatchController | undefined;
   private framer: Framer | undefined;
@@ -57,7 +67,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     readonly upstream: Upstream,
     readonly number: number,
     private readonly sink: AttemptSink,
-    private readonly options: { streaming: boolean; maxEventBytes: number; maxResponseBytes: number },
+    private readonly options: { streaming: boolean; maxEventBytes: number; maxResponseBytes: number; maxErrorBodyBytes: number },
   ) {}
 
   get finished(): boolean {
@@ -103,6 +113,20 @@ export class Attempt implements Dispatcher.DispatchHandler {
     this.contentType = typeof type === 'string' ? type : undefined;
     const retryAfter = headers['retry-after'];
     this.retryAfter = typeof retryAfter === 'string' ? retryAfter : undefined;
+    if (statusCode >= 200 && statusCode < 300) {
+      const violation: ProtocolViolation | undefined = isCompressed(headers)
+        ? 'compressed'
+        : this.options.streaming && !isEventStream(headers)
+          ? 'not_event_stream'
+          : undefined;
+      if (violation !== undefined) {
+        // Judged at once, without reading a body that could be anything (an HTML page, an endless gzip stream).
+        this.sink.onResponseStart(this, statusCode);
+        this.sink.onProtocolViolation(this, violation);
+        this.abort('drained');
+        return;
+      }
+    }
     if (this.options.streaming && statusCode === 200 && isEventStream(headers)) {
       this.framer = createFramer(
         {
@@ -124,12 +148,21 @@ export class Attempt implements Dispatcher.DispatchHandler {
       this.sink.onChunkDone(this);
       return;
     }
-    this.bodyBytes += chunk.length;
-    if (this.bodyBytes > this.options.maxResponseBytes) {
+    const isError = this.status < 200 || this.status >= 300;
+    const limit = isError ? this.options.maxErrorBodyBytes : this.options.maxResponseBytes;
+    if (this.bodyBytes + chunk.length > limit) {
+      if (isError) {
+        // An error body is read for its message; past the limit the rest is not ours to buffer or relay.
+        this.body.push(chunk.subarray(0, limit - this.bodyBytes));
+        this.reportBody();
+        this.abort('drained');
+        return;
+      }
       this.body = [];
       this.abort('oversized');
       return;
     }
+    this.bodyBytes += chunk.length;
     this.body.push(chunk);
   }
 
@@ -141,11 +174,15 @@ export class Attempt implements Dispatcher.DispatchHandler {
       this.sink.onChunkDone(this);
       this.sink.onStreamEnd(this, 'eof');
     } else {
-      const body = this.body.length === 1 ? (this.body[0] as Buffer) : Buffer.concat(this.body);
-      this.body = [];
-      this.sink.onBody(this, this.status, body);
+      this.reportBody();
     }
     this.settle();
+  }
+
+  private reportBody(): void {
+    const body = this.body.length === 1 ? (this.body[0] as Buffer) : Buffer.concat(this.body);
+    this.body = [];
+    this.sink.onBody(this, this.status, body);
   }
 
   onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {

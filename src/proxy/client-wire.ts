@@ -1,7 +1,7 @@
 /**
  * Bytes Waybill itself puts on the client's wire, and the joining of forwarded ones.
  */
-import type { StreamEnd } from '../accounting/ledger.js';
+import type { GatewayErrorCause } from '../accounting/ledger.js';
 import { errorBody, type ErrorCode } from '../http/errors.js';
 import { classifyJson, type EventFacts } from '../sse/classify.js';
 
@@ -33,7 +33,7 @@ export function coalesce(pieces: Buffer[]): Buffer {
   return Buffer.from(first.buffer, first.byteOffset, end - first.byteOffset);
 }
 
-const STREAM_ERRORS: Record<StreamEnd | 'unfinished_choices', [ErrorCode, string]> = {
+const STREAM_ERRORS: Record<GatewayErrorCause, [ErrorCode, string]> = {
   eof: ['stream_truncated', 'the upstream ended the stream before it was complete'],
   reset: ['stream_truncated', 'the upstream connection was reset mid-stream'],
   oversized: ['stream_truncated', 'the upstream sent an event larger than the configured limit'],
@@ -42,13 +42,14 @@ const STREAM_ERRORS: Record<StreamEnd | 'unfinished_choices', [ErrorCode, string
   first_output_timeout: ['stream_timeout', 'the request exceeded its time limit'],
   total_timeout: ['stream_timeout', 'the request exceeded its time limit'],
   shutdown: ['stream_timeout', 'the gateway is shutting down and the stream did not finish in time'],
+  internal: ['internal_error', 'the gateway failed while relaying the stream'],
 };
 
 /**
  * The SSE error event that ends a committed stream Waybill could not deliver. The OpenAI SDKs raise on an event
  * with an `error` key; a clean end without it would read as a complete answer.
  */
-export function streamErrorEvent(cause: StreamEnd | 'unfinished_choices'): Buffer {
+export function streamErrorEvent(cause: GatewayErrorCause): Buffer {
   const [code, message] = STREAM_ERRORS[cause];
   return Buffer.from(`data: ${JSON.stringify(errorBody(code, message))}\n\n`);
 }

@@ -10,8 +10,8 @@
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import { RequestLedger, type Failure, type RequestInfo, type Settlement, type StreamEnd } from '../accounting/ledger.js';
-import type { Route } from '../accounting/outcomes.js';
+import { crashSettlement, RequestLedger, type Failure, type ProtocolViolation, type RequestInfo, type StreamEnd } from '../accounting/ledger.js';
+import type { ProxiedRoute } from '../accounting/outcomes.js';
 import type { Config } from '../config/load.js';
 import { errorBody, failureResponse, type ErrorBody } from '../http/errors.js';
 import { classifyEventData } from '../sse/classify.js';
@@ -23,7 +23,8 @@ import { classifyBody, coalesce, SSE_HEADERS, streamErrorEvent } from './client-
 import { parseRetryAfter } from './retry-after.js';
 import { retryDelay, retryReason } from './retry-policy.js';
 import type { RequestTrace } from '../telemetry/request-trace.js';
-import { requestLogLine } from '../telemetry/request-log.js';
+import type { ObserverGuard } from '../telemetry/guard.js';
+import type { PublishSettlement } from '../telemetry/settlement.js';
 import type { RetryReason } from '../accounting/outcomes.js';
 import type { ModelControls, UpstreamRegistry } from './upstreams.js';
 
@@ -35,14 +36,16 @@ export interface ExchangeDeps {
   /** Monotonic milliseconds. */
   readonly now: () => number;
   readonly random: () => number;
-  /** Called with every settled request (tests and telemetry subscribe here). */
-  readonly onSettled?: (settlement: Settlement, requestId: string) => void;
+  /** Observers of the settled request (span, metrics, log line, hooks), each unable to break the others. */
+  readonly publish: PublishSettlement;
+  /** Reports errors caught inside the exchange. */
+  readonly guard: ObserverGuard;
   /** Called once the exchange holds nothing any more (for the shutdown drain). */
   readonly onDone?: (exchange: Exchange) => void;
 }
 
 export interface CompletionRequest {
-  readonly route: Route;
+  readonly route: ProxiedRoute;
   /** Upstream API path, e.g. /v1/chat/completions. */
   readonly apiPath: string;
   /** The served model name (a key of the upstream registry). */
@@ -72,24 +75,6 @@ export function ledgerInfo(
   };
 }
 
-/**
- * Everything a settled logical request feeds: its span, the metrics (with its trace id as exemplar), the wide log
- * line, and the settlement subscribers. Shared by proxied requests and those the gateway answered itself.
- */
-export function publishSettlement(
-  deps: ExchangeDeps,
-  settlement: Settlement,
-  requestId: string,
-  trace: RequestTrace,
-  started: boolean,
-  at: number,
-): void {
-  trace.settle(settlement, at);
-  deps.metrics.record(settlement, started, trace.traceId);
-  if (deps.config.logging.requests) deps.logger.info(requestLogLine(settlement, requestId, trace.traceId), 'request');
-  deps.onSettled?.(settlement, requestId);
-}
-
 /** Retry-After Waybill sends with its own 429: the queue is a second's worth of work for a healthy pool. */
 const OVERLOADED_RETRY_AFTER_S = '1';
 
@@ -99,6 +84,8 @@ export class Exchange implements AttemptSink {
   /** Kept from the start: Node detaches it from the response once the response is done. */
   private readonly socket: Socket | null;
   private attempt: Attempt | undefined;
+  /** Upstreams this request has been sent to: a retry goes elsewhere while another is eligible. */
+  private readonly tried = new Set<string>();
   private held: Buffer[] = [];
   private heldBytes = 0;
   private out: Buffer[] = [];
@@ -107,6 +94,8 @@ export class Exchange implements AttemptSink {
   /** The client side is over: the response was flushed to the socket ('finish'), or the client left ('close'). */
   private clientFinished = false;
   private settled = false;
+  /** An error inside the exchange was caught: the request was answered and counted from what was certain. */
+  private crashed = false;
   private admission: Admission | undefined;
   /** Aborts a wait in the admission queue when the client leaves. */
   private queueAbort: AbortController | undefined;
@@ -135,7 +124,14 @@ export class Exchange implements AttemptSink {
     this.controls = deps.upstreams.controls(request.model);
     const itl = deps.metrics.interTokenLatency(request.model);
     this.ledger = new RequestLedger(info, request.arrivalAt, {
-      onInterTokenGap: (ms) => itl.observe(ms / 1000),
+      onInterTokenGap: (ms) => {
+        // Per event: a try block costs nothing in V8 until something throws.
+        try {
+          itl.observe(ms / 1000);
+        } catch (error) {
+          deps.guard.report('metrics', error);
+        }
+      },
       onAnomaly: (kind) => {
         if (this.attempt !== undefined) request.trace.anomaly(this.attempt.number, kind, deps.now());
       },
@@ -143,22 +139,33 @@ export class Exchange implements AttemptSink {
   }
 
   start(): void {
+    try {
+      this.begin();
+    } catch (error) {
+      this.crash(error);
+    }
+  }
+
+  private begin(): void {
     const { config, metrics, now } = this.deps;
-    metrics.requestStarted(this.request.model);
+    this.deps.guard.run('metrics', () => metrics.requestStarted(this.request.model));
     this.res.on('close', this.onClientClose);
     const remaining = config.timeouts.totalMs - (now() - this.request.arrivalAt);
     this.totalTimer = setTimeout(() => this.onTimer('total_timeout'), Math.max(0, remaining));
     this.controls.budget.recordRequest(now());
     const gate = this.controls.gate;
     if (gate === undefined) {
-      this.startAttempt(undefined);
+      this.startAttempt();
       return;
     }
     this.queueAbort = new AbortController();
     const admission = gate.acquire(this.queueAbort.signal);
     if (admission instanceof Promise) {
       this.ledger.queued(now());
-      void admission.then((result) => this.onAdmission(result));
+      admission.then(
+        (result) => this.guarded(() => this.onAdmission(result)),
+        (error: unknown) => this.crash(error),
+      );
     } else {
       this.onAdmission(admission);
     }
@@ -166,24 +173,26 @@ export class Exchange implements AttemptSink {
 
   /** The gateway is shutting down and its drain deadline passed: end this request now, and count it. */
   shutdown(): void {
-    this.shuttingDown = true;
-    const attempt = this.attempt;
-    if (attempt !== undefined && !attempt.finished) {
-      attempt.abort('shutdown');
-    } else if (!this.responseEnded && !this.settled) {
-      clearTimeout(this.retryTimer);
-      this.queueAbort?.abort();
-      if (!this.ledger.committed) {
-        this.ledger.reject(503);
-        this.writeError(503, errorBody('shutting_down', 'the gateway is shutting down; retry the request'));
+    this.guarded(() => {
+      this.shuttingDown = true;
+      const attempt = this.attempt;
+      if (attempt !== undefined && !attempt.finished) {
+        attempt.abort('shutdown');
+      } else if (!this.responseEnded && !this.settled) {
+        clearTimeout(this.retryTimer);
+        this.queueAbort?.abort();
+        if (!this.ledger.committed) {
+          this.ledger.reject(503);
+          this.writeError(503, errorBody('shutting_down', 'the gateway is shutting down; retry the request'));
+        }
       }
-    }
-    // A client that does not take even its ended response must not hold the exit.
-    this.closeIfNotTaken();
+      // A client that does not take even its ended response must not hold the exit.
+      this.closeIfNotTaken();
+    });
   }
 
   private onAdmission(admission: Admission): void {
-    this.deps.metrics.queueWaited(this.request.model, admission.waitedMs);
+    this.deps.guard.run('metrics', () => this.deps.metrics.queueWaited(this.request.model, admission.waitedMs));
     if (admission.admitted && (this.clientFinished || this.responseEnded)) {
       // Admitted just as the client left, or after the request was answered (shutdown): give the slot back.
       admission.release();
@@ -206,13 +215,13 @@ export class Exchange implements AttemptSink {
     }
     this.admission = admission;
     this.ledger.admitted(this.deps.now());
-    this.startAttempt(undefined);
+    this.startAttempt();
   }
 
-  private startAttempt(avoid: string | undefined): void {
+  private startAttempt(): void {
     const { upstreams, config, now } = this.deps;
     const at = now();
-    const upstream = upstreams.pick(this.request.model, avoid, at);
+    const upstream = upstreams.pick(this.request.model, this.tried, at);
     if (upstream === undefined) {
       const failure = this.ledger.finalFailure();
       if (failure !== undefined) {
@@ -225,6 +234,7 @@ export class Exchange implements AttemptSink {
       this.maybeSettle();
       return;
     }
+    this.tried.add(upstream.name);
     this.held = [];
     this.heldBytes = 0;
     this.out = [];
@@ -234,10 +244,12 @@ export class Exchange implements AttemptSink {
       streaming: this.request.stream,
       maxEventBytes: config.streaming.maxEventBytes,
       maxResponseBytes: config.streaming.maxResponseBytes,
+      maxErrorBodyBytes: config.streaming.maxErrorBodyBytes,
     });
     this.attempt = attempt;
     // Counted when the retry is made, not when scheduled: retries_total = attempts - requests, exactly.
-    if (this.retriedFor !== undefined) this.deps.metrics.retryMade(this.request.model, this.retriedFor);
+    const retriedFor = this.retriedFor;
+    if (retriedFor !== undefined) this.deps.guard.run('metrics', () => this.deps.metrics.retryMade(this.request.model, retriedFor));
     attempt.ticket = upstreams.sent(upstream, at);
     const traceHeaders = this.request.trace.attemptStarted(number, upstream, at, this.retriedFor);
     const headers = traceHeaders === undefined ? this.request.headers : { ...this.request.headers, ...traceHeaders };
@@ -253,22 +265,54 @@ export class Exchange implements AttemptSink {
     );
   }
 
-  // --- AttemptSink: facts from the upstream. A replaced attempt's late reports are ignored. -------------------
+  // --- AttemptSink: facts from the upstream. A replaced attempt's late reports are ignored. Each is guarded: an
+  // error inside the exchange must end in an answer and a count, not in undici's hands. -------------------------
 
   onResponseStart(attempt: Attempt, status: number): void {
-    if (attempt !== this.attempt) return;
-    this.ledger.responseStarted(this.deps.now(), status);
+    if (attempt !== this.attempt || this.crashed) return;
+    try {
+      this.ledger.responseStarted(this.deps.now(), status);
+    } catch (error) {
+      this.crash(error);
+    }
+  }
+
+  onProtocolViolation(attempt: Attempt, violation: ProtocolViolation): void {
+    if (attempt !== this.attempt || this.crashed) return;
+    try {
+      this.ledger.protocolViolation(this.deps.now(), violation);
+      this.act();
+    } catch (error) {
+      this.crash(error);
+    }
   }
 
   onBlock(attempt: Attempt, raw: Buffer, event: SseEvent | null): void {
-    if (attempt !== this.attempt || attempt.finished) return;
+    if (attempt !== this.attempt || attempt.finished || this.crashed) return;
+    try {
+      this.block(attempt, raw, event);
+    } catch (error) {
+      this.crash(error);
+    }
+  }
+
+  private block(attempt: Attempt, raw: Buffer, event: SseEvent | null): void {
     if (event === null) {
-      // Comments and empty events: keep them with their neighbours (a keep-alive means something to the client).
+      // Blank lines alone are not events: never held (one Buffer per blank line is how a drip of them filled memory),
+      // and they do not keep the idle clock going. Comments do: they are the upstream's keep-alives.
+      if (isBlankLines(raw)) {
+        if (this.ledger.committed && this.ledger.ending === undefined) this.out.push(raw);
+        return;
+      }
+      this.idleTimer?.refresh();
+      // Comments: keep them with their neighbours (a keep-alive means something to the client).
       if (this.ledger.ending !== undefined) return;
       if (this.ledger.committed) this.out.push(raw);
       else this.hold(raw);
       return;
     }
+    // The idle clock runs on whole events, not bytes: an upstream dripping bytes without an event boundary is idle.
+    this.idleTimer?.refresh();
     const at = this.deps.now();
     const facts = classifyEventData(event.data);
     if (facts.kind === 'error') this.request.trace.upstreamError(attempt.number, facts, at);
@@ -294,54 +338,74 @@ export class Exchange implements AttemptSink {
   }
 
   onChunkDone(attempt: Attempt): void {
-    if (attempt !== this.attempt) return;
-    this.idleTimer?.refresh();
-    this.flush();
-    this.act();
+    if (attempt !== this.attempt || this.crashed) return;
+    try {
+      this.flush();
+      this.act();
+    } catch (error) {
+      this.crash(error);
+    }
   }
 
   onBody(attempt: Attempt, status: number, body: Buffer): void {
-    if (attempt !== this.attempt) return;
-    this.ledger.bodyReceived(this.deps.now(), status, classifyBody(body));
-    if (this.ledger.ending?.kind === 'complete' && !this.responseEnded) {
-      this.res.writeHead(200, {
-        'content-type': attempt.contentType ?? 'application/json',
-        'content-length': body.length,
-        'x-request-id': this.request.requestId,
-      });
-      this.endClient(body);
-      return;
+    if (attempt !== this.attempt || this.crashed) return;
+    try {
+      this.ledger.bodyReceived(this.deps.now(), status, classifyBody(body));
+      if (this.ledger.ending?.kind === 'complete' && !this.responseEnded) {
+        this.res.writeHead(200, {
+          'content-type': attempt.contentType ?? 'application/json',
+          'content-length': body.length,
+          'x-request-id': this.request.requestId,
+        });
+        this.endClient(body);
+        return;
+      }
+      this.act();
+    } catch (error) {
+      this.crash(error);
     }
-    this.act();
   }
 
   onStreamEnd(attempt: Attempt, how: StreamEnd): void {
-    if (attempt !== this.attempt) return;
-    this.ledger.streamEnded(this.deps.now(), how);
-    this.act();
+    if (attempt !== this.attempt || this.crashed) return;
+    try {
+      this.ledger.streamEnded(this.deps.now(), how);
+      this.act();
+    } catch (error) {
+      this.crash(error);
+    }
   }
 
   onNetworkFailure(attempt: Attempt, failure: NetworkFailure, error: Error): void {
-    if (attempt !== this.attempt) return;
-    this.deps.logger.debug({ requestId: this.request.requestId, upstream: attempt.upstream.name, err: error.message }, 'upstream connection failed');
-    this.ledger.connectFailed(this.deps.now(), failure);
-    this.act();
+    if (attempt !== this.attempt || this.crashed) return;
+    try {
+      this.deps.logger.debug({ requestId: this.request.requestId, upstream: attempt.upstream.name, err: error.message }, 'upstream connection failed');
+      this.ledger.connectFailed(this.deps.now(), failure);
+      this.act();
+    } catch (caught) {
+      this.crash(caught);
+    }
   }
 
   onSettled(attempt: Attempt): void {
-    const record = this.ledger.attemptAt(attempt.number - 1);
     const at = this.deps.now();
-    this.deps.upstreams.settled(attempt.upstream, attempt.ticket, record, at);
+    // The upstream's in-flight count and health are the pool's, not this request's: kept right even after a crash.
+    const record = this.deps.guard.run('exchange', () => this.ledger.attemptAt(attempt.number - 1), undefined);
+    this.deps.guard.run('exchange', () => this.deps.upstreams.settled(attempt.upstream, attempt.ticket, record, at));
     this.request.trace.attemptEnded(attempt.number, record, at);
-    if (attempt !== this.attempt) return;
-    this.clearAttemptClocks();
-    if (!this.responseEnded && this.ledger.ending === undefined) {
-      // The attempt stopped without the ledger deciding how the client's response ends (cannot happen with the
-      // handler's reporting; kept so a future gap shows up as a counted incomplete request, not a hang).
-      this.ledger.streamEnded(this.deps.now(), 'eof');
-      this.act();
+    if (attempt !== this.attempt || this.crashed) return;
+    try {
+      this.clearAttemptClocks();
+      if (!this.responseEnded && this.ledger.ending === undefined) {
+        // The attempt stopped without the ledger deciding how the client's response ends (cannot happen with the
+        // handler's reporting; kept so a future gap shows up as a counted incomplete request, not a hang).
+        this.ledger.streamEnded(this.deps.now(), 'eof');
+        this.act();
+      }
+      this.maybeSettle();
+    } catch (error) {
+      this.crash(error);
     }
-    this.maybeSettle();
   }
 
   // --- Deciding and ending --------------------------------------------------------------------------------------
@@ -367,10 +431,14 @@ export class Exchange implements AttemptSink {
     // after an error, data after `[DONE]`), then let it go.
     const attempt = this.attempt;
     if (attempt !== undefined && !attempt.finished) {
-      this.drainTimer = setTimeout(() => {
-        this.ledger.attemptReleased(this.deps.now());
-        attempt.abort('drained');
-      }, this.deps.config.streaming.drainGraceMs);
+      this.drainTimer = setTimeout(
+        () =>
+          this.guarded(() => {
+            this.ledger.attemptReleased(this.deps.now());
+            attempt.abort('drained');
+          }),
+        this.deps.config.streaming.drainGraceMs,
+      );
       if (this.waitingForDrain) attempt.resume();
     }
   }
@@ -391,16 +459,20 @@ export class Exchange implements AttemptSink {
     const at = now();
     if (delay === undefined || at + delay >= this.request.arrivalAt + config.timeouts.totalMs) return false;
     if (!this.controls.budget.tryAcquire(at)) {
-      metrics.retryBudgetSpent(this.request.model);
+      this.deps.guard.run('metrics', () => metrics.retryBudgetSpent(this.request.model));
       return false;
     }
     this.request.trace.retryScheduled(reason, delay, at);
     this.retriedFor = reason;
     // The failed attempt's verdict is in the ledger; stop reading it so its connection (and GPU slot) is freed.
     attempt.abort('drained');
-    this.retryTimer = setTimeout(() => {
-      if (!this.clientFinished && !this.responseEnded) this.startAttempt(attempt.upstream.name);
-    }, delay);
+    this.retryTimer = setTimeout(
+      () =>
+        this.guarded(() => {
+          if (!this.clientFinished && !this.responseEnded) this.startAttempt();
+        }),
+      delay,
+    );
     return true;
   }
 
@@ -421,11 +493,12 @@ export class Exchange implements AttemptSink {
     this.idleTimer = setTimeout(() => this.onTimer('idle_timeout'), this.deps.config.timeouts.idleMs);
   }
 
+  /** Bytes before the first output (role chunks, comments) are bounded in bytes and in pieces. */
   private hold(raw: Buffer): void {
     this.held.push(raw);
     this.heldBytes += raw.length;
-    // Bytes before the first output (role chunks, comments) are bounded like one event.
-    if (this.heldBytes > this.deps.config.streaming.maxEventBytes) this.attempt?.abort('oversized');
+    const limits = this.deps.config.streaming;
+    if (this.heldBytes > limits.maxEventBytes || this.held.length > limits.maxHeldEvents) this.attempt?.abort('oversized');
   }
 
   private respondFailure(failure: Failure): void {
@@ -469,69 +542,75 @@ export class Exchange implements AttemptSink {
     else this.res.end();
   }
 
-  private readonly onClientFinish = (): void => {
-    // Node also emits 'finish' when the last write fails because the client's socket was destroyed (the write
-    // callback runs with the error): that is the client leaving, not a delivery.
-    if (this.socket?.destroyed === true) {
-      this.onClientClose();
-      return;
-    }
-    if (this.clientFinished) return;
-    this.clientFinished = true;
-    this.res.off('close', this.onClientClose);
-    this.ledger.clientEnded(this.deps.now());
-    this.maybeSettle();
-  };
+  private readonly onClientFinish = (): void =>
+    this.guarded(() => {
+      // Node also emits 'finish' when the last write fails because the client's socket was destroyed (the write
+      // callback runs with the error): that is the client leaving, not a delivery.
+      if (this.socket?.destroyed === true) {
+        this.onClientClose();
+        return;
+      }
+      if (this.clientFinished) return;
+      this.clientFinished = true;
+      this.res.off('close', this.onClientClose);
+      this.ledger.clientEnded(this.deps.now());
+      this.maybeSettle();
+    });
 
   private pauseForClient(): void {
     if (this.waitingForDrain) return;
     this.waitingForDrain = true;
     this.attempt?.pause();
     clearTimeout(this.idleTimer);
-    this.res.once('drain', () => {
-      this.waitingForDrain = false;
-      const attempt = this.attempt;
-      if (attempt === undefined || attempt.finished) return;
-      if (!this.responseEnded) this.armIdleTimer();
-      attempt.resume();
-    });
+    this.res.once('drain', () =>
+      this.guarded(() => {
+        this.waitingForDrain = false;
+        const attempt = this.attempt;
+        if (attempt === undefined || attempt.finished) return;
+        if (!this.responseEnded) this.armIdleTimer();
+        attempt.resume();
+      }),
+    );
   }
 
-  private readonly onClientClose = (): void => {
-    if (this.clientFinished) return;
-    this.clientFinished = true;
-    this.responseEnded = true;
-    this.res.off('finish', this.onClientFinish);
-    const at = this.deps.now();
-    this.ledger.clientCancelled(at);
-    this.request.trace.clientCancelled(at);
-    clearTimeout(this.retryTimer);
-    this.queueAbort?.abort();
-    const attempt = this.attempt;
-    if (attempt !== undefined && !attempt.finished) attempt.abort('cancelled');
-    this.maybeSettle();
-  };
+  private readonly onClientClose = (): void =>
+    this.guarded(() => {
+      if (this.clientFinished) return;
+      this.clientFinished = true;
+      this.responseEnded = true;
+      this.res.off('finish', this.onClientFinish);
+      const at = this.deps.now();
+      this.ledger.clientCancelled(at);
+      this.request.trace.clientCancelled(at);
+      clearTimeout(this.retryTimer);
+      this.queueAbort?.abort();
+      const attempt = this.attempt;
+      if (attempt !== undefined && !attempt.finished) attempt.abort('cancelled');
+      this.maybeSettle();
+    });
 
   private onTimer(reason: 'first_output_timeout' | 'idle_timeout' | 'total_timeout'): void {
-    if (reason === 'total_timeout') this.pastDeadline = true;
-    const attempt = this.attempt;
-    if (attempt !== undefined && !attempt.finished) attempt.abort(reason);
-    else if (!this.responseEnded && !this.settled) {
-      clearTimeout(this.retryTimer);
-      const failure = this.ledger.finalFailure();
-      if (failure !== undefined) {
-        // Between attempts: the deadline ends the request with what the last attempt said.
-        this.respondFailure(failure);
-      } else if (reason === 'total_timeout' && this.attempt === undefined) {
-        // Still queued for admission at the deadline.
-        this.queueAbort?.abort();
-        this.ledger.reject(429);
-        this.res.setHeader('retry-after', OVERLOADED_RETRY_AFTER_S);
-        this.writeError(429, errorBody('overloaded', `model "${this.request.model}" is at capacity; the request reached its time limit in the queue`));
+    this.guarded(() => {
+      if (reason === 'total_timeout') this.pastDeadline = true;
+      const attempt = this.attempt;
+      if (attempt !== undefined && !attempt.finished) attempt.abort(reason);
+      else if (!this.responseEnded && !this.settled) {
+        clearTimeout(this.retryTimer);
+        const failure = this.ledger.finalFailure();
+        if (failure !== undefined) {
+          // Between attempts: the deadline ends the request with what the last attempt said.
+          this.respondFailure(failure);
+        } else if (reason === 'total_timeout' && this.attempt === undefined) {
+          // Still queued for admission at the deadline.
+          this.queueAbort?.abort();
+          this.ledger.reject(429);
+          this.res.setHeader('retry-after', OVERLOADED_RETRY_AFTER_S);
+          this.writeError(429, errorBody('overloaded', `model "${this.request.model}" is at capacity; the request reached its time limit in the queue`));
+        }
+        this.maybeSettle();
       }
-      this.maybeSettle();
-    }
-    if (reason === 'total_timeout') this.closeIfNotTaken();
+      if (reason === 'total_timeout') this.closeIfNotTaken();
+    });
   }
 
   /**
@@ -556,12 +635,81 @@ export class Exchange implements AttemptSink {
     if (this.settled || !this.clientFinished) return;
     if (this.attempt !== undefined && !this.attempt.finished) return;
     this.settled = true;
+    this.clearTimers();
+    if (this.admission?.admitted === true) this.admission.release();
+    const at = this.deps.now();
+    this.deps.publish(this.ledger.settle(at), this.request.requestId, this.request.trace, true, at);
+    this.deps.onDone?.(this);
+  }
+
+  private clearTimers(): void {
     clearTimeout(this.totalTimer);
     clearTimeout(this.lingerTimer);
     clearTimeout(this.retryTimer);
-    if (this.admission?.admitted === true) this.admission.release();
-    const at = this.deps.now();
-    publishSettlement(this.deps, this.ledger.settle(at), this.request.requestId, this.request.trace, true, at);
-    this.deps.onDone?.(this);
+    this.clearAttemptClocks();
   }
+
+  /** Runs a callback from a timer or a socket event; an error inside ends the request as a crash. */
+  private guarded(fn: () => void): void {
+    if (this.crashed) return;
+    try {
+      fn();
+    } catch (error) {
+      this.crash(error);
+    }
+  }
+
+  /**
+   * An error inside the exchange (a bug): the request's state can no longer be trusted, so it is ended from what is
+   * certain — the client gets a 500 before commit or Waybill's error event after, the upstream is let go, and the
+   * request is counted once, as failed (or incomplete once committed), with the error logged and counted.
+   */
+  private crash(error: unknown): void {
+    if (this.crashed) return;
+    this.crashed = true;
+    const { guard, now } = this.deps;
+    guard.report('exchange', error);
+    this.clearTimers();
+    this.queueAbort?.abort();
+    const attempt = this.attempt;
+    if (attempt !== undefined && !attempt.finished) guard.run('exchange', () => attempt.abort('cancelled'));
+    const committed = this.res.headersSent;
+    if (!this.responseEnded) {
+      this.responseEnded = true;
+      guard.run('exchange', () => {
+        if (committed) {
+          this.res.end(streamErrorEvent('internal'));
+        } else {
+          const payload = Buffer.from(JSON.stringify(errorBody('internal_error', 'internal error')));
+          this.res.writeHead(500, { 'content-type': 'application/json', 'content-length': payload.length, 'x-request-id': this.request.requestId });
+          this.res.end(payload);
+        }
+      });
+    }
+    if (!this.settled) {
+      this.settled = true;
+      const admission = this.admission;
+      if (admission?.admitted === true) guard.run('exchange', () => admission.release());
+      const at = now();
+      const settlement = guard.run(
+        'exchange',
+        () => {
+          this.ledger.internalError(at);
+          return this.ledger.settle(at);
+        },
+        undefined,
+      );
+      this.deps.publish(settlement ?? crashSettlement(this.ledger.info, this.request.arrivalAt, committed, at), this.request.requestId, this.request.trace, true, at);
+      this.deps.onDone?.(this);
+    }
+  }
+}
+
+/** CR and LF only: a block of blank lines, which dispatches nothing and carries nothing. */
+function isBlankLines(raw: Buffer): boolean {
+  for (let i = 0; i < raw.length; i++) {
+    const c = raw[i];
+    if (c !== 0x0a && c !== 0x0d) return false;
+  }
+  return true;
 }

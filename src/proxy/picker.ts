@@ -11,8 +11,8 @@ export interface Candidate {
 
 /**
  * Power of two choices: draw two distinct candidates at random (uniformly, by `random`), keep the one with the lower
- * load (inflight + 1) / weight; on a tie keep the first drawn. Candidates whose name is in `avoid` (the upstream that
- * just failed, for a retry) are used only when no other candidate is given. One candidate → it. None → undefined.
+ * load (inflight + 1) / weight; on a tie keep the first drawn. Candidates whose name is in `avoid` (the upstreams a
+ * retried request was already sent to) are used only when no other candidate is given. One candidate → it. None → undefined.
  *
  * Two random draws rather than a scan for the least loaded: every gateway instance sees the same inflight counts only
  * approximately, and a full scan sends every new request to the same momentary minimum (herding); two draws keep
@@ -23,8 +23,7 @@ export interface Candidate {
  *
  * @param random returns a float in [0, 1), like `Math.random`.
  * @example
- * const NOTHING_TO_AVOID: ReadonlySet<string> = new Set();
- * const upstream = pickUpstream(eligible, failed === undefined ? NOTHING_TO_AVOID : new Set([failed.name]), Math.random);
+ * const upstream = pickUpstream(eligible, new Set(triedNames), Math.random);
  */
 export function pickUpstream<T extends Candidate>(
   candidates: readonly T[],
@@ -36,7 +35,7 @@ export function pickUpstream<T extends Candidate>(
     usable = 0;
     for (const candidate of candidates) if (!avoid.has(candidate.name)) usable++;
   }
-  // Only avoided upstreams left: retrying on the one that just failed still beats not retrying.
+  // Only avoided upstreams left: retrying on one that already failed still beats not retrying.
   const filtering = usable > 0 && usable < candidates.length;
   const count = filtering ? usable : candidates.length;
   if (count <= 1) return candidates.length === 0 ? undefined : nth(candidates, avoid, filtering, 0);

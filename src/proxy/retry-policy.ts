@@ -33,6 +33,7 @@ export function retryReason(attempt: AttemptRecord, rules: RetryRules): RetryRea
       return code !== undefined && code >= 500 ? 'error_payload' : undefined;
     }
     case 'ok':
+    case 'http_3xx':
     case 'cancelled':
     case undefined:
       return undefined;
@@ -73,6 +74,7 @@ export function healthVerdict(attempt: AttemptRecord): 'success' | 'failure' | '
     case 'reset':
     case 'incomplete':
     case 'timeout':
+    case 'http_3xx':
     case 'http_5xx':
       return 'failure';
     case 'cancelled':

@@ -34,6 +34,8 @@ export class Upstream {
   private readonly probe: Pool;
   /** Last active health check result; undefined until the first one finishes. */
   healthy: boolean | undefined = undefined;
+  /** Whether the last model discovery failed, so a failure is logged when it starts, not every interval. */
+  discoveryFailing = false;
   inflight = 0;
 
   constructor(config: UpstreamConfig, settings: Config) {
@@ -89,6 +91,8 @@ export class Upstream {
     const response = await this.probe.request({
       method: 'GET',
       path: this.path(apiPath),
+      // vLLM started with --api-key guards /v1/models (and, behind some proxies, /health) like the API.
+      ...(this.authorization === undefined ? {} : { headers: { authorization: this.authorization } }),
       signal: AbortSignal.timeout(timeoutMs),
       headersTimeout: timeoutMs,
       bodyTimeout: timeoutMs,
@@ -116,9 +120,19 @@ export interface ModelControls {
 
 export interface RegistryHooks {
   onEjected?(upstream: string, reason: EjectionReason): void;
+  /** An active health check or a model discovery of this upstream failed. */
+  onProbeFailed?(upstream: string, probe: 'health' | 'discovery'): void;
 }
 
-const NOTHING_TO_AVOID: ReadonlySet<string> = new Set();
+/** What one probe saw: an HTTP status, or the error that stopped it. */
+type ProbeResult = { ok: true } | { ok: false; status: number | undefined; error: string | undefined };
+
+/**
+ * A discovered model id becomes a metric label value: only ids of the shape configured names may have, and at most
+ * MAX_DISCOVERED_MODELS per pool, so an upstream cannot inflate the label set.
+ */
+const MODEL_ID = /^[A-Za-z0-9._:/-]{1,128}$/;
+const MAX_DISCOVERED_MODELS = 64;
 
 export class UpstreamRegistry {
   readonly pools: readonly ServedPool[];
@@ -185,11 +199,12 @@ export class UpstreamRegistry {
 
   /**
    * Picks an upstream for a model: power of two choices by in-flight requests per weight among the upstreams that
-   * are up and under their own max_inflight, preferring one other than `avoid` (the one that just failed). When
+   * are up and under their own max_inflight, preferring one not in `tried` (those this request was already sent to:
+   * with two sick replicas of three, avoiding only the last one can bounce between the sick pair). When
    * none is up, every upstream under its max_inflight is a candidate again (Envoy's "panic" routing): health checks
    * can be wrong, and trying beats a certain error. Undefined when the model is not served or all are full.
    */
-  pick(model: string, avoid: string | undefined, now: number): Upstream | undefined {
+  pick(model: string, tried: ReadonlySet<string>, now: number): Upstream | undefined {
     const pool = this.byModel.get(model);
     if (pool === undefined) return undefined;
     const eligible = this.eligible;
@@ -200,8 +215,7 @@ export class UpstreamRegistry {
     if (eligible.length === 0) {
       for (const upstream of pool.upstreams) if (upstream.inflight < upstream.maxInflight) eligible.push(upstream);
     }
-    const avoidSet = avoid === undefined ? NOTHING_TO_AVOID : new Set([avoid]);
-    const picked = pickUpstream(eligible, avoidSet, this.random);
+    const picked = pickUpstream(eligible, tried, this.random);
     eligible.length = 0;
     return picked;
   }
@@ -264,19 +278,31 @@ export class UpstreamRegistry {
   private async checkHealth(): Promise<void> {
     await Promise.all(
       this.upstreams.map(async (upstream) => {
-        let healthy: boolean;
+        let result: ProbeResult;
         try {
-          healthy = (await upstream.get('/health', this.config.health.timeoutMs)).status === 200;
-        } catch {
-          healthy = false;
+          const { status } = await upstream.get('/health', this.config.health.timeoutMs);
+          result = status === 200 ? { ok: true } : { ok: false, status, error: undefined };
+        } catch (err) {
+          result = { ok: false, status: undefined, error: (err as Error).message };
         }
         if (this.closed) return;
-        if (upstream.healthy !== healthy) {
-          this.logger.info({ upstream: upstream.name, healthy }, healthy ? 'upstream healthy' : 'upstream unhealthy');
+        if (!result.ok) this.hooks.onProbeFailed?.(upstream.name, 'health');
+        if (upstream.healthy !== result.ok) {
+          if (result.ok) this.logger.info({ upstream: upstream.name, healthy: true }, 'upstream healthy');
+          else this.logger.warn({ upstream: upstream.name, healthy: false, status: result.status, err: result.error }, 'upstream unhealthy');
         }
-        upstream.healthy = healthy;
+        upstream.healthy = result.ok;
       }),
     );
+  }
+
+  /** Counts a failed discovery, and logs it when the upstream's discovery starts failing (not every interval). */
+  private discoveryFailed(upstream: Upstream, status: number | undefined, error: string | undefined): void {
+    this.hooks.onProbeFailed?.(upstream.name, 'discovery');
+    if (upstream.discoveryFailing) return;
+    upstream.discoveryFailing = true;
+    const hint = status === 401 || status === 403 ? 'check the upstream api_key' : undefined;
+    this.logger.warn({ upstream: upstream.name, status, err: error, hint }, 'model discovery failed');
   }
 
   /** For pools without configured models: the union of model ids the upstreams list at GET /v1/models. */
@@ -286,20 +312,30 @@ export class UpstreamRegistry {
       const found = new Set<string>();
       await Promise.all(
         pool.upstreams.map(async (upstream) => {
+          let status: number | undefined;
           try {
-            const { status, body } = await upstream.get('/v1/models', this.config.health.timeoutMs);
-            if (status !== 200) return;
-            const parsed = JSON.parse(body) as { data?: Array<{ id?: unknown }> };
-            for (const entry of parsed.data ?? []) if (typeof entry.id === 'string') found.add(entry.id);
+            const response = await upstream.get('/v1/models', this.config.health.timeoutMs);
+            status = response.status;
+            if (status !== 200) {
+              this.discoveryFailed(upstream, status, undefined);
+              return;
+            }
+            const parsed = JSON.parse(response.body) as { data?: unknown };
+            if (!Array.isArray(parsed.data)) throw new Error('the body has no `data` list');
+            for (const entry of parsed.data as unknown[]) {
+              const id = (entry as { id?: unknown } | null)?.id;
+              if (typeof id === 'string' && MODEL_ID.test(id)) found.add(id);
+            }
+            upstream.discoveryFailing = false;
           } catch (err) {
-            this.logger.debug({ upstream: upstream.name, err: (err as Error).message }, 'model discovery failed');
+            this.discoveryFailed(upstream, status, (err as Error).message);
           }
         }),
       );
       if (this.closed) return;
       // Keep the last known list when every upstream is unreachable, so a blip does not unserve a model.
       if (found.size === 0) continue;
-      const models = [...found].sort();
+      const models = [...found].sort().slice(0, MAX_DISCOVERED_MODELS);
       if (models.join('\n') !== pool.models.join('\n')) {
         this.logger.info({ pool: pool.config.name, models }, 'models discovered');
         pool.models = models;

@@ -27,7 +27,10 @@ export type EventFacts =
       /** Choice indices this event names at all (role chunks included). */
       choices: number[];
       finishes: ChoiceFinish[];
+      /** Valid usage, or undefined when absent or invalid (see usageInvalid). */
       usage: Usage | undefined;
+      /** The event carried a `usage` object whose numbers cannot be counted. */
+      usageInvalid: boolean;
       /** `choices: []` with usage: the chunk a gateway that injected include_usage drops. */
       usageOnly: boolean;
       /** The response's `id` and `model`, for traces. */
@@ -46,19 +49,33 @@ function nonEmptyString(value: unknown): boolean {
   return typeof value === 'string' && value.length > 0;
 }
 
-function count(value: unknown): number | undefined {
-  return typeof value === 'number' && Number.isFinite(value) && value >= 0 ? value : undefined;
+/** A token count as the ledger may count it: a non-negative safe integer. */
+function isTokenCount(value: unknown): value is number {
+  return typeof value === 'number' && Number.isSafeInteger(value) && value >= 0;
 }
 
-/** Reads an OpenAI/vLLM `usage` object; undefined when absent or not an object. */
-export function readUsage(value: unknown): Usage | undefined {
+/** A usage field: absent (undefined or null), a valid count, or invalid. */
+function readCount(value: unknown): number | undefined | typeof INVALID {
+  if (value === undefined || value === null) return undefined;
+  return isTokenCount(value) ? value : INVALID;
+}
+
+const INVALID = Symbol('invalid');
+
+/**
+ * Reads an OpenAI/vLLM `usage` object: undefined when absent or not an object, 'invalid' when any count is not a
+ * non-negative safe integer or the cached count exceeds the prompt (an upstream's numbers are checked before they
+ * are counted: one 1e308 would make a token counter +Inf until restart).
+ */
+export function readUsage(value: unknown): Usage | 'invalid' | undefined {
   if (!isRecord(value)) return undefined;
   const details = value['prompt_tokens_details'];
-  return {
-    promptTokens: count(value['prompt_tokens']),
-    completionTokens: count(value['completion_tokens']),
-    cachedTokens: isRecord(details) ? count(details['cached_tokens']) : undefined,
-  };
+  const promptTokens = readCount(value['prompt_tokens']);
+  const completionTokens = readCount(value['completion_tokens']);
+  const cachedTokens = isRecord(details) ? readCount(details['cached_tokens']) : undefined;
+  if (promptTokens === INVALID || completionTokens === INVALID || cachedTokens === INVALID) return 'invalid';
+  if (cachedTokens !== undefined && (promptTokens === undefined || cachedTokens > promptTokens)) return 'invalid';
+  return { promptTokens, completionTokens, cachedTokens };
 }
 
 export interface UpstreamError {
@@ -127,7 +144,8 @@ export function classifyJson(json: unknown): EventFacts {
     output,
     choices,
     finishes,
-    usage,
+    usage: usage === 'invalid' ? undefined : usage,
+    usageInvalid: usage === 'invalid',
     usageOnly: choices.length === 0 && usage !== undefined,
     id: typeof id === 'string' ? id : undefined,
     model: typeof model === 'string' ? model : undefined,
@@ -362,6 +380,7 @@ export function fastClassify(data: string): EventFacts | undefined {
     choices: [index],
     finishes: [],
     usage: undefined,
+    usageInvalid: false,
     usageOnly: false,
     id: data.slice(idStart, idEnd),
     model: data.slice(modelStart, modelEnd),

@@ -6,7 +6,8 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type Metric, type OpenMetricsContentType } from 'prom-client';
 import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
-import { ROUTES, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
+import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
+import { PROXIED_ROUTES, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -148,6 +149,18 @@ export const METRICS = {
     labels: ['model'],
     help: 'Requests waiting in the model\'s admission queue.',
   },
+  internalErrors: {
+    name: 'waybill_internal_errors_total',
+    type: 'counter',
+    labels: ['component'],
+    help: 'Errors inside Waybill that were caught so the request could still be answered and counted, by component.',
+  },
+  probeFailures: {
+    name: 'waybill_upstream_probe_failures_total',
+    type: 'counter',
+    labels: ['upstream', 'probe'],
+    help: 'Failed active health checks (probe="health") and model discoveries (probe="discovery") per upstream.',
+  },
   queueWait: {
     name: 'waybill_queue_wait_seconds',
     type: 'histogram',
@@ -283,11 +296,15 @@ export class GatewayMetrics {
   private readonly retries = new CounterPair(this.registries, METRICS.retries);
   private readonly retryBudgetExhausted = new CounterPair(this.registries, METRICS.retryBudgetExhausted);
   private readonly upstreamEjections = new CounterPair(this.registries, METRICS.upstreamEjections);
+  private readonly internalErrors = new CounterPair(this.registries, METRICS.internalErrors);
+  private readonly probeFailures = new CounterPair(this.registries, METRICS.probeFailures);
   private readonly queueWait: Histogram<'model'>;
   private sources: GaugeSources | undefined;
 
   constructor(buckets: MetricBuckets, options: { defaultMetrics?: boolean } = {}) {
     const registries = this.registries;
+    // At zero from the start, so an alert on any increase sees the first one.
+    for (const component of INTERNAL_ERROR_COMPONENTS) this.internalErrors.inc({ component }, 0);
     this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
     // Observed per event, on the hot path: a histogram of its own (no label hashing, no exemplars).
     this.itl = new EventHistogram(METRICS.itl.name, METRICS.itl.help, buckets.itl);
@@ -325,7 +342,7 @@ export class GatewayMetrics {
       this.inflight.set({ model }, 0);
       // The series the SLO rules divide by exist from the start: rate() then sees the first request, and an idle
       // gateway is not mistaken for an absent one.
-      for (const route of ROUTES) {
+      for (const route of PROXIED_ROUTES) {
         for (const stream of ['true', 'false']) this.requests.inc({ model, route, stream, code: '200', outcome: 'delivered' }, 0);
       }
       for (const promptLen of promptLenClasses) this.slo.inc({ model, prompt_len: promptLen, result: 'met' }, 0);
@@ -347,6 +364,14 @@ export class GatewayMetrics {
 
   upstreamEjected(upstream: string, reason: EjectionReason): void {
     this.upstreamEjections.inc({ upstream, reason });
+  }
+
+  internalError(component: InternalErrorComponent): void {
+    this.internalErrors.inc({ component });
+  }
+
+  probeFailed(upstream: string, probe: 'health' | 'discovery'): void {
+    this.probeFailures.inc({ upstream, probe });
   }
 
   queueWaited(model: string, ms: number): void {

@@ -28,7 +28,7 @@ import {
   ATTR_URL_PATH,
 } from '@opentelemetry/semantic-conventions';
 import type { AttemptRecord, Settlement } from '../accounting/ledger.js';
-import type { AnomalyKind, Route, RetryReason } from '../accounting/outcomes.js';
+import type { AnomalyKind, ProxiedRoute, RetryReason } from '../accounting/outcomes.js';
 import type { UpstreamError } from '../sse/classify.js';
 
 /** GenAI semantic-convention names (incubating upstream, so kept here rather than imported). */
@@ -79,7 +79,7 @@ export const EVENTS = {
 
 /** What is known of a request when it starts. */
 export interface RequestStart {
-  readonly route: Route;
+  readonly route: ProxiedRoute;
   readonly path: string;
   readonly model: string;
   readonly stream: boolean;
@@ -116,7 +116,7 @@ export const NO_TRACE: RequestTrace = {
   settle: () => undefined,
 };
 
-const OPERATION: Record<Route, string> = { chat_completions: 'chat', completions: 'text_completion' };
+const OPERATION: Record<ProxiedRoute, string> = { chat_completions: 'chat', completions: 'text_completion' };
 
 const PARAMS: Array<[string, string]> = [
   ['max_tokens', GEN_AI.requestMaxTokens],

@@ -1,0 +1,151 @@
+/**
+ * Reading a client's JSON body with every limit a front door needs: size, time to arrive, and nesting depth.
+ * Fastify's own buffer parser has a size limit but no clock, so a client that sends its headers and then dribbles
+ * (or never sends) the body would hold a connection and its buffer for as long as it liked.
+ */
+import type { IncomingMessage } from 'node:http';
+import type { ErrorCode } from './errors.js';
+
+export interface BodyLimits {
+  readonly maxBytes: number;
+  /** From the request's arrival: the whole body must be in by then. */
+  readonly readTimeoutMs: number;
+  readonly maxDepth: number;
+}
+
+export interface ParsedBody {
+  raw: Buffer;
+  json: unknown;
+}
+
+/** Why a body was refused; `close` when unread bytes may follow, so the connection cannot be reused. */
+export class BodyError extends Error {
+  constructor(
+    readonly code: Extract<ErrorCode, 'body_too_large' | 'request_timeout' | 'invalid_json' | 'json_too_deep' | 'invalid_request'>,
+    message: string,
+    readonly close: boolean,
+  ) {
+    super(message);
+    this.name = 'BodyError';
+  }
+}
+
+/** The client went away before its body arrived: nobody is left to answer. */
+export class BodyAbandoned extends Error {
+  constructor() {
+    super('the client closed the connection before its request body arrived');
+    this.name = 'BodyAbandoned';
+  }
+}
+
+/**
+ * Reads the body of `request`, which arrived at `remainingMs` before its read deadline. Resolves to the bytes and
+ * their JSON; rejects with a BodyError (answer it) or BodyAbandoned (the client left).
+ */
+export function readJsonBody(request: IncomingMessage, limits: BodyLimits, remainingMs: number): Promise<ParsedBody> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(request.headers['content-length']);
+    if (declared > limits.maxBytes) {
+      reject(tooLarge(limits));
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let received = 0;
+    let finished = false;
+    const finish = (error: Error | undefined, body?: ParsedBody) => {
+      if (finished) return;
+      finished = true;
+      clearTimeout(timer);
+      request.off('data', onData);
+      request.off('end', onEnd);
+      request.off('error', onError);
+      request.off('close', onClose);
+      if (error !== undefined) {
+        // Stop buffering: what is still in flight is discarded by Node, and the response closes the connection.
+        chunks.length = 0;
+        request.resume();
+        reject(error);
+      } else if (body !== undefined) {
+        resolve(body);
+      }
+    };
+    const onData = (chunk: Buffer) => {
+      received += chunk.length;
+      if (received > limits.maxBytes) finish(tooLarge(limits));
+      else chunks.push(chunk);
+    };
+    const onEnd = () => {
+      if (!Number.isNaN(declared) && received !== declared) {
+        finish(new BodyError('invalid_request', 'the request body does not match its Content-Length', true));
+        return;
+      }
+      const raw = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, received);
+      try {
+        finish(undefined, { raw, json: parseJson(raw, limits.maxDepth) });
+      } catch (error) {
+        finish(error as Error);
+      }
+    };
+    const onError = () => finish(new BodyAbandoned());
+    const onClose = () => finish(new BodyAbandoned());
+    const timer = setTimeout(
+      () => finish(new BodyError('request_timeout', `the request body did not arrive within ${limits.readTimeoutMs} ms`, true)),
+      Math.max(0, remainingMs),
+    );
+    request.on('data', onData);
+    request.on('end', onEnd);
+    request.on('error', onError);
+    request.on('close', onClose);
+  });
+}
+
+function tooLarge(limits: BodyLimits): BodyError {
+  return new BodyError('body_too_large', `the request body is larger than ${limits.maxBytes} bytes`, true);
+}
+
+/**
+ * JSON.parse behind a nesting limit checked first on the bytes: JSON.parse itself copes with deep nesting, but
+ * everything after it (JSON.stringify, structured logging, a schema validator) recurses and throws RangeError,
+ * and a request must not be able to reach a stack overflow anywhere in the gateway.
+ */
+export function parseJson(raw: Buffer, maxDepth: number): unknown {
+  if (exceedsDepth(raw, maxDepth)) {
+    throw new BodyError('json_too_deep', `the request body nests deeper than ${maxDepth} levels`, false);
+  }
+  try {
+    return JSON.parse(raw.toString('utf8'));
+  } catch {
+    throw new BodyError('invalid_json', 'the request body is not valid JSON', false);
+  }
+}
+
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const OPEN_BRACE = 0x7b;
+const OPEN_BRACKET = 0x5b;
+const CLOSE_BRACE = 0x7d;
+const CLOSE_BRACKET = 0x5d;
+
+/**
+ * Does any array or object in these bytes nest deeper than `maxDepth`? Counts brackets outside strings; it does
+ * not validate (JSON.parse does, after), so an unbalanced body only has to be rejected by one of the two.
+ */
+export function exceedsDepth(raw: Buffer, maxDepth: number): boolean {
+  let depth = 0;
+  let inString = false;
+  const length = raw.length;
+  for (let i = 0; i < length; i++) {
+    const c = raw[i];
+    if (inString) {
+      if (c === BACKSLASH) i++;
+      else if (c === QUOTE) inString = false;
+    } else if (c === QUOTE) {
+      inString = true;
+    } else if (c === OPEN_BRACE || c === OPEN_BRACKET) {
+      if (++depth > maxDepth) return true;
+    } else if (c === CLOSE_BRACE || c === CLOSE_BRACKET) {
+      depth--;
+    }
+  }
+  return false;
+}

@@ -103,6 +103,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   const random = options.random ?? Math.random;
   const upstreams = new UpstreamRegistry(config, logger.child({ component: 'upstreams' }), random, {
     onEjected: (upstream, reason) => metrics.upstreamEjected(upstream, reason),
+    onProbeFailed: (upstream, probe) => metrics.probeFailed(upstream, probe),
   });
   const now = () => performance.now();
   metrics.observe({

@@ -5,7 +5,7 @@ import { AdmissionGate, type Admission, type AdmissionHooks, type AdmissionOptio
 import { CircuitBreaker } from '../src/proxy/breaker.js';
 import { pickUpstream, type Candidate } from '../src/proxy/picker.js';
 import { parseRetryAfter } from '../src/proxy/retry-after.js';
-import { RetryBudget } from '../src/proxy/retry-budget.js';
+import { RetryBudget } from '../src/delivery/retry-budget.js';
 import { mulberry32 } from './fixtures/sse-fixtures.js';
 
 const NONE: ReadonlySet<string> = new Set();

@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { parseDocument } from 'yaml';
 import { z } from 'zod';
 import { promptLenClasses } from '../accounting/prompt-len.js';
-import type { SloThresholds } from '../accounting/ledger.js';
+import type { RequestInfo, SloThresholds } from '../accounting/ledger.js';
 import { configSchema, type ConfigInput, type RawConfig } from './schema.js';
 
 export interface UpstreamConfig {
@@ -281,4 +281,21 @@ function deepFreeze<T>(value: T): T {
     Object.freeze(value);
   }
   return value;
+}
+
+/** The ledger's facts of a request: the model's SLO thresholds and the configured prompt-length classes. */
+export function requestInfo(
+  config: Config,
+  request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'>,
+): RequestInfo {
+  return {
+    model: request.model,
+    route: request.route,
+    stream: request.stream,
+    expectedChoices: request.expectedChoices,
+    dropUsageChunk: request.dropUsageChunk,
+    slo: config.slo.models[request.model] ?? config.slo.defaults,
+    promptLenBoundaries: config.metrics.promptLenBoundaries,
+    promptLenClasses: config.metrics.promptLenClasses,
+  };
 }

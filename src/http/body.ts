@@ -4,7 +4,7 @@
  * (or never sends) the body would hold a connection and its buffer for as long as it liked.
  */
 import type { IncomingMessage } from 'node:http';
-import type { ErrorCode } from './errors.js';
+import type { ErrorCode } from '../delivery/errors.js';
 
 export interface BodyLimits {
   readonly maxBytes: number;

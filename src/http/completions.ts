@@ -4,7 +4,7 @@
  */
 import type { ProxiedRoute } from '../accounting/outcomes.js';
 import { isRecord } from '../sse/classify.js';
-import { errorBody, type ErrorBody, type ErrorCode } from './errors.js';
+import { errorBody, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
 
 export interface CompletionFields {
   readonly model: string;

@@ -10,8 +10,8 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type
 import type { Logger } from 'pino';
 import { RequestLedger, type Settlement } from '../accounting/ledger.js';
 import { OTHER, type ProxiedRoute, type Route } from '../accounting/outcomes.js';
-import type { Config } from '../config/load.js';
-import { Exchange, ledgerInfo, type ExchangeDeps } from '../proxy/exchange.js';
+import { requestInfo, type Config } from '../config/load.js';
+import { Exchange, type ExchangeDeps } from '../proxy/exchange.js';
 import { upstreamHeaders } from '../proxy/headers.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
 import { createLogger } from '../telemetry/logger.js';
@@ -24,7 +24,7 @@ import { isRecord } from '../sse/classify.js';
 import { within } from '../util/within.js';
 import { BodyAbandoned, BodyError, readJsonBody, type ParsedBody } from './body.js';
 import { checkCompletion, withUsageRequested } from './completions.js';
-import { ERRORS, errorBody, type ErrorBody, type ErrorCode } from './errors.js';
+import { ERRORS, errorBody, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
 
 export interface GatewayOptions {
   logger?: Logger;
@@ -135,6 +135,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     metrics,
     logger,
     now,
+    wallNow: () => Date.now(),
     random,
     publish,
     guard,
@@ -242,7 +243,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     }
     // A rejection's SLO result (excluded, or failed for 429/503) does not depend on thresholds.
     const ledger = new RequestLedger(
-      ledgerInfo(config, { model, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false }),
+      requestInfo(config, { model, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false }),
       start.arrivalAt,
     );
     const at = now();

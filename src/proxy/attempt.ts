@@ -4,13 +4,9 @@
  */
 import type { Dispatcher } from 'undici';
 import type { ProtocolViolation, StreamEnd } from '../accounting/ledger.js';
+import type { AbortReason, NetworkFailure } from '../delivery/machine.js';
 import { createFramer, type Framer, type SseEvent } from '../sse/framer.js';
 import type { Upstream } from './upstreams.js';
-
-/** Why Waybill itself aborted an attempt. */
-export type AbortReason = Exclude<StreamEnd, 'eof' | 'reset'> | 'cancelled' | 'drained';
-
-export type NetworkFailure = 'connect_error' | 'reset';
 
 /** What the attempt reports to the logical request that owns it. */
 export interface AttemptSink {

@@ -9,8 +9,8 @@ import type { AdmissionConfig, Config, PoolConfig, UpstreamConfig } from '../con
 import { AdmissionGate } from './admission.js';
 import { CircuitBreaker, type SendTicket } from './breaker.js';
 import { pickUpstream } from './picker.js';
-import { RetryBudget } from './retry-budget.js';
-import { healthVerdict } from './retry-policy.js';
+import { RetryBudget } from '../delivery/retry-budget.js';
+import { healthVerdict } from '../delivery/retry-policy.js';
 
 /**
  * vLLM closes idle keep-alive connections after 5 s without a Keep-Alive hint; a socket reused just as it closes is

@@ -2,7 +2,7 @@
  * Bytes Waybill itself puts on the client's wire, and the joining of forwarded ones.
  */
 import type { GatewayErrorCause } from '../accounting/ledger.js';
-import { errorBody, type ErrorCode } from '../http/errors.js';
+import { errorBody, type ErrorCode } from './errors.js';
 import { classifyJson, type EventFacts } from '../sse/classify.js';
 
 export const SSE_HEADERS = {

@@ -167,6 +167,8 @@ export class DeliveryMachine {
   /** The gateway's drain deadline passed: no further attempt, the upstream pools are closing. */
   private shuttingDown = false;
   private lingering = false;
+  /** The retry timer fired while the failed attempt was still closing: start the next one when it has. */
+  private retryDue = false;
 
   constructor(
     private readonly request: MachineRequest,
@@ -323,11 +325,18 @@ export class DeliveryMachine {
     this.startAttempt();
   }
 
+  /**
+   * Asks the shell for the next attempt. It is in flight from here: whatever happens before the shell reports which
+   * upstream it went to (a client leaving, a deadline) aborts it rather than forgetting it.
+   */
   private startAttempt(): void {
-    this.emit({ kind: 'start_attempt', attempt: this.ledger.attemptCount + 1, avoid: this.tried, retriedFor: this.retriedFor });
+    this.attempt = this.ledger.attemptCount + 1;
+    this.attemptFinished = false;
+    this.emit({ kind: 'start_attempt', attempt: this.attempt, avoid: this.tried, retriedFor: this.retriedFor });
   }
 
   private attemptStarted(attempt: number, upstream: string): void {
+    if (attempt !== this.attempt) return;
     this.tried.add(upstream);
     this.held = [];
     this.heldBytes = 0;
@@ -343,6 +352,8 @@ export class DeliveryMachine {
   }
 
   private noUpstream(): void {
+    this.attemptFinished = true;
+    if (this.responseEnded) return this.maybeSettle();
     const failure = this.ledger.finalFailure();
     if (failure !== undefined) {
       // A retry found nowhere to go: the client gets what the last attempt said.
@@ -359,6 +370,10 @@ export class DeliveryMachine {
     if (attempt !== this.attempt) return;
     this.attemptFinished = true;
     this.clearAttemptClocks();
+    if (this.retryDue) {
+      this.retryDue = false;
+      this.retryNow();
+    }
     if (!this.responseEnded && this.ledger.ending === undefined) {
       // The attempt stopped without the ledger deciding how the client's response ends (cannot happen with the
       // attempt's reporting; kept so a future gap shows up as a counted incomplete request, not a hang).
@@ -480,6 +495,14 @@ export class DeliveryMachine {
     return true;
   }
 
+  /** The retry's wait is over: the next attempt, unless the request ended or a deadline passed meanwhile. */
+  private retryNow(): void {
+    if (this.clientFinished || this.responseEnded) return;
+    if (!this.pastDeadline && !this.shuttingDown) return this.startAttempt();
+    const failure = this.ledger.finalFailure();
+    if (failure !== undefined) this.respondFailure(failure);
+  }
+
   private respondFailure(failure: Failure): void {
     const { status, body } = failureResponse(failure);
     this.writeError(status, body);
@@ -493,6 +516,8 @@ export class DeliveryMachine {
   }
 
   private writeHead(status: number, headers: Record<string, string | number>): void {
+    // Nothing is written once the response is over (the client left while an attempt was still reporting).
+    if (this.responseEnded || this.headSent) return;
     this.headSent = true;
     this.emit({ kind: 'write_head', status, headers: { ...headers, 'x-request-id': this.request.requestId } });
   }
@@ -564,7 +589,9 @@ export class DeliveryMachine {
         if (!this.attemptFinished) this.emit({ kind: 'abort_attempt', reason: 'drained' });
         return;
       case 'retry':
-        if (!this.clientFinished && !this.responseEnded) this.startAttempt();
+        // At most one attempt in flight: the failed one was aborted, but its end may not have been reported yet.
+        if (!this.attemptFinished) this.retryDue = true;
+        else this.retryNow();
         return;
       case 'linger':
         if (!this.clientFinished) this.emit({ kind: 'destroy_client' });

@@ -62,7 +62,7 @@ export interface PlannedRequest {
 }
 
 /** The workload's draws use the simulator's seeded PRNG: the same seed gives the same run. */
-export { createRandom as seededRandom } from '../src/sim/prng.js';
+export { createRandom as seededRandom } from '../src/util/prng.js';
 export { FAULT_KINDS, type FaultKind };
 
 export function parseRange(text: string): Range | undefined {

@@ -1,6 +1,7 @@
 /**
  * `waybill` — serve, sim, demo, check-config.
  */
+import { waitForSignal } from './util/signals.js';
 import { parseArgs } from 'node:util';
 import type { AddressInfo } from 'node:net';
 import { ConfigError, loadConfigFile, parseConfig, type Config } from './config/load.js';
@@ -28,24 +29,6 @@ function fail(message: string): number {
   return 2;
 }
 
-/** Resolves on the first SIGINT/SIGTERM; a second one exits at once (an operator who means it). */
-function waitForSignal(): Promise<NodeJS.Signals> {
-  return new Promise((resolve) => {
-    const onSignal = (signal: NodeJS.Signals) => {
-      process.off('SIGINT', onSignal);
-      process.off('SIGTERM', onSignal);
-      const again = () => {
-        console.error(`${signal} again: exiting without draining`);
-        process.exit(1);
-      };
-      process.once('SIGINT', again);
-      process.once('SIGTERM', again);
-      resolve(signal);
-    };
-    process.on('SIGINT', onSignal);
-    process.on('SIGTERM', onSignal);
-  });
-}
 
 /** Builds the configuration for `serve` from a file and/or flags; flags override the file. */
 export async function configFromServeArgs(argv: string[]): Promise<Config> {

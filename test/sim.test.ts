@@ -4,7 +4,7 @@ import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { drawFault, FAULT_KINDS, FAULT_PARAMETERS, MODIFIER_NAMES, parseFaultHeader } from '../src/sim/faults.js';
 import { FLAG_OF, parseSimArgs, runSim } from '../src/sim/main.js';
-import { createRandom } from '../src/sim/prng.js';
+import { createRandom } from '../src/util/prng.js';
 import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../src/sim/server.js';
 import { choiceText, estimateTokens, pythonJsonDumps, tokenText } from '../src/sim/wire.js';
 

@@ -5,83 +5,18 @@ import { promptLenClasses } from '../accounting/prompt-len.js';
 import type { RequestInfo, SloThresholds } from '../accounting/ledger.js';
 import { configSchema, type ConfigInput, type RawConfig } from './schema.js';
 
-export interface UpstreamConfig {
-  readonly name: string;
-  readonly url: URL;
-  readonly weight: number;
-  readonly maxInflight: number | undefined;
-  /** Resolved from api_key or api_key_env; never logged. */
-  readonly apiKey: string | undefined;
-}
+/**
+ * The validated, resolved, frozen configuration: durations in milliseconds, buckets in seconds, keys in camelCase.
+ * Its type is what `resolve` builds from the schema's output, so a key added to the schema and resolved is typed
+ * everywhere without a second, hand-written description of it.
+ */
+export type Config = DeepReadonly<ReturnType<typeof resolve>>;
 
-export interface AdmissionConfig {
-  readonly maxInflight: number;
-  readonly maxQueue: number;
-  readonly queueTimeoutMs: number;
-}
-
-export interface PoolConfig {
-  readonly name: string;
-  /** Served model names; undefined while they are to be discovered from the upstreams. */
-  readonly models: readonly string[] | undefined;
-  readonly upstreams: readonly UpstreamConfig[];
-  /** Per model of the pool; undefined: no admission limit. */
-  readonly admission: AdmissionConfig | undefined;
-}
-
-/** The validated, resolved, frozen configuration. Durations are milliseconds; buckets are seconds. */
-export interface Config {
-  readonly server: RawConfig['server'];
-  readonly pools: readonly PoolConfig[];
-  readonly discovery: { readonly refreshIntervalMs: number };
-  readonly health: {
-    readonly intervalMs: number;
-    readonly timeoutMs: number;
-    readonly ejectAfterFailures: number;
-    readonly ejectionBaseMs: number;
-    readonly ejectionMaxMs: number;
-  };
-  readonly retries: {
-    readonly maxAttempts: number;
-    readonly backoffBaseMs: number;
-    readonly backoffMaxMs: number;
-    readonly retryOn500: boolean;
-    readonly retryAfterMaxMs: number;
-    readonly budget: { readonly ratio: number; readonly minPerSecond: number; readonly windowMs: number };
-  };
-  readonly shutdown: { readonly graceMs: number; readonly drainTimeoutMs: number };
-  readonly timeouts: {
-    readonly connectMs: number;
-    readonly firstOutputMs: number;
-    readonly idleMs: number;
-    readonly totalMs: number;
-  };
-  readonly streaming: {
-    readonly maxEventBytes: number;
-    readonly maxResponseBytes: number;
-    readonly maxErrorBodyBytes: number;
-    readonly maxHeldEvents: number;
-    readonly injectUsage: boolean;
-    readonly drainGraceMs: number;
-  };
-  readonly slo: {
-    readonly defaults: SloThresholds;
-    readonly models: Readonly<Record<string, SloThresholds>>;
-  };
-  readonly metrics: {
-    readonly promptLenBoundaries: readonly number[];
-    readonly promptLenClasses: readonly string[];
-    readonly buckets: {
-      readonly ttft: number[];
-      readonly itl: number[];
-      readonly tpot: number[];
-      readonly duration: number[];
-      readonly queueWait: number[];
-    };
-  };
-  readonly logging: RawConfig['logging'];
-  readonly tracing: { readonly endpoint: string | undefined; readonly captureContent: boolean };
-}
+/** What deepFreeze makes of a value, as a type (a URL stays a URL). */
+type DeepReadonly<T> = T extends URL ? T : T extends object ? { readonly [K in keyof T]: DeepReadonly<T[K]> } : T;
+export type PoolConfig = Config['pools'][number];
+export type UpstreamConfig = PoolConfig['upstreams'][number];
+export type AdmissionConfig = NonNullable<PoolConfig['admission']>;
 
 /** Every problem found in a configuration, each naming its field. */
 export class ConfigError extends Error {
@@ -131,13 +66,13 @@ function resolveSlo(
   };
 }
 
-function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv): Config {
+function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
   const classes = promptLenClasses(raw.metrics.prompt_len_boundaries);
   const upstreamNames = new Map<string, string>();
   const modelPools = new Map<string, string>();
   const poolNames = new Set<string>();
 
-  const pools: PoolConfig[] = raw.pools.map((pool, p) => {
+  const pools = raw.pools.map((pool, p) => {
     if (poolNames.has(pool.name)) problems.push(`pools[${p}].name: duplicate pool name "${pool.name}"`);
     poolNames.add(pool.name);
     for (const [m, model] of (pool.models ?? []).entries()) {
@@ -159,6 +94,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv): Co
         apiKey = env[upstream.api_key_env];
         if (apiKey === undefined || apiKey === '') problems.push(`${field}.api_key_env: environment variable ${upstream.api_key_env} is not set`);
       }
+      /** apiKey: resolved from api_key or api_key_env; never logged. */
       return Object.freeze({ name, url, weight: upstream.weight, maxInflight: upstream.max_inflight, apiKey });
     });
     const admission = pool.admission && {
@@ -168,7 +104,8 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv): Co
     };
     return Object.freeze({
       name: pool.name,
-      models: pool.models && Object.freeze([...pool.models]),
+      /** Served model names; undefined while they are to be discovered from the upstreams. */
+      models: pool.models && Object.freeze<string[]>([...pool.models]),
       upstreams: Object.freeze(upstreams),
       admission,
     });

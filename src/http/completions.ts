@@ -3,7 +3,7 @@
  * and account (model, stream, n, prompt count). Everything else is the upstream's to validate.
  */
 import type { ProxiedRoute } from '../accounting/outcomes.js';
-import { isRecord } from '../sse/classify.js';
+import { isRecord } from '../util/json.js';
 import { errorBody, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
 
 export interface CompletionFields {

@@ -20,7 +20,7 @@ import { ObserverGuard } from '../telemetry/guard.js';
 import { NO_TRACE, startRequestTrace, type RequestTrace } from '../telemetry/request-trace.js';
 import { createSettlementRecorder } from '../telemetry/settlement.js';
 import { disabledTracing, type Tracing } from '../telemetry/tracing.js';
-import { isRecord } from '../sse/classify.js';
+import { isRecord } from '../util/json.js';
 import { within } from '../util/within.js';
 import { BodyAbandoned, BodyError, readJsonBody, type ParsedBody } from './body.js';
 import { checkCompletion, withUsageRequested } from './completions.js';

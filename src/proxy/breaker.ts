@@ -12,7 +12,9 @@ export interface BreakerOptions {
 }
 
 export type BreakerState = 'closed' | 'open' | 'half_open';
-export type EjectionReason = 'consecutive_failures' | 'trial_failed';
+import type { EjectionReason } from '../accounting/outcomes.js';
+
+export type { EjectionReason };
 
 /** Names the request a report is about; returned by {@link CircuitBreaker.onSend}. */
 export type SendTicket = number;

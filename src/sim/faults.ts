@@ -2,7 +2,7 @@
  * The `x-sim-fault` request header: a `;`-separated list of directives, at most one of which is a fault,
  * the rest modifiers. Grammar and semantics are documented in docs/simulator.md; keep the two in step.
  */
-import { randomInt, type Random } from './prng.js';
+import { randomInt, type Random } from '../util/prng.js';
 
 export const FAULT_KINDS = [
   'status',

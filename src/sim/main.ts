@@ -1,4 +1,5 @@
 /** `waybill sim`: the simulated vLLM as a process. Flags are documented in docs/simulator.md. */
+import { waitForSignal } from '../util/signals.js';
 import { parseArgs } from 'node:util';
 import { FAULT_KINDS, isFaultKind, type FaultKind } from './faults.js';
 import { validateSimOptions, type SimOptions } from './options.js';
@@ -102,17 +103,6 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
   return { ok: true, args: { port, host: values.host, options: validated.options } };
 }
 
-function waitForSignal(): Promise<NodeJS.Signals> {
-  return new Promise((resolve) => {
-    const onSignal = (signal: NodeJS.Signals): void => {
-      process.off('SIGINT', onSignal);
-      process.off('SIGTERM', onSignal);
-      resolve(signal);
-    };
-    process.on('SIGINT', onSignal);
-    process.on('SIGTERM', onSignal);
-  });
-}
 
 /** Run the simulator until SIGINT/SIGTERM. 0 after a clean stop; 2 on bad flags (message on stderr). */
 export async function runSim(argv: string[]): Promise<number> {

@@ -4,7 +4,7 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Fault } from './faults.js';
-import { jittered } from './prng.js';
+import { jittered } from '../util/prng.js';
 import { after, type CancelTimer } from './timer.js';
 import { sendBody } from './respond.js';
 import type { GenerationPlan, StreamControl } from './stream.js';

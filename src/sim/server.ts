@@ -19,7 +19,7 @@ import {
 import { startNonStream } from './nonstream.js';
 import { resolveSimOptions, type SimOptions } from './options.js';
 import { shapeAnswer } from './plan.js';
-import { createRandom, deriveSeed, type Random } from './prng.js';
+import { createRandom, deriveSeed, type Random } from '../util/prng.js';
 import { MAX_MODEL_LEN, readGenerationRequest, type GenerationRequest } from './request.js';
 import { sendBody } from './respond.js';
 import { renderMetrics, StatsStore, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';

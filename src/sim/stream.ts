@@ -5,7 +5,7 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Fault } from './faults.js';
-import { jittered, type Random } from './prng.js';
+import { jittered, type Random } from '../util/prng.js';
 import { after, type CancelTimer } from './timer.js';
 import {
   choiceTextJsonInner,

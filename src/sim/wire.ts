@@ -220,11 +220,6 @@ export function stringErrorBody(message: string): string {
   return JSON.stringify({ error: message });
 }
 
-/** Statuses vLLM (or what fronts it) answers with a string-shaped error. */
-export function isStringShapedStatus(status: number): boolean {
-  return status === 401 || status === 503;
-}
-
 export const UNAUTHORIZED_BODY = stringErrorBody('Unauthorized');
 export const NOT_FOUND_BODY = '{"detail":"Not Found"}';
 export const METHOD_NOT_ALLOWED_BODY = '{"detail":"Method Not Allowed"}';
@@ -275,8 +270,6 @@ export interface FramingStyle {
   /** Split JSON data over two `data:` lines right after its opening `{`, so the joined data stays valid JSON. */
   readonly multilineData: boolean;
 }
-
-export const VLLM_FRAMING: FramingStyle = Object.freeze({ framing: 'lf', comments: false, multilineData: false });
 
 /** Turns event data into event-stream bytes. `first` suppresses the leading comment. */
 export function createEventFramer(style: FramingStyle): (data: string, isJson: boolean, first: boolean) => string {

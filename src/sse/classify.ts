@@ -3,6 +3,7 @@
  * vllm-wire.md: chat and legacy completions chunks, the usage-only chunk, the error event (any JSON with a
  * top-level `error` key, whatever else it holds), and `[DONE]`.
  */
+import { isRecord } from '../util/json.js';
 
 export interface Usage {
   promptTokens: number | undefined;
@@ -40,10 +41,6 @@ export type EventFacts =
 
 const DONE = '[DONE]';
 
-/** A JSON object (not an array, not null). */
-export function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
 
 function nonEmptyString(value: unknown): boolean {
   return typeof value === 'string' && value.length > 0;

@@ -21,19 +21,29 @@ export default tseslint.config(
     },
   },
   {
-    // The ledger and the SSE framer are pure: no I/O, no clock, no framework.
-    files: ['src/accounting/**/*.ts', 'src/sse/**/*.ts'],
+    // The framer, the ledger and the delivery machine are the pure core: no I/O, no clock, no framework, and no
+    // arrow back up to the layers that use them (sse <- accounting <- delivery <- proxy <- http).
+    files: ['src/accounting/**/*.ts', 'src/sse/**/*.ts', 'src/delivery/**/*.ts'],
     rules: {
       'no-restricted-imports': ['error', {
         patterns: [
-          { group: ['node:*', 'fastify', 'undici', 'prom-client', '../http/*', '../proxy/*', '../telemetry/*', '../sim/*', '../config/*'],
-            message: 'accounting/ and sse/ are the pure core: no I/O or framework imports.' },
+          { group: ['node:*', 'fastify', 'undici', 'prom-client', 'pino', '../http/*', '../proxy/*', '../telemetry/*', '../sim/*', '../config/*'],
+            message: 'sse/, accounting/ and delivery/ are the pure core: no I/O or framework imports, no imports from the shell.' },
         ],
       }],
       'no-restricted-globals': ['error',
         { name: 'Date', message: 'The pure core takes time from its caller.' },
         { name: 'performance', message: 'The pure core takes time from its caller.' },
         { name: 'setTimeout', message: 'The pure core does no I/O.' }],
+    },
+  },
+  {
+    // The shell does not reach back up: proxy/ executes the machine's effects and knows nothing of HTTP routes.
+    files: ['src/proxy/**/*.ts'],
+    rules: {
+      'no-restricted-imports': ['error', {
+        patterns: [{ group: ['../http/*', '../sim/*'], message: 'proxy/ is below http/: no imports from it.' }],
+      }],
     },
   },
   {

@@ -249,7 +249,7 @@ function drive(choices: number[], options: { gated: boolean; stream: boolean; n:
           });
         }
         actions.push(() => {
-          send({ type: 'network_failure', attempt: number, failure: 'connect_error' });
+          send({ type: 'network_failure', attempt: number, failure: 'connect_error', message: 'ECONNREFUSED' });
           finish();
         });
       } else if (current.framing) {

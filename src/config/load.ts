@@ -3,6 +3,7 @@ import { parseDocument } from 'yaml';
 import { z } from 'zod';
 import { promptLenClasses } from '../accounting/prompt-len.js';
 import type { RequestInfo, SloThresholds } from '../accounting/ledger.js';
+import type { MachineSettings } from '../delivery/machine.js';
 import { configSchema, type ConfigInput, type RawConfig } from './schema.js';
 
 /**
@@ -234,5 +235,19 @@ export function requestInfo(
     slo: config.slo.models[request.model] ?? config.slo.defaults,
     promptLenBoundaries: config.metrics.promptLenBoundaries,
     promptLenClasses: config.metrics.promptLenClasses,
+  };
+}
+
+/** What the delivery machine needs of the configuration: deadlines, hold limits, retry rules. */
+export function machineSettings(config: Config): MachineSettings {
+  return {
+    totalMs: config.timeouts.totalMs,
+    firstOutputMs: config.timeouts.firstOutputMs,
+    idleMs: config.timeouts.idleMs,
+    drainGraceMs: config.streaming.drainGraceMs,
+    maxEventBytes: config.streaming.maxEventBytes,
+    maxHeldEvents: config.streaming.maxHeldEvents,
+    maxAttempts: config.retries.maxAttempts,
+    retry: config.retries,
   };
 }

@@ -54,7 +54,7 @@ export type MachineEvent =
   | { type: 'chunk_done'; attempt: number }
   | { type: 'body'; attempt: number; status: number; body: Buffer }
   | { type: 'stream_end'; attempt: number; how: StreamEnd }
-  | { type: 'network_failure'; attempt: number; failure: NetworkFailure }
+  | { type: 'network_failure'; attempt: number; failure: NetworkFailure; message: string }
   | { type: 'attempt_settled'; attempt: number }
   | { type: 'timer'; timer: TimerName }
   | { type: 'client_blocked' }
@@ -76,6 +76,7 @@ export type Observation =
   | { type: 'anomaly'; attempt: number; kind: AnomalyKind }
   | { type: 'retry_scheduled'; reason: RetryReason; delayMs: number }
   | { type: 'client_cancelled' }
+  | { type: 'connect_failed'; attempt: number; message: string }
   | { type: 'internal_error'; error: unknown };
 
 export type Effect =
@@ -281,6 +282,7 @@ export class DeliveryMachine {
         ledger.streamEnded(this.at, event.how);
         return this.act();
       case 'network_failure':
+        this.observe({ type: 'connect_failed', attempt: event.attempt, message: event.message });
         ledger.connectFailed(this.at, event.failure);
         return this.act();
       case 'attempt_started':

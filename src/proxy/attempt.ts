@@ -3,25 +3,17 @@
  * bytes to the exchange. Bytes flow through untouched; the framer and classifier only watch them.
  */
 import type { Dispatcher } from 'undici';
-import type { ProtocolViolation, StreamEnd } from '../accounting/ledger.js';
-import type { AbortReason, NetworkFailure } from '../delivery/machine.js';
-import { createFramer, type Framer, type SseEvent } from '../sse/framer.js';
+import type { ProtocolViolation } from '../accounting/ledger.js';
+import type { AbortReason, MachineEvent, NetworkFailure } from '../delivery/machine.js';
+import { createFramer, type Framer } from '../sse/framer.js';
+import { parseRetryAfter } from './retry-after.js';
 import type { Upstream } from './upstreams.js';
 
-/** What the attempt reports to the logical request that owns it. */
-export interface AttemptSink {
-  onResponseStart(attempt: Attempt, status: number): void;
-  /** A 2xx that cannot be read (see ProtocolViolation); the attempt is stopped right after. */
-  onProtocolViolation(attempt: Attempt, violation: ProtocolViolation): void;
-  onBlock(attempt: Attempt, raw: Buffer, event: SseEvent | null): void;
-  /** All blocks of one upstream read have been reported: the moment to write what they produced in one go. */
-  onChunkDone(attempt: Attempt): void;
-  onBody(attempt: Attempt, status: number, body: Buffer): void;
-  onStreamEnd(attempt: Attempt, how: StreamEnd): void;
-  onNetworkFailure(attempt: Attempt, failure: NetworkFailure, error: Error): void;
-  /** Terminal: the attempt holds no upstream resources any more. Called exactly once. */
-  onSettled(attempt: Attempt): void;
-}
+/** What an attempt reports: the delivery machine's upstream events, each naming the attempt. */
+export type AttemptEvent = Extract<MachineEvent, { attempt: number }>;
+
+/** Where the attempt reports to: the logical request that owns it. `attempt_settled` comes exactly once, last. */
+export type AttemptReport = (event: AttemptEvent) => void;
 
 const NETWORK_CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT']);
 
@@ -53,17 +45,22 @@ export class Attempt implements Dispatcher.DispatchHandler {
   private done = false;
   /** The upstream response has started (status line received). */
   started = false;
-  contentType: string | undefined;
+  private contentType: string | undefined;
   /** Names this attempt to its upstream's circuit breaker. */
   ticket = 0;
-  /** The response's Retry-After header, for a 429 or 408. */
-  retryAfter: string | undefined;
 
   constructor(
     readonly upstream: Upstream,
     readonly number: number,
-    private readonly sink: AttemptSink,
-    private readonly options: { streaming: boolean; maxEventBytes: number; maxResponseBytes: number; maxErrorBodyBytes: number },
+    private readonly report: AttemptReport,
+    private readonly options: {
+      streaming: boolean;
+      maxEventBytes: number;
+      maxResponseBytes: number;
+      maxErrorBodyBytes: number;
+      /** Wall-clock milliseconds, to read a Retry-After date. */
+      wallNow: () => number;
+    },
   ) {}
 
   get finished(): boolean {
@@ -81,7 +78,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     // Still connecting: undici hands out the controller only once a socket is ready, which can take the whole
     // connect timeout. Finish now, so a cancellation or deadline takes effect at once; onRequestStart aborts the
     // request when it comes, and any later callback is ignored.
-    if (reason !== 'cancelled' && reason !== 'drained') this.sink.onStreamEnd(this, reason);
+    if (reason !== 'cancelled' && reason !== 'drained') this.report({ type: 'stream_end', attempt: this.number, how: reason });
     this.settle();
   }
 
@@ -108,7 +105,13 @@ export class Attempt implements Dispatcher.DispatchHandler {
     const type = headers['content-type'];
     this.contentType = typeof type === 'string' ? type : undefined;
     const retryAfter = headers['retry-after'];
-    this.retryAfter = typeof retryAfter === 'string' ? retryAfter : undefined;
+    const start: AttemptEvent = {
+      type: 'response_start',
+      attempt: this.number,
+      status: statusCode,
+      contentType: this.contentType,
+      retryAfterMs: parseRetryAfter(typeof retryAfter === 'string' ? retryAfter : undefined, this.options.wallNow()),
+    };
     if (statusCode >= 200 && statusCode < 300) {
       const violation: ProtocolViolation | undefined = isCompressed(headers)
         ? 'compressed'
@@ -117,8 +120,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
           : undefined;
       if (violation !== undefined) {
         // Judged at once, without reading a body that could be anything (an HTML page, an endless gzip stream).
-        this.sink.onResponseStart(this, statusCode);
-        this.sink.onProtocolViolation(this, violation);
+        this.report(start);
+        this.report({ type: 'protocol_violation', attempt: this.number, violation });
         this.abort('drained');
         return;
       }
@@ -127,21 +130,21 @@ export class Attempt implements Dispatcher.DispatchHandler {
       this.framer = createFramer(
         {
           onBlock: (raw, event) => {
-            if (!this.done && this.abortReason === undefined) this.sink.onBlock(this, raw, event);
+            if (!this.done && this.abortReason === undefined) this.report({ type: 'block', attempt: this.number, raw, event });
           },
           onOversized: () => this.abort('oversized'),
         },
         { maxEventBytes: this.options.maxEventBytes },
       );
     }
-    this.sink.onResponseStart(this, statusCode);
+    this.report(start);
   }
 
   onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.done || this.abortReason !== undefined) return;
     if (this.framer !== undefined) {
       this.framer.feed(chunk);
-      this.sink.onChunkDone(this);
+      this.report({ type: 'chunk_done', attempt: this.number });
       return;
     }
     const isError = this.status < 200 || this.status >= 300;
@@ -167,8 +170,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.framer !== undefined) {
       // end() may still dispatch a block: one whose last line ended in a CR that could have begun a CRLF.
       this.framer.end();
-      this.sink.onChunkDone(this);
-      this.sink.onStreamEnd(this, 'eof');
+      this.report({ type: 'chunk_done', attempt: this.number });
+      this.report({ type: 'stream_end', attempt: this.number, how: 'eof' });
     } else {
       this.reportBody();
     }
@@ -178,7 +181,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
   private reportBody(): void {
     const body = this.body.length === 1 ? (this.body[0] as Buffer) : Buffer.concat(this.body);
     this.body = [];
-    this.sink.onBody(this, this.status, body);
+    this.report({ type: 'body', attempt: this.number, status: this.status, body });
   }
 
   onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
@@ -187,11 +190,11 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (reason === 'cancelled' || reason === 'drained') {
       // The exchange already knows why it stopped listening; nothing to report.
     } else if (reason !== undefined) {
-      this.sink.onStreamEnd(this, reason);
+      this.report({ type: 'stream_end', attempt: this.number, how: reason });
     } else if (!this.started) {
-      this.sink.onNetworkFailure(this, networkFailure(error), error);
+      this.report({ type: 'network_failure', attempt: this.number, failure: networkFailure(error), message: error.message });
     } else {
-      this.sink.onStreamEnd(this, 'reset');
+      this.report({ type: 'stream_end', attempt: this.number, how: 'reset' });
     }
     this.settle();
   }
@@ -203,6 +206,6 @@ export class Attempt implements Dispatcher.DispatchHandler {
   private settle(): void {
     if (this.done) return;
     this.done = true;
-    this.sink.onSettled(this);
+    this.report({ type: 'attempt_settled', attempt: this.number });
   }
 }

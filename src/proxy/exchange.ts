@@ -11,17 +11,15 @@ import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import type { ProxiedRoute, RetryReason } from '../accounting/outcomes.js';
-import { requestInfo, type Config } from '../config/load.js';
-import type { ProtocolViolation, StreamEnd } from '../accounting/ledger.js';
-import { DeliveryMachine, type Effect, type MachineEvent, type NetworkFailure, type Observation, type TimerName } from '../delivery/machine.js';
-import type { SseEvent } from '../sse/framer.js';
+import { machineSettings, requestInfo, type Config } from '../config/load.js';
+import { DeliveryMachine, type Effect, type MachineEvent, type Observation, type TimerName } from '../delivery/machine.js';
+import { createDeliveryObserver } from '../telemetry/delivery-observer.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import type { GatewayMetrics } from '../telemetry/metrics.js';
 import type { RequestTrace } from '../telemetry/request-trace.js';
 import type { PublishSettlement } from '../telemetry/settlement.js';
 import type { Admission } from './admission.js';
-import { Attempt, type AttemptSink } from './attempt.js';
-import { parseRetryAfter } from './retry-after.js';
+import { Attempt } from './attempt.js';
 import type { ModelControls, UpstreamRegistry } from './upstreams.js';
 
 export interface ExchangeDeps {
@@ -65,7 +63,7 @@ interface ArmedTimer {
   readonly ms: number;
 }
 
-export class Exchange implements AttemptSink {
+export class Exchange {
   private readonly machine: DeliveryMachine;
   private readonly controls: ModelControls;
   /** Kept from the start: Node detaches it from the response once the response is done. */
@@ -78,6 +76,9 @@ export class Exchange implements AttemptSink {
   private readonly timers = new Map<TimerName, ArmedTimer>();
   private admission: Admission | undefined;
   private queueAbort: AbortController | undefined;
+  private readonly observe: (observation: Observation) => void;
+  /** How attempts report: straight into the event queue. */
+  private readonly report = (event: MachineEvent) => this.send(event);
 
   constructor(
     private readonly deps: ExchangeDeps,
@@ -88,19 +89,11 @@ export class Exchange implements AttemptSink {
     this.socket = res.socket;
     this.controls = deps.upstreams.controls(request.model);
     const itl = deps.metrics.interTokenLatency(request.model);
+    this.observe = createDeliveryObserver(deps, request.model, request.requestId, request.trace);
     this.machine = new DeliveryMachine(
       { info: requestInfo(config, request), arrivalAt: request.arrivalAt, requestId: request.requestId, gated: this.controls.gate !== undefined },
       {
-        settings: {
-          totalMs: config.timeouts.totalMs,
-          firstOutputMs: config.timeouts.firstOutputMs,
-          idleMs: config.timeouts.idleMs,
-          drainGraceMs: config.streaming.drainGraceMs,
-          maxEventBytes: config.streaming.maxEventBytes,
-          maxHeldEvents: config.streaming.maxHeldEvents,
-          maxAttempts: config.retries.maxAttempts,
-          retry: config.retries,
-        },
+        settings: machineSettings(config),
         budget: this.controls.budget,
         random: deps.random,
         onInterTokenGap: (ms) => {
@@ -246,11 +239,12 @@ export class Exchange implements AttemptSink {
       this.send({ type: 'no_upstream' });
       return;
     }
-    const attempt = new Attempt(upstream, number, this, {
+    const attempt = new Attempt(upstream, number, this.report, {
       streaming: this.request.stream,
       maxEventBytes: config.streaming.maxEventBytes,
       maxResponseBytes: config.streaming.maxResponseBytes,
       maxErrorBodyBytes: config.streaming.maxErrorBodyBytes,
+      wallNow: this.deps.wallNow,
     });
     this.current = attempt;
     this.attempts.set(number, attempt);
@@ -271,69 +265,5 @@ export class Exchange implements AttemptSink {
     const at = this.deps.now();
     this.deps.upstreams.settled(attempt.upstream, attempt.ticket, effect.record, at);
     this.request.trace.attemptEnded(number, effect.record, at);
-  }
-
-  private observe(observation: Observation): void {
-    const { metrics, guard, now } = this.deps;
-    const model = this.request.model;
-    const trace = this.request.trace;
-    switch (observation.type) {
-      case 'request_started':
-        return guard.run('metrics', () => metrics.requestStarted(model));
-      case 'queue_waited':
-        return guard.run('metrics', () => metrics.queueWaited(model, observation.ms));
-      case 'retry_made':
-        return guard.run('metrics', () => metrics.retryMade(model, observation.reason));
-      case 'retry_budget_spent':
-        return guard.run('metrics', () => metrics.retryBudgetSpent(model));
-      case 'first_output':
-        return trace.firstOutput(now());
-      case 'upstream_error':
-        return trace.upstreamError(observation.attempt, observation.error, now());
-      case 'anomaly':
-        return trace.anomaly(observation.attempt, observation.kind, now());
-      case 'retry_scheduled':
-        return trace.retryScheduled(observation.reason, observation.delayMs, now());
-      case 'client_cancelled':
-        return trace.clientCancelled(now());
-      case 'internal_error':
-        return guard.report('exchange', observation.error);
-    }
-  }
-
-  // --- AttemptSink: what the attempt saw, as events -------------------------------------------------------------
-
-  onResponseStart(attempt: Attempt, status: number): void {
-    const retryAfterMs = parseRetryAfter(attempt.retryAfter, this.deps.wallNow());
-    this.send({ type: 'response_start', attempt: attempt.number, status, contentType: attempt.contentType, retryAfterMs });
-  }
-
-  onProtocolViolation(attempt: Attempt, violation: ProtocolViolation): void {
-    this.send({ type: 'protocol_violation', attempt: attempt.number, violation });
-  }
-
-  onBlock(attempt: Attempt, raw: Buffer, event: SseEvent | null): void {
-    this.send({ type: 'block', attempt: attempt.number, raw, event });
-  }
-
-  onChunkDone(attempt: Attempt): void {
-    this.send({ type: 'chunk_done', attempt: attempt.number });
-  }
-
-  onBody(attempt: Attempt, status: number, body: Buffer): void {
-    this.send({ type: 'body', attempt: attempt.number, status, body });
-  }
-
-  onStreamEnd(attempt: Attempt, how: StreamEnd): void {
-    this.send({ type: 'stream_end', attempt: attempt.number, how });
-  }
-
-  onNetworkFailure(attempt: Attempt, failure: NetworkFailure, error: Error): void {
-    this.deps.logger.debug({ requestId: this.request.requestId, upstream: attempt.upstream.name, err: error.message }, 'upstream connection failed');
-    this.send({ type: 'network_failure', attempt: attempt.number, failure });
-  }
-
-  onSettled(attempt: Attempt): void {
-    this.send({ type: 'attempt_settled', attempt: attempt.number });
   }
 }

@@ -148,6 +148,8 @@ export class UpstreamRegistry {
     private readonly logger: Logger,
     private readonly random: () => number = Math.random,
     private readonly hooks: RegistryHooks = {},
+    /** Monotonic milliseconds: the gateway's one clock (admission queues read it). */
+    private readonly now: () => number = () => performance.now(),
   ) {
     this.pools = config.pools.map((pool) => ({
       config: pool,
@@ -180,7 +182,7 @@ export class UpstreamRegistry {
         gate:
           admission &&
           new AdmissionGate(admission, {
-            now: () => performance.now(),
+            now: this.now,
             setTimer: (fn, ms) => {
               const timer = setTimeout(fn, ms);
               return { cancel: () => clearTimeout(timer) };

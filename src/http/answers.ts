@@ -1,0 +1,174 @@
+/**
+ * Requests the gateway answers itself — bad bodies, unknown models and routes, limits, Node's HTTP-level refusals —
+ * still count as one logical request each: metrics, the wide log line, and a span for the proxied routes.
+ */
+import { randomUUID } from 'node:crypto';
+import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+import type { Tracer } from '@opentelemetry/api';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import { RequestLedger } from '../accounting/ledger.js';
+import { OTHER, type ProxiedRoute, type Route } from '../accounting/outcomes.js';
+import { requestInfo, type Config } from '../config/load.js';
+import { ERRORS, errorBody, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
+import type { UpstreamRegistry } from '../proxy/upstreams.js';
+import type { ObserverGuard } from '../telemetry/guard.js';
+import { NO_TRACE, startRequestTrace, type RequestTrace } from '../telemetry/request-trace.js';
+import type { PublishSettlement } from '../telemetry/settlement.js';
+import { isRecord } from '../util/json.js';
+import type { ParsedBody } from './body.js';
+
+/** The proxied routes and their API paths: one table. */
+export const ROUTE_PATHS: Readonly<Record<ProxiedRoute, string>> = { chat_completions: '/v1/chat/completions', completions: '/v1/completions' };
+
+const ROUTE_BY_PATH: ReadonlyMap<string, ProxiedRoute> = new Map(
+  Object.entries(ROUTE_PATHS).map(([route, path]) => [path, route as ProxiedRoute]),
+);
+
+/** The `route` label of a request: a proxied route when it matched one, else `_other`. */
+export function routeOf(request: FastifyRequest): Route {
+  return request.method === 'POST' ? (ROUTE_BY_PATH.get(request.routeOptions.url ?? '') ?? '_other') : '_other';
+}
+
+export interface AnsweredStart {
+  readonly route: Route;
+  readonly stream: boolean;
+  readonly requestId: string;
+  readonly arrivalAt: number;
+  readonly headers: IncomingHttpHeaders;
+  readonly body: unknown;
+  /** The model the body named, if any: counted under it when it is served, else `_other`. */
+  readonly model?: unknown;
+}
+
+export interface AnswersDeps {
+  readonly config: Config;
+  readonly upstreams: UpstreamRegistry;
+  readonly tracer: Tracer | undefined;
+  readonly guard: ObserverGuard;
+  readonly publish: PublishSettlement;
+  readonly now: () => number;
+}
+
+export interface Answers {
+  /** Counts a request answered by the gateway with `status` (or abandoned by its client: 'cancelled'). */
+  record(start: AnsweredStart, status: number | 'cancelled'): void;
+  /** Answers with an OpenAI-shaped error and counts it. */
+  reject(request: FastifyRequest, reply: FastifyReply, route: Route, stream: boolean, body: ErrorBody, model?: unknown): void;
+  startOf(request: FastifyRequest, route: Route, stream: boolean, model?: unknown): AnsweredStart;
+  /** Node's HTTP-level refusals (malformed request, header overflow, header timeout), answered and counted. */
+  onClientError(error: NodeJS.ErrnoException, socket: Socket): void;
+}
+
+export function createAnswers(deps: AnswersDeps): Answers {
+  const { config, upstreams, tracer, guard, publish, now } = deps;
+
+  const record = (start: AnsweredStart, status: number | 'cancelled') => {
+    const model = typeof start.model === 'string' && upstreams.poolFor(start.model) !== undefined ? start.model : OTHER;
+    const route = start.route;
+    let trace: RequestTrace = NO_TRACE;
+    if (route !== '_other') {
+      const started = guard.run(
+        'tracing',
+        () =>
+          startRequestTrace(
+            tracer,
+            start.headers,
+            {
+              route,
+              path: ROUTE_PATHS[route],
+              model,
+              stream: start.stream,
+              requestId: start.requestId,
+              arrivalAt: start.arrivalAt,
+              body: isRecord(start.body) ? start.body : {},
+            },
+            config.tracing.captureContent,
+          ),
+        NO_TRACE,
+      );
+      trace = guard.trace(started);
+    }
+    // A rejection's SLO result (excluded, or failed for 429/503) does not depend on thresholds.
+    const ledger = new RequestLedger(requestInfo(config, { model, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false }), start.arrivalAt);
+    const at = now();
+    if (status === 'cancelled') ledger.clientCancelled(at);
+    else ledger.reject(status);
+    publish(ledger.settle(at), start.requestId, trace, false, at);
+  };
+
+  const startOf = (request: FastifyRequest, route: Route, stream: boolean, model?: unknown): AnsweredStart => ({
+    route,
+    stream,
+    model,
+    requestId: request.id,
+    arrivalAt: request.arrivalAt,
+    headers: request.headers,
+    body: (request.body as ParsedBody | undefined)?.json,
+  });
+
+  return {
+    record,
+    startOf,
+    reject(request, reply, route, stream, body, model) {
+      const status = ERRORS[body.error.code as ErrorCode]?.status ?? 400;
+      record(startOf(request, route, stream, model), status);
+      sendError(reply, status, body);
+    },
+    onClientError(error, socket) {
+      // A connection reset before a whole request arrived: no request, nobody to answer.
+      if (error.code === 'ECONNRESET' || socket.destroyed) {
+        socket.destroy();
+        return;
+      }
+      const code = clientErrorCode(error);
+      const inFlight = (socket as SocketWithResponse)._httpMessage;
+      // Node's own rule: answer only where no response of an earlier request has started on this socket.
+      if (socket.writable && (inFlight === undefined || !inFlight.headersSent)) {
+        const message =
+          code === 'request_timeout'
+            ? `the request headers did not arrive within ${config.server.headers_timeout} ms`
+            : code === 'headers_too_large'
+              ? `the request headers are larger than ${config.server.max_header_bytes} bytes`
+              : 'the request is not valid HTTP';
+        socket.end(rawErrorResponse(code, message));
+      }
+      socket.destroySoon();
+      const at = now();
+      guard.run('http', () =>
+        record({ route: '_other', stream: false, requestId: randomUUID(), arrivalAt: at, headers: {}, body: undefined }, ERRORS[code].status),
+      );
+    },
+  };
+}
+
+export function sendError(reply: FastifyReply, status: number, body: ErrorBody): void {
+  void reply.code(status).header('x-request-id', reply.request.id).type('application/json').send(body);
+}
+
+/** An error answer on a hijacked response; a client already gone is simply not answered. */
+export function answerRaw(res: ServerResponse, requestId: string, status: number, body: ErrorBody): void {
+  if (res.headersSent || res.destroyed) return;
+  const payload = Buffer.from(JSON.stringify(body));
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': payload.length, 'x-request-id': requestId });
+  res.end(payload);
+}
+
+/** Node's HTTP-level refusals (before any route): the code Waybill answers each with. */
+function clientErrorCode(error: NodeJS.ErrnoException): ErrorCode {
+  if (error.code === 'ERR_HTTP_REQUEST_TIMEOUT') return 'request_timeout';
+  if (error.code === 'HPE_HEADER_OVERFLOW') return 'headers_too_large';
+  return 'bad_request';
+}
+
+const STATUS_TEXT: Record<number, string> = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' };
+
+/** A whole HTTP/1.1 error response in bytes, for a socket no request object owns. */
+function rawErrorResponse(code: ErrorCode, message: string): string {
+  const status = ERRORS[code].status;
+  const body = JSON.stringify(errorBody(code, message));
+  return `HTTP/1.1 ${status} ${STATUS_TEXT[status] ?? 'Error'}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`;
+}
+
+/** What Node's HTTP server keeps of the response in flight on a socket (undocumented, stable since Node 0.x). */
+type SocketWithResponse = Socket & { _httpMessage?: ServerResponse };

@@ -1,0 +1,121 @@
+/**
+ * What the gateway asks of every request before any route runs: Fastify's options (header size and time, request
+ * ids, no per-request logging), the connection limit, the body reader, and the error and not-found handlers — each
+ * answering in OpenAI's shape and counting the request once.
+ */
+import { randomUUID } from 'node:crypto';
+import type { Socket } from 'node:net';
+import type { Server } from 'node:http';
+import { LogController, type FastifyBaseLogger, type FastifyError, type FastifyHttpOptions, type FastifyInstance, type FastifyRequest } from 'fastify';
+import type { Config } from '../config/load.js';
+import { errorBody, type ErrorCode } from '../delivery/errors.js';
+import type { ObserverGuard } from '../telemetry/guard.js';
+import { routeOf, type Answers } from './answers.js';
+import { BodyAbandoned, BodyError, readJsonBody } from './body.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    arrivalAt: number;
+  }
+}
+
+/** A client request id we keep: a safe token, so it can go into logs and upstream headers as it is. */
+const SAFE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+const FASTIFY_ERRORS: Record<string, ErrorCode> = {
+  FST_ERR_CTP_BODY_TOO_LARGE: 'body_too_large',
+  FST_ERR_CTP_INVALID_MEDIA_TYPE: 'unsupported_media_type',
+  FST_ERR_CTP_EMPTY_JSON_BODY: 'invalid_json',
+  FST_ERR_CTP_INVALID_CONTENT_LENGTH: 'invalid_request',
+};
+
+export function fastifyOptions(config: Config, logger: FastifyBaseLogger, answers: Answers): FastifyHttpOptions<Server> {
+  return {
+    loggerInstance: logger,
+    // One wide log line per logical request comes from the ledger, not fastify's per-request pair.
+    logController: new LogController({ disableRequestLogging: true }),
+    // Fastify would make a child logger per request; Waybill logs per request once, from the ledger, with the id.
+    childLoggerFactory: (parent) => parent,
+    bodyLimit: config.server.body_limit_bytes,
+    http: {
+      maxHeaderSize: config.server.max_header_bytes,
+      headersTimeout: config.server.headers_timeout,
+      // Node checks its header deadline on this interval: 30 s by default, far coarser than the deadline.
+      connectionsCheckingInterval: Math.min(1000, config.server.headers_timeout),
+    },
+    clientErrorHandler: (error: NodeJS.ErrnoException, socket: Socket) => answers.onClientError(error, socket),
+    requestIdHeader: false,
+    genReqId: (req) => {
+      const given = req.headers['x-request-id'];
+      return typeof given === 'string' && SAFE_REQUEST_ID.test(given) ? given : randomUUID();
+    },
+    // Streams can last many minutes; Waybill's own clocks bound them. The body has its own deadline (body.ts).
+    requestTimeout: 0,
+    return503OnClosing: true,
+  };
+}
+
+export interface FrontDoorDeps {
+  readonly config: Config;
+  readonly answers: Answers;
+  readonly guard: ObserverGuard;
+  readonly now: () => number;
+}
+
+export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): void {
+  const { config, answers, guard, now } = deps;
+  app.decorateRequest('arrivalAt', 0);
+
+  // Connections past server.max_connections are answered (503, then closed) at their first request rather than
+  // dropped unanswered at accept: every request gets an answer and a count.
+  const overLimit = new WeakSet<Socket>();
+  let connections = 0;
+  app.server.on('connection', (socket: Socket) => {
+    connections++;
+    if (connections > config.server.max_connections) overLimit.add(socket);
+    socket.once('close', () => connections--);
+  });
+
+  app.addHook('onRequest', (request, reply, done) => {
+    request.arrivalAt = now();
+    if (overLimit.has(request.raw.socket)) {
+      void reply.header('connection', 'close');
+      const message = `more than ${config.server.max_connections} open connections; retry later`;
+      answers.reject(request, reply, routeOf(request), false, errorBody('too_many_connections', message));
+      return;
+    }
+    done();
+  });
+
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('application/json', async (request: FastifyRequest) =>
+    readJsonBody(
+      request.raw,
+      { maxBytes: config.server.body_limit_bytes, readTimeoutMs: config.server.read_timeout, maxDepth: config.server.max_json_depth },
+      config.server.read_timeout - (now() - request.arrivalAt),
+    ),
+  );
+
+  app.setErrorHandler((error: FastifyError, request, reply) => {
+    const route = routeOf(request);
+    if (error instanceof BodyAbandoned) {
+      // The client left while sending its body: a cancellation, with nobody left to answer.
+      answers.record(answers.startOf(request, route, false), 'cancelled');
+      void reply.hijack();
+      reply.raw.destroy();
+      return;
+    }
+    if (error instanceof BodyError) {
+      if (error.close) void reply.header('connection', 'close');
+      answers.reject(request, reply, route, false, errorBody(error.code, error.message));
+      return;
+    }
+    const code: ErrorCode = FASTIFY_ERRORS[error.code] ?? (error.statusCode === 400 ? 'invalid_request' : 'internal_error');
+    if (code === 'internal_error') guard.report('http', error);
+    answers.reject(request, reply, route, false, errorBody(code, code === 'internal_error' ? 'internal error' : error.message));
+  });
+
+  app.setNotFoundHandler((request, reply) => {
+    answers.reject(request, reply, '_other', false, errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0] ?? ''}`));
+  });
+}

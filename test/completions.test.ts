@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { exceedsDepth, parseJson } from '../src/http/body.js';
-import { checkCompletion, memberValueSpan, withUsageRequested } from '../src/http/completions.js';
+import { checkCompletion, estimatePromptTokens, memberValueSpan, withUsageRequested } from '../src/http/completions.js';
 
 const usage = (raw: Buffer) => {
   const out = withUsageRequested(raw, JSON.parse(raw.toString()) as Record<string, unknown>);
@@ -112,5 +112,31 @@ describe('checkCompletion', () => {
       stream: true,
       body: { error: { param: 'n' } },
     });
+  });
+});
+
+describe('estimatePromptTokens', () => {
+  it('counts token ids exactly and text by characters per token, summing several prompts', () => {
+    expect(estimatePromptTokens('completions', { prompt: [1, 2, 3, 4, 5] }, 4)).toBe(5);
+    expect(estimatePromptTokens('completions', { prompt: [[1, 2], [3]] }, 4)).toBe(3);
+    expect(estimatePromptTokens('completions', { prompt: 'x'.repeat(400) }, 4)).toBe(100);
+    expect(estimatePromptTokens('completions', { prompt: ['abcd', 'abcdefgh'] }, 4)).toBe(3);
+    expect(estimatePromptTokens('completions', { prompt: 42 }, 4)).toBeUndefined();
+  });
+
+  it('reads chat messages: string content and text parts, nothing else', () => {
+    const messages = [
+      { role: 'system', content: 'x'.repeat(40) },
+      { role: 'user', content: [{ type: 'text', text: 'y'.repeat(40) }, { type: 'image_url', image_url: { url: 'z'.repeat(1000) } }] },
+      { role: 'assistant', content: null, tool_calls: [] },
+    ];
+    expect(estimatePromptTokens('chat_completions', { messages }, 4)).toBe(20);
+    expect(estimatePromptTokens('chat_completions', { messages }, 2)).toBe(40);
+    expect(estimatePromptTokens('chat_completions', { messages: [] }, 4)).toBeUndefined();
+  });
+
+  it('checkCompletion carries the estimate', () => {
+    const checked = checkCompletion('chat_completions', { model: 'm', messages: [{ role: 'user', content: 'x'.repeat(80_000) }] }, 128, 4);
+    expect(checked).toMatchObject({ ok: true, fields: { promptTokensEstimate: 20_000 } });
   });
 });

@@ -232,6 +232,22 @@ describe('RequestLedger — streams', () => {
     expect(noUsage.settle(21)).toMatchObject({ promptLen: 'unknown', slo: 'met', tpotMs: undefined, usage: undefined });
   });
 
+  it('keeps the estimated prompt-length class for a request without usage, and lets usage replace it', () => {
+    // A ~20k-token prompt that times out before any output: the incident the prompt_len slice exists to show.
+    const timedOut = started({ promptTokensEstimate: 20_000 });
+    timedOut.streamEnded(600, 'first_output_timeout');
+    expect(timedOut.settle(600)).toMatchObject({ outcome: 'timeout', promptLen: '16k-64k', slo: 'failed' });
+
+    const cancelled = started({ promptTokensEstimate: 2_000 });
+    cancelled.clientCancelled(50);
+    expect(cancelled.settle(50)).toMatchObject({ outcome: 'client_cancelled', promptLen: '1k-4k' });
+
+    const measured = started({ promptTokensEstimate: 20_000 });
+    feed(measured, [[10, delta('a')], [20, finish('stop', 0, 'b')], [20, usage(900, 2)], [21, '[DONE]']]);
+    measured.clientEnded(21);
+    expect(measured.settle(21)).toMatchObject({ outcome: 'delivered', promptLen: '0-1k' });
+  });
+
   it('commits a stream that finished every choice without output at its [DONE]', () => {
     const ledger = started();
     expect(feed(ledger, [[5, role()], [6, finish('length')], [7, '[DONE]']])).toEqual(['hold', 'hold', 'commit']);

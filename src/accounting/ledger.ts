@@ -41,6 +41,12 @@ export interface RequestInfo {
   readonly slo: SloThresholds;
   readonly promptLenBoundaries: readonly number[];
   readonly promptLenClasses: readonly string[];
+  /**
+   * The prompt's length estimated from the request before dispatch (token ids counted, text by characters per
+   * token): its class stands until usage reports the real count, and for requests that never get usage (failures,
+   * timeouts, cancellations) — the long-prompt incident is exactly the one whose requests fail.
+   */
+  readonly promptTokensEstimate?: number | undefined;
 }
 
 /** What the shell does with the bytes of one upstream event. */
@@ -468,7 +474,11 @@ export class RequestLedger {
     const durationMs = endAt - this.arrivalAt;
     const { outcome, code } = this.outcomeAndCode();
     const ttftMs = this.firstOutputAt !== undefined && this.info.stream ? this.firstOutputAt - this.arrivalAt : undefined;
-    const promptLen = classifyPromptLen(this.info.promptLenBoundaries, this.info.promptLenClasses, this.usage?.promptTokens);
+    const promptLen = classifyPromptLen(
+      this.info.promptLenBoundaries,
+      this.info.promptLenClasses,
+      this.usage?.promptTokens ?? this.info.promptTokensEstimate,
+    );
     const tpotMs = outcome === 'delivered' ? this.tpot() : undefined;
     return {
       model: this.info.model,

@@ -177,6 +177,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
     metrics: {
       promptLenBoundaries: Object.freeze([...raw.metrics.prompt_len_boundaries]),
       promptLenClasses: Object.freeze(classes),
+      charsPerToken: raw.metrics.chars_per_token,
       buckets: {
         ttft: withThresholds(raw.metrics.buckets.ttft, ttftThresholds),
         itl: [...raw.metrics.buckets.itl],
@@ -224,9 +225,10 @@ function deepFreeze<T>(value: T): T {
 /** The ledger's facts of a request: the model's SLO thresholds and the configured prompt-length classes. */
 export function requestInfo(
   config: Config,
-  request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'>,
+  request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'> & { promptTokensEstimate?: number | undefined },
 ): RequestInfo {
   return {
+    promptTokensEstimate: request.promptTokensEstimate,
     model: request.model,
     route: request.route,
     stream: request.stream,

@@ -182,6 +182,8 @@ export const configSchema = z.strictObject({
     .strictObject({
       /** Prompt-token boundaries of the `prompt_len` classes. */
       prompt_len_boundaries: bucketList.default([1024, 4096, 16384, 65536]),
+      /** Characters per token for estimating a text prompt's length before usage arrives. */
+      chars_per_token: z.number().positive().max(100).default(4),
       buckets: z
         .strictObject({
           ttft: bucketList.default([0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60]),

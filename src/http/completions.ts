@@ -12,6 +12,8 @@ export interface CompletionFields {
   /** Choices the response must finish: n × the number of prompts (legacy completions accept a list). */
   readonly expectedChoices: number;
   readonly clientAskedUsage: boolean;
+  /** The prompt's tokens as estimated from the request (see estimatePromptTokens); undefined when it has no prompt text. */
+  readonly promptTokensEstimate: number | undefined;
 }
 
 export type Checked = { ok: true; fields: CompletionFields } | { ok: false; status: number; body: ErrorBody; stream: boolean };
@@ -22,7 +24,7 @@ function promptCount(prompt: unknown): number {
   return prompt.every((p) => typeof p === 'number') ? 1 : prompt.length;
 }
 
-export function checkCompletion(route: ProxiedRoute, json: unknown, maxChoices: number): Checked {
+export function checkCompletion(route: ProxiedRoute, json: unknown, maxChoices: number, charsPerToken = 4): Checked {
   const invalid = (message: string, param: string | null, stream = false, code: ErrorCode = 'invalid_request'): Checked => ({
     ok: false,
     status: 400,
@@ -56,8 +58,49 @@ export function checkCompletion(route: ProxiedRoute, json: unknown, maxChoices: 
       stream: streaming,
       expectedChoices,
       clientAskedUsage: isRecord(options) && options['include_usage'] === true,
+      promptTokensEstimate: estimatePromptTokens(route, json, charsPerToken),
     },
   };
+}
+
+/**
+ * The prompt's length in tokens, estimated before dispatch: token ids are counted exactly, text at `charsPerToken`
+ * characters per token (chat: every message's text content; the chat template's few tokens per message are not
+ * counted). Legacy completions with several prompts: their sum, as vLLM's usage reports it. Undefined when the
+ * request carries no prompt the gateway can read.
+ */
+export function estimatePromptTokens(route: ProxiedRoute, json: Record<string, unknown>, charsPerToken: number): number | undefined {
+  let tokens = 0;
+  let chars = 0;
+  let found = false;
+  const text = (value: unknown) => {
+    if (typeof value === 'string') {
+      chars += value.length;
+      found = true;
+    }
+  };
+  if (route === 'completions') {
+    const prompt = json['prompt'];
+    const one = (p: unknown) => {
+      if (Array.isArray(p) && p.every((t) => typeof t === 'number')) {
+        tokens += p.length;
+        found = true;
+      } else text(p);
+    };
+    if (Array.isArray(prompt) && prompt.length > 0 && !prompt.every((t) => typeof t === 'number')) prompt.forEach(one);
+    else one(prompt);
+  } else {
+    const messages = json['messages'];
+    if (Array.isArray(messages)) {
+      for (const message of messages) {
+        if (!isRecord(message)) continue;
+        const content = message['content'];
+        if (Array.isArray(content)) for (const part of content) text(isRecord(part) ? part['text'] : undefined);
+        else text(content);
+      }
+    }
+  }
+  return found ? tokens + Math.ceil(chars / charsPerToken) : undefined;
 }
 
 const OPEN_BRACE = 0x7b;

@@ -36,7 +36,7 @@ export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void 
         answers.reject(request, reply, route, false, errorBody('unsupported_media_type', 'send the request as application/json'));
         return;
       }
-      const checked = checkCompletion(route, parsed.json, config.server.max_choices);
+      const checked = checkCompletion(route, parsed.json, config.server.max_choices, config.metrics.charsPerToken);
       if (!checked.ok) {
         answers.reject(request, reply, route, checked.stream, checked.body, (parsed.json as { model?: unknown } | null)?.model);
         return;
@@ -57,6 +57,7 @@ export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void 
         stream: fields.stream,
         body: withUsage ?? parsed.raw,
         expectedChoices: fields.expectedChoices,
+        promptTokensEstimate: fields.promptTokensEstimate,
         dropUsageChunk: withUsage !== undefined,
         requestId: request.id,
         headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined),

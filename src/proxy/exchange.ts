@@ -50,6 +50,7 @@ export interface CompletionRequest {
   /** The body to send upstream (the client's bytes, or with usage requested). */
   readonly body: Buffer;
   readonly expectedChoices: number;
+  readonly promptTokensEstimate: number | undefined;
   readonly dropUsageChunk: boolean;
   readonly requestId: string;
   /** Headers for every upstream attempt (see upstreamHeaders). */

@@ -16,7 +16,9 @@ COPY . .
 RUN npm run build
 
 FROM ${NODE_IMAGE} AS runtime
-ENV NODE_ENV=production
+# The source revision for waybill_build_info, e.g. docker build --build-arg REVISION=$(git rev-parse --short HEAD) .
+ARG REVISION=unknown
+ENV NODE_ENV=production WAYBILL_REVISION=${REVISION}
 WORKDIR /app
 COPY package.json package-lock.json ./
 # Production dependencies only; the npm cache would only add weight to the image.

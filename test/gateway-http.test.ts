@@ -1,6 +1,7 @@
 /**
  * The HTTP surface: non-stream requests, legacy completions, bad input, and the operational endpoints.
  */
+import { readFileSync } from 'node:fs';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CHAT, post, startStack, withoutCreated, type Stack } from './helpers/stack.js';
@@ -147,6 +148,16 @@ describe('operational endpoints', () => {
     expect(text).toContain('# TYPE waybill_requests_total counter');
     // Created at zero at start-up for each served model, before any such request.
     expect(text).toContain('waybill_slo_requests_total{model="sim-model",prompt_len="64k+",result="met"} 0');
+    const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
+    expect(text).toContain(`waybill_build_info{version="${version}",revision="unknown"} 1`);
+  });
+
+  it('observes each streamed attempt\'s first output per upstream', async () => {
+    const before = await s.metric('waybill_upstream_first_output_seconds_count', { upstream: 'sim-0' });
+    await post(s.base, '/v1/chat/completions', { ...CHAT, stream: true });
+    await post(s.base, '/v1/chat/completions', CHAT);
+    // The stream's attempt is observed; the non-stream one is not.
+    expect(await s.metric('waybill_upstream_first_output_seconds_count', { upstream: 'sim-0' })).toBe(before + 1);
   });
 
   it('keeps a safe client request id and replaces an unsafe one', async () => {

@@ -164,6 +164,8 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_queue_depth{model="m"} 3');
     expect(text).toContain('waybill_queue_wait_seconds_sum{model="m"} 0.02');
     expect(text).toContain('waybill_internal_errors_total{component="hook"} 1');
+    expect(text).toContain('waybill_upstream_first_output_seconds_count{model="m",upstream="u0"} 1');
+    expect(text).toContain('waybill_build_info{version="unknown",revision="unknown"} 1');
     expect(text).toContain('waybill_internal_errors_total{component="exchange"} 0');
     expect(text).toContain('waybill_upstream_probe_failures_total{upstream="u0",probe="discovery"} 1');
   });

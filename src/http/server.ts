@@ -15,6 +15,7 @@ import { createLogger } from '../telemetry/logger.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
 import { createSettlementRecorder } from '../telemetry/settlement.js';
 import { disabledTracing, type Tracing } from '../telemetry/tracing.js';
+import { buildInfo } from '../util/build.js';
 import { createAnswers } from './answers.js';
 import { fastifyOptions, installFrontDoor } from './front-door.js';
 import { createLifecycle } from './lifecycle.js';
@@ -52,7 +53,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   const logger = options.logger ?? createLogger(config.logging);
   const tracing = options.tracing ?? disabledTracing();
   const tracer = tracing.enabled ? tracing.tracer : undefined;
-  const metrics = new GatewayMetrics(config.metrics.buckets, { defaultMetrics: options.defaultMetrics ?? true });
+  const metrics = new GatewayMetrics(config.metrics.buckets, { defaultMetrics: options.defaultMetrics ?? true, build: buildInfo() });
   const random = options.random ?? Math.random;
   const now = () => performance.now();
   const upstreams = new UpstreamRegistry(config, logger.child({ component: 'upstreams' }), random, {

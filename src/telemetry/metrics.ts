@@ -149,6 +149,18 @@ export const METRICS = {
     labels: ['model'],
     help: 'Requests waiting in the model\'s admission queue.',
   },
+  upstreamFirstOutput: {
+    name: 'waybill_upstream_first_output_seconds',
+    type: 'histogram',
+    labels: ['model', 'upstream'],
+    help: 'Streamed attempts that produced output: attempt sent to its first output-bearing event, per upstream.',
+  },
+  buildInfo: {
+    name: 'waybill_build_info',
+    type: 'gauge',
+    labels: ['version', 'revision'],
+    help: 'Always 1: the running version (package.json) and source revision (WAYBILL_REVISION, else unknown).',
+  },
   internalErrors: {
     name: 'waybill_internal_errors_total',
     type: 'counter',
@@ -299,9 +311,10 @@ export class GatewayMetrics {
   private readonly internalErrors = new CounterPair(this.registries, METRICS.internalErrors);
   private readonly probeFailures = new CounterPair(this.registries, METRICS.probeFailures);
   private readonly queueWait: Histogram<'model'>;
+  private readonly upstreamFirstOutput: Histogram<'model' | 'upstream'>;
   private sources: GaugeSources | undefined;
 
-  constructor(buckets: MetricBuckets, options: { defaultMetrics?: boolean } = {}) {
+  constructor(buckets: MetricBuckets, options: { defaultMetrics?: boolean; build?: { version: string; revision: string } } = {}) {
     const registries = this.registries;
     // At zero from the start, so an alert on any increase sees the first one.
     for (const component of INTERNAL_ERROR_COMPONENTS) this.internalErrors.inc({ component }, 0);
@@ -314,6 +327,12 @@ export class GatewayMetrics {
     this.tpot = histogram(registries, METRICS.tpot, buckets.tpot, true);
     this.duration = histogram(registries, METRICS.duration, buckets.duration, true);
     this.queueWait = histogram(registries, METRICS.queueWait, buckets.queueWait);
+    this.upstreamFirstOutput = histogram(registries, METRICS.upstreamFirstOutput, buckets.ttft);
+    const build = options.build ?? { version: 'unknown', revision: 'unknown' };
+    new Gauge({ name: METRICS.buildInfo.name, help: METRICS.buildInfo.help, labelNames: METRICS.buildInfo.labels, registers: [registries.text, registries.open] }).set(
+      { version: build.version, revision: build.revision },
+      1,
+    );
     scrapeGauge(registries, METRICS.upstreamUp, (gauge) => {
       for (const upstream of this.sources?.upstreams() ?? []) gauge.set({ upstream: upstream.name }, upstream.up ? 1 : 0);
     });
@@ -400,6 +419,10 @@ export class GatewayMetrics {
     this.requests.inc({ model, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplar);
     for (const attempt of s.attempts) {
       this.attempts.inc({ model, upstream: attempt.upstream, result: attempt.result ?? 'cancelled' });
+      // Per upstream, so one slow or overloaded replica stands out of the pool's TTFT.
+      if (s.stream && attempt.firstOutputAt !== undefined) {
+        this.upstreamFirstOutput.observe({ model, upstream: attempt.upstream }, (attempt.firstOutputAt - attempt.startedAt) / 1000);
+      }
     }
     if (s.attempts.length > 0) this.requestAttempts.observe({ model }, s.attempts.length);
     for (const anomaly of s.anomalies) this.anomalies.inc({ model, upstream: anomaly.upstream, kind: anomaly.kind });

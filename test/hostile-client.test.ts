@@ -109,14 +109,39 @@ describe('bodies', () => {
     expect(openAIError(text)).toEqual({ status: 408, code: 'request_timeout' });
   });
 
-  it('a client that leaves while sending its body counts once, as a cancellation', async () => {
-    const before = await s.metric('waybill_requests_total', { code: '499', outcome: 'client_cancelled' });
+  it('a client that resets the connection while sending its body counts once, as a cancellation', async () => {
+    const before = await requestsTotal();
+    const cancelled = await s.metric('waybill_requests_total', { code: '499', outcome: 'client_cancelled' });
     await rawExchange((socket) => {
       socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"mo', () =>
-        setTimeout(() => socket.destroy(), 50),
+        setTimeout(() => socket.resetAndDestroy(), 50),
       );
     });
-    await expect.poll(() => s.metric('waybill_requests_total', { code: '499', outcome: 'client_cancelled' })).toBe(before + 1);
+    await expect.poll(() => s.metric('waybill_requests_total', { code: '499', outcome: 'client_cancelled' })).toBe(cancelled + 1);
+    // A round trip on another connection lets anything still pending for the reset one run: still one count.
+    expect((await fetch(`${s.base}/healthz`)).status).toBe(200);
+    expect(await requestsTotal()).toBe(before + 1);
+  });
+
+  it('a body cut short by the client closing its side (FIN) is a 400, answered and counted once', async () => {
+    const before = await requestsTotal();
+    const text = await rawExchange((socket) => {
+      socket.end('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"mo');
+    });
+    expect(openAIError(text)).toEqual({ status: 400, code: 'bad_request' });
+    expect((await fetch(`${s.base}/healthz`)).status).toBe(200);
+    expect(await requestsTotal()).toBe(before + 1);
+    expect(await s.metric('waybill_requests_total', { route: 'chat_completions', code: '400', outcome: 'rejected' })).toBeGreaterThanOrEqual(1);
+  });
+
+  it('a malformed chunked body: 400, counted once', async () => {
+    const before = await requestsTotal();
+    const text = await rawExchange((socket) =>
+      socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n{}\r\n'),
+    );
+    expect(openAIError(text)).toEqual({ status: 400, code: 'bad_request' });
+    expect((await fetch(`${s.base}/healthz`)).status).toBe(200);
+    expect(await requestsTotal()).toBe(before + 1);
   });
 });
 
@@ -130,6 +155,22 @@ describe("Node's HTTP-level refusals", () => {
     const text = await rawExchange((socket) => socket.write(head));
     expect(openAIError(text)).toEqual({ status, code });
     expect(await s.metric('waybill_requests_total', labels)).toBe(before + 1);
+  });
+
+  it('one oversized header sent in many reads is answered and counted once', async () => {
+    const labels = { route: '_other', code: '431' };
+    const before = await s.metric('waybill_requests_total', labels);
+    const text = await rawExchange((socket) => socket.write(`GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(400_000)}\r\n\r\n`));
+    expect(openAIError(text)).toEqual({ status: 431, code: 'headers_too_large' });
+    expect((await fetch(`${s.base}/healthz`)).status).toBe(200);
+    expect(await s.metric('waybill_requests_total', labels)).toBe(before + 1);
+  });
+
+  it('a connection that never sends a byte is closed at the header deadline, not answered or counted', async () => {
+    const before = await requestsTotal();
+    const text = await rawExchange(() => undefined);
+    expect(text).toBe('');
+    expect(await requestsTotal()).toBe(before);
   });
 
   it('headers that never finish: 408 after server.headers_timeout, counted under route="_other"', async () => {

@@ -54,7 +54,8 @@ describe('usage numbers', () => {
     const client = await post(s.base, '/v1/chat/completions', STREAM);
     expect(client.body.endsWith(done)).toBe(true);
     const [settlement] = await s.settled(1);
-    expect(settlement).toMatchObject({ outcome: 'delivered', usage: undefined, promptLen: 'unknown', anomalies: [{ kind: 'invalid_usage' }] });
+    // No usage: the prompt's class is the request's own estimate ("Hello there": a few tokens).
+    expect(settlement).toMatchObject({ outcome: 'delivered', usage: undefined, promptLen: '0-1k', anomalies: [{ kind: 'invalid_usage' }] });
     const text = await s.metricsText();
     expect(metricValue(text, 'waybill_prompt_tokens_total')).toBe(0);
     expect(metricValue(text, 'waybill_completion_tokens_total')).toBe(0);
@@ -157,6 +158,17 @@ describe('what is held before the first output', () => {
     expect(client.body.endsWith(done)).toBe(true);
     const [settlement] = await s.settled(1);
     expect(settlement?.outcome).toBe('delivered');
+  });
+
+  it('n=100: the hundred role chunks vLLM sends before any content are held and delivered, not refused', async () => {
+    const s = await startStack();
+    cleanups.push(() => s.close());
+    const client = await post(s.base, '/v1/chat/completions', { ...STREAM, n: 100 });
+    expect(client.status).toBe(200);
+    expect(client.body.endsWith(done)).toBe(true);
+    const [settlement] = await s.settled(1);
+    expect(settlement).toMatchObject({ outcome: 'delivered', attempts: [{ result: 'ok' }] });
+    expect(settlement?.finishReasons).toHaveLength(100);
   });
 
   it('more comments than streaming.max_held_events before any output: 502 naming the cause, oversized_event', async () => {

@@ -444,3 +444,57 @@ describe('the delivery machine under random interleavings', () => {
     expect(after.find((e) => e.kind === 'start_attempt')).toMatchObject({ attempt: 2, avoid: new Set(['a']) });
   });
 });
+
+describe('the delivery machine, found in review', () => {
+  const machine = (gated: boolean) =>
+    new DeliveryMachine(
+      {
+        info: { model: 'm', route: 'chat_completions', stream: true, expectedChoices: 1, dropUsageChunk: true, slo: { ttftMs: 1, tpotMs: 1, e2eMs: 1, ttftByPromptLenMs: {} }, promptLenBoundaries: [], promptLenClasses: ['unknown'] },
+        arrivalAt: 0,
+        requestId: 'r',
+        gated,
+      },
+      {
+        settings: { totalMs: 1000, firstOutputMs: 500, idleMs: 200, drainGraceMs: 50, maxEventBytes: 4096, maxHeldEvents: 4, maxAttempts: 3, retry: { retryOn500: true, backoffBaseMs: 10, backoffMaxMs: 20, retryAfterMaxMs: 100 } },
+        budget: new RetryBudget({ ratio: 1, minPerSecond: 1000, windowMs: 10_000 }),
+        random: () => 0.5,
+        onInterTokenGap: () => undefined,
+      },
+    );
+  const kinds = (effects: readonly Effect[]) => effects.map((e) => e.kind);
+  const data = (text: string): MachineEvent => ({ type: 'block', attempt: 1, raw: Buffer.from(`data: ${text}\n\n`), event: { type: 'message', data: text, id: undefined } });
+
+  it('a slow client does not pause the upstream once the response is over (the drain grace reads on)', () => {
+    const m = machine(false);
+    m.handle({ type: 'start' }, 0);
+    m.handle({ type: 'attempt_started', attempt: 1, upstream: 'a' }, 0);
+    m.handle({ type: 'response_start', attempt: 1, status: 200, contentType: 'text/event-stream', retryAfterMs: undefined }, 1);
+    m.handle(data(chunk([{ index: 0, delta: { content: 'hi' }, finish_reason: 'stop' }])), 2);
+    m.handle(data('[DONE]'), 3);
+    expect(kinds(m.handle({ type: 'chunk_done', attempt: 1 }, 3))).toContain('end');
+    expect(kinds(m.handle({ type: 'client_blocked' }, 4))).toEqual([]);
+  });
+
+  it('an admission granted after the request settled is given back', () => {
+    const m = machine(true);
+    m.handle({ type: 'start' }, 0);
+    m.handle({ type: 'queued' }, 0);
+    expect(kinds(m.handle({ type: 'client_close' }, 5))).toContain('settle');
+    expect(kinds(m.handle({ type: 'admission', admitted: true, reason: undefined, waitedMs: 6 }, 6))).toEqual(['release_admission']);
+  });
+
+  it('holds one role chunk per expected choice beyond max_held_events', () => {
+    const wide = new DeliveryMachine(
+      { info: { model: 'm', route: 'chat_completions', stream: true, expectedChoices: 100, dropUsageChunk: true, slo: { ttftMs: 1, tpotMs: 1, e2eMs: 1, ttftByPromptLenMs: {} }, promptLenBoundaries: [], promptLenClasses: ['unknown'] }, arrivalAt: 0, requestId: 'r', gated: false },
+      { settings: { totalMs: 1000, firstOutputMs: 500, idleMs: 200, drainGraceMs: 50, maxEventBytes: 1 << 20, maxHeldEvents: 4, maxAttempts: 1, retry: { retryOn500: false, backoffBaseMs: 10, backoffMaxMs: 20, retryAfterMaxMs: 100 } }, budget: new RetryBudget({ ratio: 1, minPerSecond: 1000, windowMs: 10_000 }), random: () => 0.5, onInterTokenGap: () => undefined },
+    );
+    wide.handle({ type: 'start' }, 0);
+    wide.handle({ type: 'attempt_started', attempt: 1, upstream: 'a' }, 0);
+    wide.handle({ type: 'response_start', attempt: 1, status: 200, contentType: 'text/event-stream', retryAfterMs: undefined }, 1);
+    for (let index = 0; index < 100; index++) {
+      expect(kinds(wide.handle(data(chunk([{ index, delta: { role: 'assistant', content: '' }, finish_reason: null }])), 2))).toEqual([]);
+    }
+    for (let i = 0; i < 4; i++) expect(kinds(wide.handle({ type: 'block', attempt: 1, raw: Buffer.from(': ping\n\n'), event: null }, 3))).toEqual([]);
+    expect(kinds(wide.handle({ type: 'block', attempt: 1, raw: Buffer.from(': ping\n\n'), event: null }, 3))).toEqual(['abort_attempt']);
+  });
+});

@@ -290,7 +290,7 @@ describe('graceful drain', () => {
     expect(await ready.body.json()).toMatchObject({ status: 'draining' });
     for (const stream of await Promise.all(streams)) expect(stream.body.endsWith(DONE)).toBe(true);
     await drained;
-    // A new connection is refused (connections kept alive from before get fastify's 503 until they close).
+    // A new connection is refused (requests on connections still open get Waybill's 503 shutting_down).
     await expect(request(`http://127.0.0.1:${port}/healthz`, { dispatcher: new Agent() })).rejects.toThrow(/ECONNREFUSED/);
     const settlements = await s.settled(3);
     expect(settlements.map((x) => x.outcome)).toEqual(['delivered', 'delivered', 'delivered']);

@@ -161,7 +161,7 @@ export const configSchema = z.strictObject({
       max_response_bytes: z.number().int().positive().default(64 * 1024 * 1024),
       /** An upstream error body (non-2xx) is read up to this many bytes; its message is relayed from that part. */
       max_error_body_bytes: z.number().int().positive().default(64 * 1024),
-      /** Events and comments held before the first output (with max_event_bytes as their byte limit). */
+      /** Events and comments held before the first output beyond one per expected choice (max_event_bytes bounds their bytes). */
       max_held_events: z.number().int().positive().default(64),
       /** Ask upstreams for usage when the client did not, and drop the usage-only chunk before the client. */
       inject_usage: z.boolean().default(true),

@@ -192,7 +192,13 @@ export class DeliveryMachine {
    */
   handle(event: MachineEvent, at: number): readonly Effect[] {
     this.effects.length = 0;
-    if (this.settled && event.type !== 'attempt_settled') return this.effects;
+    if (this.settled) {
+      // After settlement only what keeps shared state balanced: an attempt's end (upstream in-flight, health) and an
+      // admission slot granted too late (given back).
+      if (event.type === 'attempt_settled') this.emit({ kind: 'attempt_over', attempt: event.attempt, record: this.ledger.attemptAt(event.attempt - 1) });
+      else if (event.type === 'admission' && event.admitted) this.emit({ kind: 'release_admission' });
+      return this.effects;
+    }
     this.at = at;
     const headSent = this.headSent;
     const responseEnded = this.responseEnded;
@@ -208,11 +214,6 @@ export class DeliveryMachine {
   }
 
   private step(event: MachineEvent): void {
-    if (this.crashed) {
-      // After a crash only the attempt's end matters: the upstream's bookkeeping must still balance.
-      if (event.type === 'attempt_settled') this.emit({ kind: 'attempt_over', attempt: event.attempt, record: undefined });
-      return;
-    }
     switch (event.type) {
       case 'start':
         return this.start();
@@ -426,12 +427,15 @@ export class DeliveryMachine {
     }
   }
 
-  /** Bytes before the first output (role chunks, comments) are bounded in bytes and in pieces. */
+  /**
+   * Bytes before the first output are bounded in bytes and in pieces: one role chunk per expected choice (vLLM sends
+   * them before any content), plus maxHeldEvents more (comments, empty deltas).
+   */
   private hold(raw: Buffer): void {
     this.held.push(raw);
     this.heldBytes += raw.length;
     const settings = this.deps.settings;
-    if (this.heldBytes > settings.maxEventBytes || this.held.length > settings.maxHeldEvents) {
+    if (this.heldBytes > settings.maxEventBytes || this.held.length > settings.maxHeldEvents + this.request.info.expectedChoices) {
       this.emit({ kind: 'abort_attempt', reason: 'oversized' });
     }
   }
@@ -545,7 +549,9 @@ export class DeliveryMachine {
   }
 
   private pauseForClient(): void {
-    if (this.waitingForDrain || this.attemptFinished) return;
+    // Once the response is over the upstream is read only for accounting (the drain grace): a slow client must not
+    // stop that.
+    if (this.waitingForDrain || this.attemptFinished || this.responseEnded) return;
     this.waitingForDrain = true;
     this.emit({ kind: 'pause_attempt' });
     // The idle clock measures the upstream: it runs only while Waybill is reading it, not while a slow client has

@@ -58,10 +58,17 @@ export interface Answers {
   startOf(request: FastifyRequest, route: Route, stream: boolean, model?: unknown): AnsweredStart;
   /** Node's HTTP-level refusals (malformed request, header overflow, header timeout), answered and counted. */
   onClientError(error: NodeJS.ErrnoException, socket: Socket): void;
+  /**
+   * The status Node's parser refused this socket's request in flight with (a malformed or cut body), if it did:
+   * that request is counted by its own path, with this status, rather than twice.
+   */
+  refusedWith(socket: Socket): number | undefined;
 }
 
 export function createAnswers(deps: AnswersDeps): Answers {
   const { config, upstreams, tracer, guard, publish, now } = deps;
+  /** Sockets Node's parser already refused: it reports every later read of the same socket again. */
+  const refused = new WeakMap<Socket, number>();
 
   const record = (start: AnsweredStart, status: number | 'cancelled') => {
     const model = typeof start.model === 'string' && upstreams.poolFor(start.model) !== undefined ? start.model : OTHER;
@@ -115,13 +122,23 @@ export function createAnswers(deps: AnswersDeps): Answers {
       record(startOf(request, route, stream, model), status);
       sendError(reply, status, body);
     },
+    refusedWith: (socket) => refused.get(socket),
     onClientError(error, socket) {
-      // A connection reset before a whole request arrived: no request, nobody to answer.
-      if (error.code === 'ECONNRESET' || socket.destroyed) {
+      // A connection reset before a whole request arrived: no request, nobody to answer. A socket already refused:
+      // Node reports each later read of it again, and it was answered and counted once.
+      if (error.code === 'ECONNRESET' || socket.destroyed || refused.has(socket)) {
+        socket.destroy();
+        return;
+      }
+      // A connection that never sent a byte (a client's pre-opened pool socket, a browser's preconnect) timing out
+      // is no request: closed, not answered, not counted.
+      if (socket.bytesRead === 0) {
         socket.destroy();
         return;
       }
       const code = clientErrorCode(error);
+      const status = ERRORS[code].status;
+      refused.set(socket, status);
       const inFlight = (socket as SocketWithResponse)._httpMessage;
       // Node's own rule: answer only where no response of an earlier request has started on this socket.
       if (socket.writable && (inFlight === undefined || !inFlight.headersSent)) {
@@ -131,12 +148,16 @@ export function createAnswers(deps: AnswersDeps): Answers {
             : code === 'headers_too_large'
               ? `the request headers are larger than ${config.server.max_header_bytes} bytes`
               : 'the request is not valid HTTP';
-        socket.end(rawErrorResponse(code, message));
+        // Closed once the answer is out: ending only the write side would leave the parser fed with more reads.
+        socket.end(rawErrorResponse(code, message), () => socket.destroy());
+      } else {
+        socket.destroy();
       }
-      socket.destroySoon();
+      // A request in flight on this socket (its body was being read) is counted by its own path, with this status.
+      if (inFlight !== undefined) return;
       const at = now();
       guard.run('http', () =>
-        record({ route: '_other', stream: false, requestId: randomUUID(), arrivalAt: at, headers: {}, body: undefined }, ERRORS[code].status),
+        record({ route: '_other', stream: false, requestId: randomUUID(), arrivalAt: at, headers: {}, body: undefined }, status),
       );
     },
   };

@@ -51,7 +51,8 @@ export function fastifyOptions(config: Config, logger: FastifyBaseLogger, answer
     },
     // Streams can last many minutes; Waybill's own clocks bound them. The body has its own deadline (body.ts).
     requestTimeout: 0,
-    return503OnClosing: true,
+    // Waybill answers requests during the drain itself (front door), in OpenAI's shape and counted.
+    return503OnClosing: false,
   };
 }
 
@@ -60,10 +61,12 @@ export interface FrontDoorDeps {
   readonly answers: Answers;
   readonly guard: ObserverGuard;
   readonly now: () => number;
+  /** The drain closed the listener: requests still arriving on open connections get 503 shutting_down. */
+  readonly closing: () => boolean;
 }
 
 export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): void {
-  const { config, answers, guard, now } = deps;
+  const { config, answers, guard, now, closing } = deps;
   app.decorateRequest('arrivalAt', 0);
 
   // Connections past server.max_connections are answered (503, then closed) at their first request rather than
@@ -84,6 +87,12 @@ export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): voi
       answers.reject(request, reply, routeOf(request), false, errorBody('too_many_connections', message));
       return;
     }
+    if (closing()) {
+      // Fastify's own return503OnClosing would answer in its shape, uncounted.
+      void reply.header('connection', 'close');
+      answers.reject(request, reply, routeOf(request), false, errorBody('shutting_down', 'the gateway is shutting down; retry the request'));
+      return;
+    }
     done();
   });
 
@@ -99,8 +108,10 @@ export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): voi
   app.setErrorHandler((error: FastifyError, request, reply) => {
     const route = routeOf(request);
     if (error instanceof BodyAbandoned) {
-      // The client left while sending its body: a cancellation, with nobody left to answer.
-      answers.record(answers.startOf(request, route, false), 'cancelled');
+      // The body never arrived whole. Either Node's parser refused it (a cut or malformed body: already answered
+      // on the socket, counted here with that status), or the client reset the connection: a cancellation, with
+      // nobody left to answer.
+      answers.record(answers.startOf(request, route, false), answers.refusedWith(request.raw.socket) ?? 'cancelled');
       void reply.hijack();
       reply.raw.destroy();
       return;

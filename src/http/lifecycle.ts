@@ -30,12 +30,15 @@ export interface Lifecycle {
   track(exchange: Exchange): void;
   /** The exchange holds nothing any more. */
   done(exchange: Exchange): void;
+  /** The listener is closed: requests on connections still open are refused. */
+  readonly closing: boolean;
 }
 
 export function createLifecycle(deps: LifecycleDeps): Lifecycle {
   const { app, config, upstreams, metrics, logger, now } = deps;
   const exchanges = new Set<Exchange>();
   let draining = false;
+  let closing = false;
   /** Drain or close, whichever came first: both end in the same closed state, once. */
   let stopping: Promise<void> | undefined;
   let allDone: (() => void) | undefined;
@@ -68,6 +71,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     await new Promise((resolve) => setTimeout(resolve, config.shutdown.graceMs));
     // Stops accepting connections; requests already in flight go on (fastify answers new ones on open
     // keep-alive connections with 503).
+    closing = true;
     const closed = app.close();
     const idle = () => new Promise<void>((resolve) => (exchanges.size === 0 ? resolve() : (allDone = resolve)));
     if (!(await within(idle(), config.shutdown.drainTimeoutMs)) && exchanges.size > 0) {
@@ -101,6 +105,9 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     },
     get inflight() {
       return exchanges.size;
+    },
+    get closing() {
+      return closing;
     },
     track(exchange) {
       exchanges.add(exchange);

@@ -90,7 +90,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     guard,
     onDone: (exchange) => lifecycle.done(exchange),
   };
-  installFrontDoor(app, { config, answers, guard, now });
+  installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing });
   registerApiRoutes(app, { config, upstreams, tracer, guard, answers, exchangeDeps, onExchange: (exchange) => lifecycle.track(exchange) });
 
   return {

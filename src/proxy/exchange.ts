@@ -131,9 +131,11 @@ export class Exchange {
           try {
             this.execute(effect);
           } catch (error) {
-            // Carrying out an effect failed (a bug, or a socket in a state nobody expected): the machine ends the
-            // request from there, once.
+            // Carrying out an effect failed (a bug, or a socket in a state nobody expected): the rest of the step is
+            // not carried out (a write after a failed head would go out under Node's implicit 200), and the machine
+            // ends the request from there, once.
             this.queue.push({ type: 'internal_error', error });
+            break;
           }
         }
       }

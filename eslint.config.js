@@ -47,6 +47,18 @@ export default tseslint.config(
     },
   },
   {
+    // The load client is the reconciliation's oracle: it must not share the code it checks (docs/load.md).
+    files: ['load/**/*.ts'],
+    rules: {
+      'no-restricted-imports': ['error', {
+        patterns: [
+          { group: ['**/src/sse/*', '**/src/accounting/*'],
+            message: 'load/ is the oracle Waybill is reconciled against: read and judge responses independently (load/sse.ts, load/stats.ts).' },
+        ],
+      }],
+    },
+  },
+  {
     files: ['eslint.config.js', 'bin/*.js'],
     ...tseslint.configs.disableTypeChecked,
   },

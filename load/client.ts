@@ -1,19 +1,30 @@
 /**
  * One request as a client sees it: status, whether the answer was delivered complete (every finish_reason,
  * `[DONE]`, no error event), TTFT on the first output-bearing event, the gaps between output events, TPOT,
- * end-to-end time, usage, and what Waybill's own error events say. Reuses Waybill's framer and classifier.
+ * end-to-end time, usage, and what Waybill's own error events say. It reads the response with its own parser
+ * (load/sse.ts), never Waybill's: it is the oracle the reconciliation checks Waybill against.
  */
+import { subscribe } from 'node:diagnostics_channel';
 import { request, type Dispatcher } from 'undici';
-import type { CancelPhase, FinishReason, Outcome } from '../src/accounting/outcomes.js';
-import { finishReasonLabel } from '../src/accounting/outcomes.js';
-import { classifyEventData, classifyJson, type EventFacts, type Usage } from '../src/sse/classify.js';
-import { createFramer } from '../src/sse/framer.js';
+import { createEventReader, readEvent, readJson, type ClientEvent, type Usage } from './sse.js';
 import { promptText, type PlannedRequest } from './workload.js';
+
+export type { Usage } from './sse.js';
+
+/** The label values of docs/metrics.md, as the client can tell them. */
+export type Outcome = 'delivered' | 'rejected' | 'failed' | 'timeout' | 'stream_error' | 'incomplete' | 'client_cancelled';
+export type CancelPhase = 'queued' | 'before_first_token' | 'streaming';
+export type FinishReason = 'stop' | 'length' | 'tool_calls' | 'content_filter' | 'function_call' | 'abort' | 'repetition' | 'other' | 'none';
 
 export interface RequestResult {
   readonly plan: PlannedRequest;
   /** Milliseconds since the run started. */
   readonly startedAt: number;
+  /**
+   * Milliseconds from the start until the request's first byte was written to the socket (undefined if it never
+   * was). Waybill's clocks start when it reads the request, so the reconciliation times from here.
+   */
+  readonly sentMs: number | undefined;
   readonly status: number | undefined;
   /** The outcome and code as the client can tell them (Waybill's labels). */
   readonly outcome: Outcome;
@@ -27,6 +38,8 @@ export interface RequestResult {
   readonly usage: Usage | undefined;
   /** One per expected choice, when a response was committed (status 200). */
   readonly finishReasons: readonly FinishReason[];
+  /** The client left after every choice had finished but before the response ended: Waybill may count either. */
+  readonly cancelRacedEnd: boolean;
   /** A problem the client saw that no outcome explains (a bug to report), e.g. `[DONE]` without every finish. */
   readonly anomaly: string | undefined;
   /** A transport error message, when the request failed below HTTP. */
@@ -40,6 +53,8 @@ export interface ClientOptions {
   readonly dispatcher: Dispatcher;
   readonly runStart: number;
   readonly timeoutMs: number;
+  /** The request's x-request-id is `<idPrefix>-<index>`. */
+  readonly idPrefix: string;
 }
 
 function body(plan: PlannedRequest, model: string): string {
@@ -55,16 +70,22 @@ function body(plan: PlannedRequest, model: string): string {
 
 const PATHS = { chat_completions: '/v1/chat/completions', completions: '/v1/completions' } as const;
 
-/** Waybill's own error events after commit carry a string code naming the cause; an upstream's carries a number. */
-const GATEWAY_STREAM_CODES: Record<string, Outcome> = { stream_truncated: 'incomplete', stream_timeout: 'timeout' };
+/**
+ * docs/errors.md: the error events Waybill itself writes on a committed stream carry a string `code`; the
+ * outcome each is counted as (docs/metrics.md). An upstream's error event (a numeric code) is `stream_error`.
+ */
+const GATEWAY_STREAM_ERRORS: Readonly<Record<string, Outcome>> = {
+  stream_truncated: 'incomplete',
+  stream_timeout: 'timeout',
+  internal_error: 'incomplete',
+};
 
-function gatewayStreamOutcome(data: string): Outcome | undefined {
-  try {
-    const code = (JSON.parse(data) as { error?: { code?: unknown } }).error?.code;
-    return typeof code === 'string' ? GATEWAY_STREAM_CODES[code] : undefined;
-  } catch {
-    return undefined;
-  }
+const FINISH_LABELS: ReadonlySet<string> = new Set(['stop', 'length', 'tool_calls', 'content_filter', 'function_call', 'abort', 'repetition']);
+
+/** docs/metrics.md `finish_reason`: the closed set, `other` for any other value, `none` for a choice without one. */
+export function finishLabel(reason: string | undefined): FinishReason {
+  if (reason === undefined) return 'none';
+  return FINISH_LABELS.has(reason) ? (reason as FinishReason) : 'other';
 }
 
 /**
@@ -81,6 +102,55 @@ export function statusOutcome(status: number, body: string): Outcome {
   }
 }
 
+// When each request's first byte is written: undici publishes it on a diagnostics channel, with the request's
+// origin and headers (so requests other clients in the process send, e.g. a gateway's upstream requests carrying
+// the same x-request-id, are told apart).
+interface SentSocket {
+  readonly writableLength: number;
+}
+const sendWatchers = new Map<string, (socket: SentSocket | undefined) => void>();
+subscribe('undici:client:sendHeaders', (message) => {
+  const { request: sent, socket } = message as { request?: { origin?: unknown; headers?: unknown }; socket?: SentSocket };
+  if (socket !== undefined) for (const watch of connectionWatches) if (watch.sockets.has(socket)) watch.sockets.set(socket, true);
+  const headers = sent?.headers;
+  if (!Array.isArray(headers)) return;
+  for (let i = 0; i + 1 < headers.length; i += 2) {
+    if (String(headers[i]).toLowerCase() !== 'x-request-id') continue;
+    const key = `${String(sent?.origin)} ${String(headers[i + 1])}`;
+    const watcher = sendWatchers.get(key);
+    sendWatchers.delete(key);
+    watcher?.(socket);
+    return;
+  }
+});
+
+// Connections the HTTP client opens and never sends a request on: undici's pool does that now and then around
+// aborted requests. Waybill answers such a connection with a 408 (`_other`, counted) if it stays open past its
+// `server.headers_timeout`; the client cannot know whether it did, so the reconciliation bounds it (docs/load.md).
+interface ConnectionWatch {
+  readonly origin: string;
+  /** Each connection opened to the origin while watched: whether a request was sent on it. */
+  readonly sockets: Map<object, boolean>;
+}
+const connectionWatches = new Set<ConnectionWatch>();
+subscribe('undici:client:connected', (message) => {
+  const { connectParams, socket } = message as { connectParams?: { protocol?: unknown; host?: unknown }; socket?: object };
+  if (socket === undefined) return;
+  const origin = `${String(connectParams?.protocol)}//${String(connectParams?.host)}`;
+  for (const watch of connectionWatches) if (watch.origin === origin) watch.sockets.set(socket, false);
+});
+
+/** Watches the connections any HTTP client in the process opens to `baseUrl`; the returned function stops and
+ * returns how many carried no request. */
+export function watchEmptyConnections(baseUrl: string): () => number {
+  const watch: ConnectionWatch = { origin: new URL(baseUrl).origin, sockets: new Map() };
+  connectionWatches.add(watch);
+  return () => {
+    connectionWatches.delete(watch);
+    return [...watch.sockets.values()].filter((used) => !used).length;
+  };
+}
+
 export async function runRequest(plan: PlannedRequest, options: ClientOptions): Promise<RequestResult> {
   const started = performance.now();
   const abort = new AbortController();
@@ -91,59 +161,82 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
   let firstOutputAt: number | undefined;
   let lastOutputAt: number | undefined;
   let outputEvents = 0;
-  let doneSeen = false;
-  let errorFacts: Extract<EventFacts, { kind: 'error' }> | undefined;
-  /** Waybill's own error event after commit: its string code names the cause. */
-  let gatewayEnding: Outcome | undefined;
+  /** How the response ended, when the client saw it end: `[DONE]` or an error event. */
+  let ending: Extract<ClientEvent, { kind: 'done' | 'error' }> | undefined;
+  let endedAt: number | undefined;
   let usage: Usage | undefined;
   let status: number | undefined;
-  let cancelled = false;
+  let sentAt: number | undefined;
+  let cancelledAt: number | undefined;
   let anomaly: string | undefined;
   let error: string | undefined;
-  let doneAt: number | undefined;
   let errorBody = '';
 
-  const cancel = plan.cancel;
+  const requestId = `${options.idPrefix}-${plan.index}`;
+  const sendKey = `${new URL(options.baseUrl).origin} ${requestId}`;
+  let socket: SentSocket | undefined;
+  let cancelWhenSent = false;
+  sendWatchers.set(sendKey, (sentOn) => {
+    sentAt = performance.now();
+    socket = sentOn;
+    // Published just before the bytes are written: leave after the write, not inside it.
+    if (cancelWhenSent) setImmediate(cancelOnceWritten);
+  });
+  const allFinished = () => finishes.size === expected;
+  const cancel = () => {
+    if (cancelledAt !== undefined || ending !== undefined) return;
+    cancelledAt = performance.now();
+    abort.abort();
+  };
+  // Leaving before the whole request is on the wire leaves Waybill a connection without a request (or nothing at
+  // all), which no client can tell apart: a planned early cancellation waits until the request was written and
+  // handed to the kernel. Against the simulator the first token is held back long after either moment.
   let cancelTimer: NodeJS.Timeout | undefined;
-  if (cancel?.phase === 'before_first_token') {
-    cancelTimer = setTimeout(() => {
-      cancelled = true;
-      abort.abort();
-    }, cancel.afterMs);
+  let over = false;
+  const cancelOnceWritten = () => {
+    if (over) return;
+    if (socket === undefined || socket.writableLength === 0) cancel();
+    else cancelTimer = setTimeout(cancelOnceWritten, 1);
+  };
+  const plannedCancel = plan.cancel;
+  if (plannedCancel?.phase === 'before_first_token') {
+    cancelTimer = setTimeout(() => (sentAt === undefined ? (cancelWhenSent = true) : cancelOnceWritten()), plannedCancel.afterMs);
   }
   const deadline = setTimeout(() => abort.abort(), options.timeoutMs);
 
-  const onFacts = (facts: EventFacts, at: number) => {
-    switch (facts.kind) {
+  const onEvent = (event: ClientEvent, at: number) => {
+    if (ending !== undefined) {
+      // Waybill drops what follows `[DONE]`, and the `[DONE]` vLLM sends after an error event.
+      anomaly ??= ending.kind === 'done' ? 'an event after [DONE] reached the client' : 'an event after an error event reached the client';
+      return;
+    }
+    switch (event.kind) {
       case 'done':
-        doneSeen = true;
-        doneAt = at;
-        return;
       case 'error':
-        errorFacts = facts;
+        ending = event;
+        endedAt = at;
         return;
       case 'malformed':
         anomaly ??= 'malformed event reached the client';
         return;
       case 'chunk':
-        for (const f of facts.finishes) if (!finishes.has(f.index)) finishes.set(f.index, f.reason);
-        if (facts.usage !== undefined) usage = facts.usage;
-        if (facts.output.length > 0) {
+        for (const [index, reason] of event.finishes) {
+          if (Number.isInteger(index) && index >= 0 && index < expected && !finishes.has(index)) finishes.set(index, reason);
+        }
+        if (event.usage !== undefined) usage = event.usage;
+        if (event.output.length > 0) {
           outputEvents++;
           if (lastOutputAt !== undefined) itl.push(at - lastOutputAt);
           firstOutputAt ??= at;
           lastOutputAt = at;
-          if (cancel?.phase === 'streaming' && outputEvents >= cancel.afterEvents && !cancelled) {
-            cancelled = true;
-            abort.abort();
-          }
+          if (plannedCancel?.phase === 'streaming' && outputEvents >= plannedCancel.afterEvents) cancel();
         }
         return;
     }
   };
 
   try {
-    const headers: Record<string, string> = { 'content-type': 'application/json', 'x-request-id': `load-${plan.index}` };
+    const headers: Record<string, string> = { 'content-type': 'application/json', 'x-request-id': requestId };
     if (plan.simHeader !== undefined) headers['x-sim-fault'] = plan.simHeader;
     if (options.apiKey !== undefined) headers['authorization'] = `Bearer ${options.apiKey}`;
     const response = await request(`${options.baseUrl}${PATHS[plan.route]}`, {
@@ -156,61 +249,59 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
     status = response.statusCode;
     const isStream = String(response.headers['content-type'] ?? '').startsWith('text/event-stream');
     if (status === 200 && isStream) {
-      const framer = createFramer({
-        onBlock: (_raw, event) => {
-          if (event === null) return;
-          const facts = classifyEventData(event.data);
-          if (facts.kind === 'error') gatewayEnding = gatewayStreamOutcome(event.data);
-          onFacts(facts, performance.now());
-        },
-        onOversized: () => (anomaly ??= 'oversized event reached the client'),
-      });
-      for await (const chunk of response.body) framer.feed(chunk as Buffer);
-      framer.end();
+      const reader = createEventReader(
+        (data) => onEvent(readEvent(data), performance.now()),
+        () => (anomaly ??= 'oversized event reached the client'),
+      );
+      for await (const chunk of response.body) reader.feed(chunk as Uint8Array);
+      reader.end();
     } else {
-      const text = await response.body.text();
-      errorBody = text;
-      const at = performance.now();
+      errorBody = await response.body.text();
       if (status === 200) {
-        let facts: EventFacts;
+        let event: ClientEvent;
         try {
-          facts = classifyJson(JSON.parse(text));
+          event = readJson(JSON.parse(errorBody));
         } catch {
-          facts = { kind: 'malformed' };
+          event = { kind: 'malformed' };
         }
-        onFacts(facts, at);
-        if (facts.kind === 'chunk') doneSeen = true;
+        onEvent(event, performance.now());
+        if (event.kind === 'chunk') {
+          ending = { kind: 'done' };
+          endedAt = performance.now();
+        }
       }
     }
   } catch (err) {
-    if (!cancelled) error = (err as Error).message;
+    if (cancelledAt === undefined) error = (err as Error).message;
   } finally {
+    over = true;
     clearTimeout(cancelTimer);
     clearTimeout(deadline);
+    sendWatchers.delete(sendKey);
   }
-  const ended = performance.now();
+  const finished = performance.now();
 
   let outcome: Outcome;
   let code = status ?? 0;
   let cancelPhase: CancelPhase | undefined;
-  const allFinished = [...Array(expected).keys()].every((i) => finishes.has(i));
-  if (cancelled && !(doneSeen && plan.stream)) {
+  // A response that ended (its `[DONE]` or error event arrived) before the client left was not cancelled: the
+  // bytes were written, and Waybill had ended the response, before the client's close reached it.
+  if (cancelledAt !== undefined && ending === undefined) {
     outcome = 'client_cancelled';
     cancelPhase = firstOutputAt === undefined ? 'before_first_token' : 'streaming';
-    code = status === undefined ? 499 : status;
+    code = status ?? 499;
   } else if (status === undefined) {
     outcome = 'failed';
     anomaly ??= `no response: ${error ?? 'unknown'}`;
   } else if (status !== 200) {
     outcome = statusOutcome(status, errorBody);
   } else if (!plan.stream) {
-    outcome = allFinished ? 'delivered' : 'incomplete';
-  } else if (doneSeen) {
+    outcome = allFinished() ? 'delivered' : 'incomplete';
+  } else if (ending?.kind === 'done') {
     outcome = 'delivered';
-    if (!allFinished) anomaly ??= '[DONE] arrived without a finish_reason for every choice';
-    if (errorFacts !== undefined) anomaly ??= '[DONE] arrived after an error event';
-  } else if (errorFacts !== undefined) {
-    outcome = gatewayEnding ?? 'stream_error';
+    if (!allFinished()) anomaly ??= '[DONE] arrived without a finish_reason for every choice';
+  } else if (ending?.kind === 'error') {
+    outcome = (ending.code === undefined ? undefined : GATEWAY_STREAM_ERRORS[ending.code]) ?? 'stream_error';
   } else {
     outcome = 'incomplete';
     anomaly ??= 'the stream ended with neither [DONE] nor an error event';
@@ -225,17 +316,20 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
   return {
     plan,
     startedAt: started - options.runStart,
+    sentMs: sentAt === undefined ? undefined : sentAt - started,
     status,
     outcome,
     code,
     cancelPhase,
     ttftMs: plan.stream && firstOutputAt !== undefined ? firstOutputAt - started : undefined,
     tpotMs,
-    e2eMs: (doneAt ?? ended) - started,
+    // A delivered answer ends at its `[DONE]` (or body), a cancellation when the client left.
+    e2eMs: ((outcome === 'client_cancelled' ? cancelledAt : endedAt) ?? finished) - started,
     itlMs: itl,
     outputEvents,
     usage,
-    finishReasons: committed ? [...Array(expected).keys()].map((i) => finishReasonLabel(finishes.get(i))) : [],
+    finishReasons: committed ? Array.from({ length: expected }, (_, i) => finishLabel(finishes.get(i))) : [],
+    cancelRacedEnd: outcome === 'client_cancelled' && allFinished(),
     anomaly,
     error,
   };

@@ -8,7 +8,8 @@ import { parseArgs } from 'node:util';
 import { request } from 'undici';
 import { parse as parseYaml } from 'yaml';
 import { duration } from '../src/config/schema.js';
-import { reconcile, settledSnapshot, snapshot } from './reconcile.js';
+import { watchEmptyConnections } from './client.js';
+import { reconcile, settledSnapshot, snapshot, type Reconciliation } from './reconcile.js';
 import { htmlReport, jsonReport, reconciliationText, summaryTable } from './report.js';
 import { runWorkload, type Progress } from './runner.js';
 import { summarize, type SloThresholds } from './stats.js';
@@ -23,6 +24,8 @@ target and shape
   --rate R                    open loop: Poisson arrivals, R requests per second
   --requests N | --duration D stop after N requests, or after D (e.g. 30s, 2m)
   --seed N                    workload seed (default 1): the same seed sends the same requests
+  --warmup N                  first send N requests of the same workload (another seed) that are neither measured
+                              nor reconciled: a cold process reads its first requests late
   --workload FILE             YAML with any of the workload keys below (snake_case); flags override it
 workload
   --prompt-tokens A[-B]       prompt length in tokens, fixed or uniform (default 64-512)
@@ -43,6 +46,8 @@ SLO, reports, reconciliation
   --html FILE                 write the self-contained HTML report
   --reconcile                 the target is Waybill: compare its /metrics (before/after) with what clients saw
   --sim URL                   a simulator behind Waybill, for --reconcile (repeatable)
+  --borderline-margin D       client and Waybill clocks agree within D (default 50ms): SLO results this close to
+                              a threshold are borderline, compared as bounds, not exactly (docs/load.md)
   --api-key KEY               sent as Authorization: Bearer
   --timeout D                 per-request limit (default 5m)
   --quiet                     no progress line
@@ -56,6 +61,7 @@ interface LoadConfig {
   requests: number | undefined;
   durationMs: number | undefined;
   seed: number;
+  warmup: number;
   workload: Workload;
   simulator: boolean;
   slo: SloThresholds;
@@ -63,6 +69,7 @@ interface LoadConfig {
   html: string | undefined;
   reconcile: boolean;
   sims: string[];
+  borderlineMarginMs: number;
   apiKey: string | undefined;
   timeoutMs: number;
   quiet: boolean;
@@ -76,6 +83,7 @@ const OPTIONS = {
   requests: { type: 'string' },
   duration: { type: 'string' },
   seed: { type: 'string' },
+  warmup: { type: 'string' },
   workload: { type: 'string' },
   'prompt-tokens': { type: 'string' },
   'output-tokens': { type: 'string' },
@@ -96,6 +104,7 @@ const OPTIONS = {
   html: { type: 'string' },
   reconcile: { type: 'boolean' },
   sim: { type: 'string', multiple: true },
+  'borderline-margin': { type: 'string' },
   'api-key': { type: 'string' },
   timeout: { type: 'string' },
   quiet: { type: 'boolean' },
@@ -187,6 +196,9 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
   const seed = seedText === undefined ? 1 : Number(seedText);
   if (!Number.isInteger(seed)) problems.push(`--seed: "${seedText ?? ''}" is not an integer`);
   const timeoutMs = ms('timeout', 300_000) ?? 300_000;
+  const warmupText = flag('warmup');
+  const warmup = warmupText === undefined ? 0 : Number(warmupText);
+  if (!(Number.isInteger(warmup) && warmup >= 0)) problems.push(`--warmup: "${warmupText ?? ''}" is not a number of requests`);
   if (problems.length > 0 || baseUrl === undefined) return { problems };
   return {
     baseUrl: baseUrl.replace(/\/+$/, ''),
@@ -196,6 +208,7 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
     requests,
     durationMs,
     seed,
+    warmup,
     workload,
     simulator: values.simulator === true || workload.faultShare > 0 || workload.slowShare > 0 || reconcileRun,
     slo,
@@ -203,6 +216,7 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
     html: flag('html'),
     reconcile: reconcileRun,
     sims: values.sim ?? [],
+    borderlineMarginMs: ms('borderline-margin', 50) ?? 50,
     apiKey: flag('api-key'),
     timeoutMs,
     quiet: values.quiet === true,
@@ -234,25 +248,38 @@ function progressPrinter(quiet: boolean): ((p: Progress) => void) | undefined {
 export interface LoadOutcome {
   readonly exitCode: number;
   readonly mismatches: number;
+  /** With --reconcile: the whole comparison (bounds, borderline and race counts). */
+  readonly reconciliation?: Reconciliation;
 }
 
 /** Runs the load tool with parsed options; returns its exit code (1 when reconciliation found mismatches). */
 export async function runLoadWith(config: LoadConfig, out: (text: string) => void = (t) => process.stdout.write(`${t}\n`)): Promise<LoadOutcome> {
   const model = config.model ?? (await firstModel(config.baseUrl, config.apiKey));
-  const before = config.reconcile ? await snapshot(config.baseUrl, config.sims) : undefined;
-  const progress = progressPrinter(config.quiet);
-  const run = await runWorkload({
+  const shape = {
     baseUrl: config.baseUrl,
     model,
     apiKey: config.apiKey,
     workload: config.workload,
-    seed: config.seed,
     concurrency: config.concurrency,
     rate: config.rate,
-    requests: config.requests,
-    durationMs: config.durationMs,
     simulator: config.simulator,
     requestTimeoutMs: config.timeoutMs,
+  };
+  // From before the warm-up: a connection it left open could still be answered with a 408 during the run.
+  const stopWatching = config.reconcile ? watchEmptyConnections(config.baseUrl) : undefined;
+  if (config.warmup > 0) {
+    // Settled before the run's first snapshot, so none of it is counted in the comparison.
+    const start = config.reconcile ? await snapshot(config.baseUrl, config.sims) : undefined;
+    const warm = await runWorkload({ ...shape, seed: config.seed + 1, requests: config.warmup, durationMs: undefined, idPrefix: 'warmup' });
+    if (start !== undefined) await settledSnapshot(config.baseUrl, config.sims, start, warm.results.length);
+  }
+  const before = config.reconcile ? await snapshot(config.baseUrl, config.sims) : undefined;
+  const progress = progressPrinter(config.quiet);
+  const run = await runWorkload({
+    ...shape,
+    seed: config.seed,
+    requests: config.requests,
+    durationMs: config.durationMs,
     ...(progress === undefined ? {} : { onProgress: progress }),
   });
   if (progress !== undefined && process.stderr.isTTY) process.stderr.write('\n');
@@ -261,13 +288,13 @@ export async function runLoadWith(config: LoadConfig, out: (text: string) => voi
   let reconciliation;
   if (before !== undefined) {
     const after = await settledSnapshot(config.baseUrl, config.sims, before, run.results.length);
-    reconciliation = reconcile(run.results, before, after, config.slo);
+    reconciliation = reconcile(run.results, before, after, config.slo, config.borderlineMarginMs, stopWatching?.() ?? 0);
     out(reconciliationText(reconciliation));
   }
   if (config.json !== undefined) await writeFile(config.json, JSON.stringify(jsonReport(summary, config.slo, run.results, reconciliation), null, 2));
   if (config.html !== undefined) await writeFile(config.html, htmlReport(summary, config.slo, run.results, reconciliation));
   const mismatches = reconciliation?.mismatches.length ?? 0;
-  return { exitCode: mismatches > 0 ? 1 : 0, mismatches };
+  return { exitCode: mismatches > 0 ? 1 : 0, mismatches, ...(reconciliation === undefined ? {} : { reconciliation }) };
 }
 
 export async function runLoad(argv: string[]): Promise<number> {

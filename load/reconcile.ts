@@ -2,10 +2,16 @@
  * Reconciliation: Waybill's ledger must be exact. Compares, count by count, what the clients saw and what the
  * simulators counted and injected with what Waybill's /metrics says changed over the run. The load tool must be
  * the only traffic. Every mismatch is reported; any makes the run fail.
+ *
+ * Most counts are exact. A few things a client cannot observe exactly are compared as bounded intervals instead
+ * (docs/load.md, "Borderline requests and races"): SLO results whose client-side timing lies within the margin of
+ * a threshold, a cancellation that raced the end of its answer, and events Waybill reads after a response ended
+ * (within its drain grace). Each such request may add to one of a few known alternatives; Waybill's count must lie
+ * between the fewest and the most the alternatives allow, and every other request counts exactly.
  */
 import { request } from 'undici';
 import type { RequestResult } from './client.js';
-import { promptLenOf, sloOf, type SloThresholds } from './stats.js';
+import { PROMPT_LENS, promptLenOf, sloCandidates, type SloThresholds } from './stats.js';
 
 export interface Sample {
   readonly name: string;
@@ -89,8 +95,109 @@ export async function settledSnapshot(gatewayUrl: string, simUrls: readonly stri
 export interface Mismatch {
   readonly what: string;
   readonly key: string;
-  readonly clients: number;
+  /** What the clients (and simulators) allow: exactly `min` when min = max. */
+  readonly min: number;
+  readonly max: number;
   readonly waybill: number;
+}
+
+/** What one request adds to a compared count: amounts by key. */
+type Contribution = ReadonlyMap<string, number>;
+
+/**
+ * What one request may add: one contribution when the client knows it, or the alternatives it cannot tell apart
+ * (a borderline SLO result, a race).
+ */
+type Alternatives = readonly Contribution[];
+
+const NOTHING: Contribution = new Map();
+
+function one(key: string | undefined, amount = 1): Contribution {
+  return key === undefined || amount === 0 ? NOTHING : new Map([[key, amount]]);
+}
+
+function each(keys: readonly string[]): Contribution {
+  const out = new Map<string, number>();
+  for (const key of keys) out.set(key, (out.get(key) ?? 0) + 1);
+  return out;
+}
+
+interface Bounds {
+  readonly min: Map<string, number>;
+  readonly max: Map<string, number>;
+  readonly totalMin: number;
+  readonly totalMax: number;
+  /** Requests with more than one alternative. */
+  readonly uncertain: number;
+}
+
+/**
+ * Per key, the least and the most the requests can add: a request with one alternative adds it to both; one with
+ * several adds, per key, the smallest and the largest amount its alternatives give it.
+ */
+function bounds<T>(items: readonly T[], alternativesOf: (item: T) => Alternatives): Bounds {
+  const min = new Map<string, number>();
+  const max = new Map<string, number>();
+  let totalMin = 0;
+  let totalMax = 0;
+  let uncertain = 0;
+  const add = (map: Map<string, number>, key: string, amount: number) => {
+    if (amount !== 0) map.set(key, (map.get(key) ?? 0) + amount);
+  };
+  const sum = (c: Contribution) => [...c.values()].reduce((a, b) => a + b, 0);
+  for (const item of items) {
+    const alternatives = alternativesOf(item);
+    if (alternatives.length === 0) continue;
+    if (alternatives.length > 1) uncertain++;
+    const keys = new Set(alternatives.flatMap((c) => [...c.keys()]));
+    for (const key of keys) {
+      const amounts = alternatives.map((c) => c.get(key) ?? 0);
+      add(min, key, Math.min(...amounts));
+      add(max, key, Math.max(...amounts));
+    }
+    totalMin += Math.min(...alternatives.map(sum));
+    totalMax += Math.max(...alternatives.map(sum));
+  }
+  return { min, max, totalMin, totalMax, uncertain };
+}
+
+function plus(a: Bounds, b: Bounds): Bounds {
+  const add = (x: Map<string, number>, y: Map<string, number>) => {
+    const out = new Map(x);
+    for (const [key, value] of y) out.set(key, (out.get(key) ?? 0) + value);
+    return out;
+  };
+  return {
+    min: add(a.min, b.min),
+    max: add(a.max, b.max),
+    totalMin: a.totalMin + b.totalMin,
+    totalMax: a.totalMax + b.totalMax,
+    uncertain: a.uncertain + b.uncertain,
+  };
+}
+
+/** An exact expectation as bounds. */
+function exactly(expected: Map<string, number>): Bounds {
+  const total = [...expected.values()].reduce((a, b) => a + b, 0);
+  return { min: expected, max: expected, totalMin: total, totalMax: total, uncertain: 0 };
+}
+
+/**
+ * Every key must lie within its bounds; with uncertain requests the total must too (each request adds to one
+ * alternative, not to all).
+ */
+function compare(what: string, expected: Bounds, actual: Map<string, number>, into: Mismatch[], bounded?: Mismatch[]): void {
+  const before = into.length;
+  for (const key of new Set([...expected.min.keys(), ...expected.max.keys(), ...actual.keys()])) {
+    const min = expected.min.get(key) ?? 0;
+    const max = expected.max.get(key) ?? 0;
+    const a = actual.get(key) ?? 0;
+    if (a < min || a > max) into.push({ what, key, min, max, waybill: a });
+    else if (min !== max) bounded?.push({ what, key, min, max, waybill: a });
+  }
+  if (into.length > before || expected.uncertain === 0) return;
+  const total = [...actual.values()].reduce((a, b) => a + b, 0);
+  if (total < expected.totalMin || total > expected.totalMax) into.push({ what, key: 'total', min: expected.totalMin, max: expected.totalMax, waybill: total });
 }
 
 /** A one-series total keyed like an unlabelled delta (absent when zero, as a delta would be). */
@@ -98,26 +205,8 @@ function single(value: number): Map<string, number> {
   return new Map(value === 0 ? [] : [['', value]]);
 }
 
-function compare(what: string, expected: Map<string, number>, actual: Map<string, number>, into: Mismatch[]): void {
-  for (const key of new Set([...expected.keys(), ...actual.keys()])) {
-    const e = expected.get(key) ?? 0;
-    const a = actual.get(key) ?? 0;
-    if (e !== a) into.push({ what, key, clients: e, waybill: a });
-  }
-}
-
-function count<T>(items: readonly T[], keyOf: (item: T) => string | readonly string[] | undefined, weight: (item: T) => number = () => 1): Map<string, number> {
-  const out = new Map<string, number>();
-  for (const item of items) {
-    const keys = keyOf(item);
-    if (keys === undefined) continue;
-    for (const key of typeof keys === 'string' ? [keys] : keys) out.set(key, (out.get(key) ?? 0) + weight(item));
-  }
-  return out;
-}
-
-/** Anomalies Waybill must count for each fault the simulators injected (one per attempt that carried it). */
-const ANOMALIES_OF_FAULT: Record<string, readonly string[]> = {
+/** Anomalies Waybill must count for each fault (one attempt carries it: all are after commit, or a 400). */
+const ANOMALIES_OF_FAULT: Readonly<Record<string, readonly string[]>> = {
   error_before_output: ['error_payload', 'done_after_error'],
   error_after: ['error_payload', 'done_after_error'],
   end_after: ['missing_done', 'missing_finish_reason'],
@@ -128,36 +217,133 @@ const ANOMALIES_OF_FAULT: Record<string, readonly string[]> = {
   data_after_done: ['data_after_done'],
 };
 
+/**
+ * Anomalies Waybill counts from what an upstream sends after the response ended: the `[DONE]` after an error event
+ * and data after `[DONE]`. Waybill reads them only within its drain grace after the end; whether they arrived in
+ * time is invisible to a client, so each may or may not be counted.
+ */
+const AFTER_THE_END: ReadonlySet<string> = new Set(['done_after_error', 'data_after_done']);
+
+/** The outcome a fault's effect shows to the client, when it takes effect. */
+const OUTCOME_OF_FAULT: Readonly<Record<string, string>> = {
+  error_before_output: 'rejected',
+  error_after: 'stream_error',
+  end_after: 'incomplete',
+  no_done: 'incomplete',
+  drop_finish: 'incomplete',
+  oversized_after: 'incomplete',
+  malformed_after: 'delivered',
+  data_after_done: 'delivered',
+};
+
+/**
+ * The anomalies this request's fault makes Waybill count. A fault takes effect at a point of the answer, and the
+ * client sees whether it did: the outcome it causes. Another outcome (a gateway deadline that ended the answer
+ * first) means Waybill never read it: no anomaly. A malformed event is dropped by Waybill and the answer goes on,
+ * so for an answer ended otherwise the client tells by position: it follows the k-th output event; only an answer
+ * cut right after that event leaves it unknown.
+ */
+function anomalyAlternatives(r: RequestResult): Alternatives {
+  const fault = r.plan.fault;
+  const kinds = fault === undefined ? undefined : ANOMALIES_OF_FAULT[fault];
+  if (fault === undefined || kinds === undefined) return [NOTHING];
+  let reached: boolean | undefined = r.outcome === OUTCOME_OF_FAULT[fault];
+  if (!reached && fault === 'malformed_after') {
+    // The malformed event follows the k-th output event, before the (k+1)-th.
+    const k = Number(/malformed_after=(\d+)/.exec(r.plan.simHeader ?? '')?.[1] ?? Number.NaN);
+    reached = r.outputEvents > k ? true : r.outputEvents < k ? false : undefined;
+  }
+  const sure = reached === true ? kinds.filter((k) => !AFTER_THE_END.has(k)) : [];
+  const maybe = reached === false ? [] : reached === true ? kinds.filter((k) => AFTER_THE_END.has(k)) : kinds;
+  if (maybe.length === 0) return [each(sure)];
+  // The unsure kinds independently (each counted at most once per attempt).
+  let alternatives: string[][] = [sure];
+  for (const kind of maybe) alternatives = alternatives.flatMap((a) => [a, [...a, kind]]);
+  return alternatives.map(each);
+}
+
 export interface Reconciliation {
   readonly mismatches: Mismatch[];
   readonly checked: Record<string, number>;
+  /** The margin client and Waybill clocks are taken to agree within. */
+  readonly marginMs: number;
+  /** Requests compared as bounded intervals, per comparison (docs/load.md): SLO borderline, races. */
+  readonly uncertain: Record<string, number>;
+  /** The counts compared as intervals that held, and where Waybill's value fell. */
+  readonly bounded: Mismatch[];
 }
 
-export function reconcile(results: readonly RequestResult[], before: Snapshot, after: Snapshot, slo: SloThresholds): Reconciliation {
+/**
+ * `emptyConnections`: connections the clients opened to Waybill and sent no request on (load/client.ts); Waybill
+ * may have answered each with a 408 `_other`, counted like a request.
+ */
+export function reconcile(
+  results: readonly RequestResult[],
+  before: Snapshot,
+  after: Snapshot,
+  slo: SloThresholds,
+  marginMs: number,
+  emptyConnections = 0,
+): Reconciliation {
   const mismatches: Mismatch[] = [];
+  const bounded: Mismatch[] = [];
+  const uncertain: Record<string, number> = {};
+  if (emptyConnections > 0) uncertain['empty_connections'] = emptyConnections;
   const d = (name: string, by: readonly string[]) => delta(sumBy(after.metrics, name, by), sumBy(before.metrics, name, by));
+  const check = (
+    what: string,
+    short: string,
+    alternativesOf: (r: RequestResult) => Alternatives,
+    actual: Map<string, number>,
+    /** What an empty connection may add, if anything. */
+    ofEmptyConnection?: Contribution,
+  ) => {
+    const expected = bounds(results, alternativesOf);
+    if (expected.uncertain > 0) uncertain[short] = expected.uncertain;
+    const empty = ofEmptyConnection === undefined ? undefined : bounds(Array.from({ length: emptyConnections }, () => [NOTHING, ofEmptyConnection]), (a) => a);
+    compare(what, empty === undefined ? expected : plus(expected, empty), actual, mismatches, bounded);
+  };
+  // A cancellation that raced the end of its answer (every choice finished, the end not yet seen) is counted by
+  // Waybill as either; any other outcome the client saw is Waybill's.
+  const outcomesOf = (r: RequestResult) => (r.cancelRacedEnd ? (['client_cancelled', 'delivered'] as const) : [r.outcome]);
+  const racedUsageUnseen = (r: RequestResult) => r.cancelRacedEnd && r.usage === undefined;
 
-  compare(
+  check(
     'requests by route, stream, code, outcome',
-    count(results, (r) => `${r.plan.route}|${String(r.plan.stream)}|${r.code}|${r.outcome}`),
+    'requests',
+    (r) => outcomesOf(r).map((o) => one(`${r.plan.route}|${String(r.plan.stream)}|${r.code}|${o}`)),
     d('waybill_requests_total', ['route', 'stream', 'code', 'outcome']),
-    mismatches,
+    one('_other|false|408|rejected'),
   );
-  compare('finish reasons', count(results, (r) => r.finishReasons), d('waybill_choice_finish_reasons_total', ['finish_reason']), mismatches);
-  compare('client cancellations by phase', count(results, (r) => r.cancelPhase), d('waybill_client_cancellations_total', ['phase']), mismatches);
-  compare(
+  check('finish reasons', 'finish_reasons', (r) => [each(r.finishReasons)], d('waybill_choice_finish_reasons_total', ['finish_reason']));
+  check(
+    'client cancellations by phase',
+    'cancellations',
+    (r) => (r.cancelRacedEnd ? [one(r.cancelPhase), NOTHING] : [one(r.cancelPhase)]),
+    d('waybill_client_cancellations_total', ['phase']),
+  );
+  check(
     'SLO results by prompt_len',
-    count(results, (r) => `${promptLenOf(r)}|${sloOf(r, slo)}`),
+    'slo',
+    (r) => {
+      // Without the usage it raced, the class Waybill gave the request is unknown to the client.
+      const lens = racedUsageUnseen(r) ? PROMPT_LENS : [promptLenOf(r)];
+      const results = new Set(outcomesOf(r).flatMap((o) => sloCandidates(r, slo, marginMs, o)));
+      return lens.flatMap((len) => [...results].map((result) => one(`${len}|${result}`)));
+    },
     d('waybill_slo_requests_total', ['prompt_len', 'result']),
-    mismatches,
+    one('unknown|excluded'),
   );
-  const one = (name: string) => d(name, []);
-  const total = (pick: (r: RequestResult) => number | undefined) => single(results.reduce((sum, r) => sum + (pick(r) ?? 0), 0));
-  compare('prompt tokens', total((r) => r.usage?.promptTokens), one('waybill_prompt_tokens_total'), mismatches);
-  compare('completion tokens', total((r) => r.usage?.completionTokens), one('waybill_completion_tokens_total'), mismatches);
-  compare('cached prompt tokens', total((r) => r.usage?.cachedTokens), one('waybill_cached_prompt_tokens_total'), mismatches);
+  const one0 = (name: string) => d(name, []);
+  const tokens = (pick: (r: RequestResult) => number | undefined) => (r: RequestResult) =>
+    // Usage Waybill may have read after the client left: any amount.
+    racedUsageUnseen(r) ? [NOTHING, one('', Number.POSITIVE_INFINITY)] : [one('', pick(r) ?? 0)];
+  check('prompt tokens', 'prompt_tokens', tokens((r) => r.usage?.promptTokens), one0('waybill_prompt_tokens_total'));
+  check('completion tokens', 'completion_tokens', tokens((r) => r.usage?.completionTokens), one0('waybill_completion_tokens_total'));
+  check('cached prompt tokens', 'cached_tokens', tokens((r) => r.usage?.cachedTokens), one0('waybill_cached_prompt_tokens_total'));
 
-  // The simulators' side: every attempt reached one of them, and every fault they injected shows as its anomalies.
+  // The simulators' side: every attempt reached one of them, and every fault they injected on an attempt of its
+  // own is one the clients planned.
   const simDelta = (pick: (s: SimStatsSnapshot) => Record<string, number>) => {
     const out = new Map<string, number>();
     after.sims.forEach((stats, i) => {
@@ -171,21 +357,26 @@ export function reconcile(results: readonly RequestResult[], before: Snapshot, a
   };
   const simRequests = simDelta((s) => s.byRoute);
   const attemptsSeen = (simRequests.get('chat_completions') ?? 0) + (simRequests.get('completions') ?? 0);
-  compare('attempts (simulators counted, Waybill counted)', single(attemptsSeen), one('waybill_upstream_attempts_total'), mismatches);
-  compare('attempts per request (histogram sum vs counter)', one('waybill_upstream_attempts_total'), one('waybill_request_attempts_sum'), mismatches);
-  const expectedAnomalies = new Map<string, number>();
-  for (const [fault, injected] of simDelta((s) => s.faultsInjected)) {
-    for (const kind of ANOMALIES_OF_FAULT[fault] ?? []) expectedAnomalies.set(kind, (expectedAnomalies.get(kind) ?? 0) + injected);
+  const injected = simDelta((s) => s.faultsInjected);
+  if (after.sims.length > 0) {
+    compare('attempts (simulators counted, Waybill counted)', exactly(single(attemptsSeen)), one0('waybill_upstream_attempts_total'), mismatches);
+    const planned = bounds(results, (r) => [one(r.plan.fault !== undefined && r.plan.fault in ANOMALIES_OF_FAULT ? r.plan.fault : undefined)]);
+    const injectedOnce = new Map([...injected].filter(([fault]) => fault in ANOMALIES_OF_FAULT));
+    compare('faults injected (simulators injected, clients planned)', planned, injectedOnce, mismatches);
   }
-  compare('anomalies (simulators injected, Waybill counted)', expectedAnomalies, d('waybill_stream_anomalies_total', ['kind']), mismatches);
-  compare('client-side anomalies (should be none)', count(results, (r) => r.anomaly), new Map(), mismatches);
+  compare('attempts per request (histogram sum vs counter)', exactly(one0('waybill_upstream_attempts_total')), one0('waybill_request_attempts_sum'), mismatches);
+  check('anomalies (faults the clients saw take effect, Waybill counted)', 'anomalies', anomalyAlternatives, d('waybill_stream_anomalies_total', ['kind']));
+  check('client-side anomalies (should be none)', 'client_anomalies', (r) => [one(r.anomaly)], new Map());
 
   return {
     mismatches,
+    marginMs,
+    uncertain,
+    bounded,
     checked: {
       requests: results.length,
       attempts: attemptsSeen,
-      faultsInjected: [...simDelta((s) => s.faultsInjected).values()].reduce((a, b) => a + b, 0),
+      faultsInjected: [...injected.values()].reduce((a, b) => a + b, 0),
       cancellations: results.filter((r) => r.cancelPhase !== undefined).length,
     },
   };

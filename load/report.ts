@@ -34,13 +34,25 @@ export function summaryTable(summary: RunSummary, slo: SloThresholds): string {
   return lines.join('\n');
 }
 
+const count = (value: number) => (value === Number.POSITIVE_INFINITY ? 'any' : String(value));
+
 export function reconciliationText(reconciliation: Reconciliation): string {
   const checked = Object.entries(reconciliation.checked).map(([k, v]) => `${k}=${v}`).join('  ');
-  if (reconciliation.mismatches.length === 0) return `reconciliation: 0 mismatches (${checked})`;
-  return [
-    `reconciliation: ${reconciliation.mismatches.length} mismatch(es) (${checked})`,
-    ...reconciliation.mismatches.map((m) => `  ${m.what} [${m.key || 'total'}]: expected ${m.clients}, Waybill ${m.waybill}`),
-  ].join('\n');
+  const { slo = 0, ...races } = reconciliation.uncertain;
+  const raceText = Object.entries(races).map(([k, v]) => `${k}=${v}`).join('  ');
+  const lines = [
+    reconciliation.mismatches.length === 0
+      ? `reconciliation: 0 mismatches (${checked})`
+      : `reconciliation: ${reconciliation.mismatches.length} mismatch(es) (${checked})`,
+    `  borderline SLO results (margin ${reconciliation.marginMs} ms): ${slo}`,
+    `  races compared as bounds: ${raceText === '' ? 'none' : raceText}`,
+  ];
+  for (const m of reconciliation.bounded) lines.push(`  within bounds: ${m.what} [${m.key || 'total'}]: ${count(m.min)}..${count(m.max)}, Waybill ${m.waybill}`);
+  for (const m of reconciliation.mismatches) {
+    const expected = m.min === m.max ? count(m.min) : `${count(m.min)}..${count(m.max)}`;
+    lines.push(`  ${m.what} [${m.key || 'total'}]: expected ${expected}, Waybill ${m.waybill}`);
+  }
+  return lines.join('\n');
 }
 
 export interface JsonReport {
@@ -62,6 +74,7 @@ export function jsonReport(summary: RunSummary, slo: SloThresholds, results: rea
       fault: r.plan.fault,
       cancel: r.plan.cancel?.phase,
       started_ms: Math.round(r.startedAt),
+      sent_ms: r.sentMs,
       status: r.status,
       code: r.code,
       outcome: r.outcome,

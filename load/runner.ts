@@ -21,6 +21,8 @@ export interface RunOptions {
   readonly durationMs: number | undefined;
   readonly simulator: boolean;
   readonly requestTimeoutMs: number;
+  /** Prefix of each request's x-request-id (default `load`): `<prefix>-<index>`. */
+  readonly idPrefix?: string;
   readonly onProgress?: (progress: Progress) => void;
 }
 
@@ -62,6 +64,7 @@ export async function runWorkload(options: RunOptions): Promise<RunResult> {
     dispatcher,
     runStart,
     timeoutMs: options.requestTimeoutMs,
+    idPrefix: options.idPrefix ?? 'load',
   };
   const next = (): PlannedRequest | undefined => {
     if (planned >= limit || performance.now() >= stopAt) return undefined;

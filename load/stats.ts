@@ -1,16 +1,19 @@
 /**
  * What a run measured, from the client's side: percentiles, rates, the delivered ratio, and joint TTFT+TPOT SLO
- * attainment and goodput judged by the same rules as Waybill's `waybill_slo_requests_total`.
+ * attainment and goodput judged by the rules of Waybill's `waybill_slo_requests_total` (docs/metrics.md). The
+ * judgement is the reconciliation's oracle, so it is written here from the documented rules, not taken from the
+ * ledger.
  */
-import type { SloResult } from '../src/accounting/outcomes.js';
-import { classifyPromptLen, promptLenClasses } from '../src/accounting/prompt-len.js';
-import type { RequestResult } from './client.js';
+import type { Outcome, RequestResult } from './client.js';
+import { promptText } from './workload.js';
 
 export interface SloThresholds {
   readonly ttftMs: number;
   readonly tpotMs: number;
   readonly e2eMs: number;
 }
+
+export type SloResult = 'met' | 'missed_ttft' | 'missed_tpot' | 'missed_ttft_tpot' | 'missed_e2e' | 'failed' | 'excluded';
 
 export interface Percentiles {
   readonly count: number;
@@ -40,37 +43,117 @@ export interface RunSummary {
   readonly clientAnomalies: Record<string, number>;
 }
 
-const BOUNDARIES = [1024, 4096, 16384, 65536];
-const CLASSES = promptLenClasses(BOUNDARIES);
+/** docs/metrics.md `prompt_len` with the default boundaries (k = 1024 tokens; a boundary belongs to the class above). */
+const PROMPT_LEN_CLASSES: ReadonlyArray<readonly [number, string]> = [
+  [1024, '0-1k'],
+  [4096, '1k-4k'],
+  [16384, '4k-16k'],
+  [65536, '16k-64k'],
+  [Number.POSITIVE_INFINITY, '64k+'],
+];
+export const PROMPT_LENS: readonly string[] = [...PROMPT_LEN_CLASSES.map(([, name]) => name), 'unknown'];
 
+/** Waybill's default `metrics.chars_per_token`, for its estimate of a prompt without usage. */
+const CHARS_PER_TOKEN = 4;
+
+/**
+ * The request's class: from usage `prompt_tokens` when the answer reported it, otherwise from the estimate Waybill
+ * makes of the prompt it was sent (its characters / chars_per_token, rounded up).
+ */
 export function promptLenOf(result: RequestResult): string {
-  return classifyPromptLen(BOUNDARIES, CLASSES, result.usage?.promptTokens);
+  const tokens = result.usage?.promptTokens ?? Math.ceil(promptText(result.plan.promptTokens, result.plan.index).length / CHARS_PER_TOKEN);
+  return PROMPT_LEN_CLASSES.find(([upper]) => tokens < upper)?.[1] ?? 'unknown';
 }
 
-/** The SLO result Waybill records for this request, computed from what the client saw. */
-export function sloOf(result: RequestResult, slo: SloThresholds): SloResult {
-  switch (result.outcome) {
+/** A duration Waybill may have measured: somewhere in [lo, hi]. */
+interface Range {
+  readonly lo: number;
+  readonly hi: number;
+}
+
+/** Whether a duration in `range` is over `limit`: known (one answer) or borderline (both). */
+function over(range: Range, limit: number): boolean[] {
+  if (range.hi <= limit) return [false];
+  return range.lo > limit ? [true] : [false, true];
+}
+
+interface Timings {
+  /** Time to the first output (a delivered stream without output: to its `[DONE]`). */
+  readonly ttft: Range | undefined;
+  readonly tpot: Range | undefined;
+  /** Time to the end: the whole answer, or the client leaving. */
+  readonly e2e: Range;
+}
+
+/** The SLO results possible for a request with this outcome and these timings (one when none is borderline). */
+function judge(outcome: Outcome, result: RequestResult, slo: SloThresholds, t: Timings): SloResult[] {
+  const stream = result.plan.stream;
+  switch (outcome) {
     case 'delivered': {
-      if (!result.plan.stream) return result.e2eMs > slo.e2eMs ? 'missed_e2e' : 'met';
-      const ttft = result.ttftMs ?? result.e2eMs;
-      const missedTtft = ttft > slo.ttftMs;
-      const missedTpot = result.tpotMs !== undefined && result.tpotMs > slo.tpotMs;
-      if (missedTtft && missedTpot) return 'missed_ttft_tpot';
-      if (missedTtft) return 'missed_ttft';
-      return missedTpot ? 'missed_tpot' : 'met';
+      if (!stream) return over(t.e2e, slo.e2eMs).map((missed) => (missed ? 'missed_e2e' : 'met'));
+      const results: SloResult[] = [];
+      for (const ttft of over(t.ttft ?? t.e2e, slo.ttftMs)) {
+        for (const tpot of t.tpot === undefined ? [false] : over(t.tpot, slo.tpotMs)) {
+          results.push(ttft && tpot ? 'missed_ttft_tpot' : ttft ? 'missed_ttft' : tpot ? 'missed_tpot' : 'met');
+        }
+      }
+      return results;
     }
     case 'rejected':
-      return result.code === 429 || result.code === 503 ? 'failed' : 'excluded';
-    case 'client_cancelled': {
-      if (!result.plan.stream) return result.e2eMs > slo.e2eMs ? 'missed_e2e' : 'excluded';
-      return (result.ttftMs ?? result.e2eMs) > slo.ttftMs ? 'missed_ttft' : 'excluded';
-    }
+      // 429 and 503 are the service failing to serve; other rejections are the client's doing.
+      return [result.code === 429 || result.code === 503 ? 'failed' : 'excluded'];
+    case 'client_cancelled':
+      // A cancellation counts against the SLO only once its threshold had passed.
+      if (!stream) return over(t.e2e, slo.e2eMs).map((missed) => (missed ? 'missed_e2e' : 'excluded'));
+      return over(t.ttft ?? t.e2e, slo.ttftMs).map((missed) => (missed ? 'missed_ttft' : 'excluded'));
     case 'failed':
     case 'timeout':
     case 'stream_error':
     case 'incomplete':
-      return 'failed';
+      return ['failed'];
   }
+}
+
+const point = (ms: number): Range => ({ lo: ms, hi: ms });
+
+/** The SLO result of this request as the client saw it (its clocks from the request's start): the summary's. */
+export function sloOf(result: RequestResult, slo: SloThresholds): SloResult {
+  const timings = {
+    ttft: result.ttftMs === undefined ? undefined : point(result.ttftMs),
+    tpot: result.tpotMs === undefined ? undefined : point(result.tpotMs),
+    e2e: point(result.e2eMs),
+  };
+  return judge(result.outcome, result, slo, timings)[0] ?? 'failed';
+}
+
+/**
+ * The SLO results Waybill may have recorded for this request, given that the client's clocks and Waybill's agree
+ * within `marginMs` (docs/load.md, "Borderline requests"). Times run from the moment the request was written, the
+ * closest a client gets to Waybill's arrival. Waybill's TTFT cannot be longer than the client's (it starts after the
+ * request was written and stops before the event reaches the client), so a client TTFT at or under the threshold
+ * is exact, and only one within the margin above it is borderline; TPOT, an interval over (tokens per choice - 1),
+ * has margin / (tokens per choice - 1) either side; end-to-end time the margin either side. Several results: the
+ * request is borderline.
+ */
+export function sloCandidates(result: RequestResult, slo: SloThresholds, marginMs: number, outcome: Outcome = result.outcome): SloResult[] {
+  const sent = result.sentMs ?? 0;
+  const ttftClient = result.ttftMs === undefined ? undefined : result.ttftMs - sent;
+  const e2eClient = result.e2eMs - sent;
+  const perChoice = result.usage?.completionTokens === undefined ? undefined : result.usage.completionTokens / Math.max(1, result.plan.n);
+  const tpotMargin = perChoice !== undefined && perChoice > 1 ? marginMs / (perChoice - 1) : 0;
+  const delivered = outcome === 'delivered';
+  const timings: Timings = {
+    ttft: ttftClient === undefined ? undefined : { lo: ttftClient - marginMs, hi: ttftClient },
+    tpot:
+      result.tpotMs !== undefined
+        ? { lo: result.tpotMs - tpotMargin, hi: result.tpotMs + tpotMargin }
+        : delivered && result.outcome !== 'delivered'
+          ? { lo: 0, hi: Number.POSITIVE_INFINITY } // delivered in Waybill's eyes only: its TPOT is unknown here
+          : undefined,
+    // A delivered stream's [DONE] is like its first output: Waybill reads it before the client does.
+    e2e: delivered && result.plan.stream ? { lo: e2eClient - marginMs, hi: e2eClient } : { lo: e2eClient - marginMs, hi: e2eClient + marginMs },
+  };
+  return [...new Set(judge(outcome, result, slo, timings))];
 }
 
 export function percentiles(values: readonly number[]): Percentiles {

@@ -2,10 +2,12 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { statusOutcome } from '../load/client.js';
+import { statusOutcome, type RequestResult } from '../load/client.js';
 import { parseLoadArgs, runLoadWith } from '../load/main.js';
+import { parseMetrics, reconcile } from '../load/reconcile.js';
 import { htmlReport } from '../load/report.js';
-import { summarize } from '../load/stats.js';
+import { createEventReader, readEvent } from '../load/sse.js';
+import { sloCandidates, summarize } from '../load/stats.js';
 import { planRequest, seededRandom, type Workload } from '../load/workload.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 
@@ -63,13 +65,105 @@ describe('client-side outcomes', () => {
   });
 });
 
+describe('the client reads responses on its own', () => {
+  it('cuts events however the bytes are chunked (inside a UTF-8 character, between CR and LF)', () => {
+    const text = [
+      ': keep-alive',
+      'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}',
+      '',
+      'data: {"choices":[{"index":0,"delta":{"content":"héllo"},"finish_reason":null}]}',
+      '',
+      'data: {"choices":[{"index":0,"text":"","finish_reason":"length"}]}',
+      '',
+      'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}',
+      '',
+      'data: [DONE]',
+      '',
+      '',
+    ].join('\r\n');
+    const bytes = Buffer.from(text);
+    const expected = [
+      { kind: 'chunk', output: [], finishes: [], usage: undefined },
+      { kind: 'chunk', output: [0], finishes: [], usage: undefined },
+      { kind: 'chunk', output: [], finishes: [[0, 'length']], usage: undefined },
+      { kind: 'chunk', output: [], finishes: [], usage: { promptTokens: 7, completionTokens: 3, cachedTokens: 2 } },
+      { kind: 'done' },
+    ];
+    for (let cut = 1; cut < bytes.length; cut++) {
+      const events: unknown[] = [];
+      const reader = createEventReader((data) => events.push(readEvent(data)), () => events.push('oversized'));
+      reader.feed(bytes.subarray(0, cut));
+      reader.feed(bytes.subarray(cut));
+      reader.end();
+      expect(events, `cut at ${cut}`).toEqual(expected);
+    }
+  });
+
+  it('tells Waybill\'s own error events by their string code, and counts only countable usage', () => {
+    expect(readEvent('{"error":{"message":"m","type":"timeout_error","param":null,"code":"stream_timeout"}}')).toEqual({ kind: 'error', code: 'stream_timeout' });
+    expect(readEvent('{"error":{"message":"m","type":"BadRequestError","param":null,"code":400}}')).toEqual({ kind: 'error', code: undefined });
+    expect(readEvent('{"id":"broken')).toEqual({ kind: 'malformed' });
+    expect(readEvent('[1]')).toEqual({ kind: 'malformed' });
+    const usage = (u: string) => (readEvent(`{"choices":[],"usage":${u}}`) as { usage: unknown }).usage;
+    expect(usage('{"prompt_tokens":1e308,"completion_tokens":1}')).toBeUndefined();
+    expect(usage('{"prompt_tokens":2,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}}')).toBeUndefined();
+    expect(usage('{"prompt_tokens":2,"completion_tokens":null}')).toEqual({ promptTokens: 2, completionTokens: undefined, cachedTokens: undefined });
+    const output = (choice: string) => (readEvent(`{"choices":[${choice}]}`) as { output: readonly number[] }).output;
+    expect(output('{"index":1,"delta":{"tool_calls":[{"index":0}]}}')).toEqual([1]);
+    expect(output('{"index":0,"delta":{"reasoning_content":"x"}}')).toEqual([0]);
+    expect(output('{"index":0,"delta":{"content":null}}')).toEqual([]);
+  });
+});
+
+describe('borderline SLO results', () => {
+  const plan = { ...planRequest(WORKLOAD, seededRandom(1), 0, false), stream: true, n: 1, cancel: undefined, fault: undefined, slow: undefined };
+  const result = (over: Partial<RequestResult>): RequestResult => ({
+    plan, startedAt: 0, sentMs: 5, status: 200, outcome: 'delivered', code: 200, cancelPhase: undefined, ttftMs: 100, tpotMs: 20,
+    e2eMs: 1000, itlMs: [], outputEvents: 11, usage: { promptTokens: 100, completionTokens: 11, cachedTokens: undefined },
+    finishReasons: ['stop'], cancelRacedEnd: false, anomaly: undefined, error: undefined, ...over,
+  });
+  const slo = { ttftMs: 2000, tpotMs: 100, e2eMs: 60_000 };
+
+  it('are those whose client timing lies within the margin of a threshold; the others are exact', () => {
+    // TTFT runs from the moment the request was written (sentMs 5); Waybill's cannot be longer than the client's.
+    expect(sloCandidates(result({ ttftMs: 2005 }), slo, 50)).toEqual(['met']);
+    expect(sloCandidates(result({ ttftMs: 2030 }), slo, 50)).toEqual(['met', 'missed_ttft']);
+    expect(sloCandidates(result({ ttftMs: 2056 }), slo, 50)).toEqual(['missed_ttft']);
+    // TPOT is an interval over 10 gaps (11 tokens): the margin is 5 ms either side.
+    expect(sloCandidates(result({ tpotMs: 94 }), slo, 50)).toEqual(['met']);
+    expect(sloCandidates(result({ tpotMs: 97 }), slo, 50)).toEqual(['met', 'missed_tpot']);
+    expect(sloCandidates(result({ tpotMs: 106 }), slo, 50)).toEqual(['missed_tpot']);
+    // A cancellation before the first token: the time the client waited, the margin either side.
+    const cancelled = result({ outcome: 'client_cancelled', code: 499, cancelPhase: 'before_first_token', ttftMs: undefined, tpotMs: undefined, usage: undefined });
+    expect(sloCandidates({ ...cancelled, e2eMs: 1960 }, slo, 50)).toEqual(['excluded', 'missed_ttft']);
+    expect(sloCandidates({ ...cancelled, e2eMs: 1900 }, slo, 50)).toEqual(['excluded']);
+  });
+
+  it('let Waybill\'s count of a class lie between the exact count and the exact count plus the borderline ones', () => {
+    const results = [result({ ttftMs: 2030 }), result({ ttftMs: 10 })];
+    const mismatchesWith = (met: number, missed: number) => {
+      const text = [`waybill_slo_requests_total{model="m",prompt_len="0-1k",result="met"} ${met}`, `waybill_slo_requests_total{model="m",prompt_len="0-1k",result="missed_ttft"} ${missed}`].join('\n');
+      const after = { metrics: parseMetrics(text), sims: [] };
+      return reconcile(results, { metrics: [], sims: [] }, after, slo, 50).mismatches.filter((m) => m.what.startsWith('SLO'));
+    };
+    expect(mismatchesWith(2, 0)).toEqual([]);
+    expect(mismatchesWith(1, 1)).toEqual([]);
+    expect(mismatchesWith(0, 2)).toEqual([
+      { what: 'SLO results by prompt_len', key: '0-1k|met', min: 1, max: 2, waybill: 0 },
+      { what: 'SLO results by prompt_len', key: '0-1k|missed_ttft', min: 0, max: 1, waybill: 2 },
+    ]);
+    // Each request is counted once: met 2 and missed 1 are each within bounds, but not together.
+    expect(mismatchesWith(2, 1)).toEqual([{ what: 'SLO results by prompt_len', key: 'total', min: 2, max: 2, waybill: 3 }]);
+  });
+});
+
 describe('the HTML report', () => {
   it('draws a long run (millions of inter-token gaps) without exceeding the call stack', () => {
     const plan = planRequest(WORKLOAD, seededRandom(1), 0, false);
     const gaps = Array.from({ length: 1_000_000 }, (_, i) => 1 + (i % 97));
     const result = {
-      plan, startedAt: 0, status: 200, outcome: 'delivered' as const, code: 200, cancelPhase: undefined, ttftMs: 5, tpotMs: 2,
-      e2eMs: 2000, itlMs: gaps, outputEvents: gaps.length + 1, usage: undefined, finishReasons: ['stop' as const], anomaly: undefined, error: undefined,
+      plan, startedAt: 0, sentMs: 0, status: 200, outcome: 'delivered' as const, code: 200, cancelPhase: undefined, ttftMs: 5, tpotMs: 2,
+      e2eMs: 2000, itlMs: gaps, outputEvents: gaps.length + 1, usage: undefined, finishReasons: ['stop' as const], cancelRacedEnd: false, anomaly: undefined, error: undefined,
     };
     const slo = { ttftMs: 2000, tpotMs: 100, e2eMs: 60_000 };
     const html = htmlReport(summarize([result], 2, slo), slo, [result], undefined);

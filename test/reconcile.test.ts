@@ -2,7 +2,10 @@
  * The ledger is exact under load and faults: about 2,000 requests through Waybill in front of three simulators,
  * with a 20% fault mix covering every fault kind, client cancellations before and after the first token, slow
  * requests that miss the SLO, streams and non-streams, chat and legacy completions, n > 1 — and zero mismatches
- * between what the clients saw, what the simulators counted and injected, and what Waybill's metrics say.
+ * between what the clients saw, what the simulators counted and injected, and what Waybill's metrics say. What a
+ * client cannot observe exactly (SLO results within the margin of a threshold, events Waybill reads after a
+ * response ended) is compared as bounds, and must stay small and explained (docs/load.md). It holds with both cores
+ * of a 2-core machine busy with other work.
  */
 import type { AddressInfo } from 'node:net';
 import { pino } from 'pino';
@@ -51,6 +54,9 @@ it('reconciles 2,000 requests with a 20% fault mix, cancellations and slow reque
     '--concurrency', '64',
     '--requests', '2000',
     '--seed', '7',
+    // A cold process (gateway, simulators and clients are one here) reads its first burst of requests up to ~2 s
+    // late on a loaded machine, which no margin covers: warm it up first; those requests are not reconciled.
+    '--warmup', '256',
     '--prompt-tokens', '16-2000',
     '--output-tokens', '8-48',
     '--stream-share', '0.85',
@@ -61,6 +67,7 @@ it('reconciles 2,000 requests with a 20% fault mix, cancellations and slow reque
     '--slow-share', '0.03',
     '--slo-ttft', '2s', '--slo-tpot', '100ms', '--slo-e2e', '60s',
     '--reconcile',
+    '--borderline-margin', '50ms',
     '--quiet',
     ...simUrls.flatMap((url) => ['--sim', url]),
   ];
@@ -71,7 +78,26 @@ it('reconciles 2,000 requests with a 20% fault mix, cancellations and slow reque
   const report = lines.join('\n');
   // The report names every mismatch; none is allowed.
   expect(report).toContain('reconciliation: 0 mismatches');
-  expect(outcome).toEqual({ exitCode: 0, mismatches: 0 });
+  expect(outcome.mismatches, report).toBe(0);
+  expect(outcome.exitCode).toBe(0);
+  // What was compared as an interval stays small and explained. Borderline SLO results (client timing within
+  // 50 ms of a threshold): at most 1% of the requests (0 to 3 were seen in runs on a loaded 2-core machine).
+  const reconciliation = outcome.reconciliation;
+  if (reconciliation === undefined) throw new Error('no reconciliation');
+  expect(reconciliation.uncertain['slo'] ?? 0, report).toBeLessThanOrEqual(20);
+  expect(report).toMatch(/borderline SLO results \(margin 50 ms\): \d+/);
+  // Against the simulator cancellations cannot race the end of an answer, so no request, cancellation or token
+  // count is uncertain; the only races are anomalies: events read after a response ended, and (rarely) a malformed
+  // event on an answer a deadline cut right where it was sent...
+  expect(Object.keys(reconciliation.uncertain).filter((k) => k !== 'slo' && k !== 'empty_connections'), report).toEqual(['anomalies']);
+  // Connections the client's HTTP pool opened and never used (around aborted requests): each may be a 408 `_other`.
+  expect(reconciliation.uncertain['empty_connections'] ?? 0, report).toBeLessThanOrEqual(20);
+  const boundedAnomalies = reconciliation.bounded.filter((b) => b.what.startsWith('anomalies'));
+  for (const b of boundedAnomalies) expect(['data_after_done', 'done_after_error', 'malformed_event'], report).toContain(b.key);
+  // ...and Waybill did count those after the end (within its drain grace), so the bounds are not vacuous.
+  for (const kind of ['data_after_done', 'done_after_error']) {
+    expect(boundedAnomalies.find((b) => b.key === kind)?.waybill ?? 0, `${kind}\n${report}`).toBeGreaterThan(0);
+  }
   // And the run exercised what it claims to: every fault kind injected, both cancellation phases, retries.
   const injected: Record<string, number> = {};
   for (const sim of sims) for (const [kind, n] of Object.entries(sim.stats().faultsInjected)) injected[kind] = (injected[kind] ?? 0) + n;

@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { parseConfig } from '../src/config/load.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
-import { generateChatPayloads, mulberry32 } from './fixtures/sse-fixtures.js';
+import { cutInto, generateChatPayloads, mulberry32 } from './fixtures/sse-fixtures.js';
 import { post } from './helpers/stack.js';
 
 interface Script {
@@ -87,17 +87,6 @@ function facts(s: Settlement) {
   };
 }
 
-function cutInto(bytes: Buffer, cuts: number[]): Buffer[] {
-  const points = [...new Set(cuts.map((c) => c % bytes.length))].filter((c) => c > 0).sort((a, b) => a - b);
-  const chunks: Buffer[] = [];
-  let start = 0;
-  for (const point of points) {
-    chunks.push(bytes.subarray(start, point));
-    start = point;
-  }
-  chunks.push(bytes.subarray(start));
-  return chunks;
-}
 
 let counter = 0;
 async function run(script: Script): Promise<{ body: string; facts: ReturnType<typeof facts> }> {

@@ -18,6 +18,7 @@ import { checkCase, INVARIANTS, parseMetrics, type InvariantName, type RequestOu
 import { runClient } from './raw-client.js';
 import { ScriptBook, startFuzzUpstream, type FuzzUpstream } from './scripted-upstream.js';
 import { attemptTranscripts, describeTranscript, renderTranscript, type Transcript, type TranscriptContext } from './upstream-grammar.js';
+import { createRandom } from '../../src/util/prng.js';
 
 /** The gateway's limits under fuzzing: small, so deadlines and size limits are reached quickly. */
 export const FUZZ_LIMITS = {
@@ -92,16 +93,8 @@ export interface FuzzGateway {
   close(): Promise<void>;
 }
 
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** The project's seeded PRNG (mulberry32), so jitter is part of the generated case. */
+const mulberry32 = createRandom;
 
 export async function startFuzzGateway(upstreams: readonly FuzzUpstream[], seed: number): Promise<FuzzGateway> {
   const L = FUZZ_LIMITS;

@@ -9,8 +9,10 @@
  * Everything here is plain data, so fast-check can shrink it and a failure prints as a readable transcript
  * (`describeTranscript`); `renderTranscript` turns it into the exact bytes the scripted upstream writes.
  */
+import { cutInto } from '../fixtures/sse-fixtures.js';
 import { gzipSync } from 'node:zlib';
 import fc from 'fast-check';
+import { createRandom } from '../../src/util/prng.js';
 
 export type Route = 'chat_completions' | 'completions';
 export type LineEnd = 'lf' | 'crlf' | 'cr';
@@ -490,17 +492,8 @@ export interface RenderedTranscript {
   readonly end: 'end' | 'destroy' | 'reset' | 'hang';
 }
 
-/** A small deterministic PRNG, so jitter is part of the generated case. */
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** The project's seeded PRNG (mulberry32), so jitter is part of the generated case. */
+const mulberry32 = createRandom;
 
 /** At most this many one-byte writes; the rest of a dripped body goes in one write. */
 const MAX_DRIP = 2000;
@@ -517,17 +510,8 @@ function cut(bytes: Buffer, s: Split): Buffer[] {
       if (dripped < bytes.length) chunks.push(bytes.subarray(dripped));
       return chunks;
     }
-    case 'cuts': {
-      const points = [...new Set(s.cuts.map((c) => c % bytes.length))].filter((c) => c > 0).sort((a, b) => a - b);
-      const chunks: Buffer[] = [];
-      let start = 0;
-      for (const point of points) {
-        chunks.push(bytes.subarray(start, point));
-        start = point;
-      }
-      chunks.push(bytes.subarray(start));
-      return chunks;
-    }
+    case 'cuts':
+      return cutInto(bytes, s.cuts);
   }
 }
 

@@ -274,8 +274,9 @@ export interface Reconciliation {
 }
 
 /**
- * `emptyConnections`: connections the clients opened to Waybill and sent no request on (load/client.ts); Waybill
- * may have answered each with a 408 `_other`, counted like a request.
+ * `emptyConnections`: connections the clients opened to Waybill and sent no whole request on (load/client.ts); one
+ * that sent part of a request may have been answered with a 408 `_other`, counted like a request (one that sent no
+ * byte is closed uncounted).
  */
 export function reconcile(
   results: readonly RequestResult[],

@@ -1,7 +1,8 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { exceedsDepth, parseJson } from '../src/http/body.js';
-import { checkCompletion, estimatePromptTokens, memberValueSpan, withUsageRequested } from '../src/http/completions.js';
+import { parseJson } from '../src/http/body.js';
+import { checkCompletion, estimatePromptTokens, withUsageRequested } from '../src/http/completions.js';
+import { exceedsDepth, memberValueSpan } from '../src/http/json-bytes.js';
 
 const usage = (raw: Buffer) => {
   const out = withUsageRequested(raw, JSON.parse(raw.toString()) as Record<string, unknown>);

@@ -5,6 +5,7 @@
  */
 import type { IncomingMessage } from 'node:http';
 import type { ErrorCode } from '../delivery/errors.js';
+import { exceedsDepth } from './json-bytes.js';
 
 export interface BodyLimits {
   readonly maxBytes: number;
@@ -117,35 +118,4 @@ export function parseJson(raw: Buffer, maxDepth: number): unknown {
   } catch {
     throw new BodyError('invalid_json', 'the request body is not valid JSON', false);
   }
-}
-
-const QUOTE = 0x22;
-const BACKSLASH = 0x5c;
-const OPEN_BRACE = 0x7b;
-const OPEN_BRACKET = 0x5b;
-const CLOSE_BRACE = 0x7d;
-const CLOSE_BRACKET = 0x5d;
-
-/**
- * Does any array or object in these bytes nest deeper than `maxDepth`? Counts brackets outside strings; it does
- * not validate (JSON.parse does, after), so an unbalanced body only has to be rejected by one of the two.
- */
-export function exceedsDepth(raw: Buffer, maxDepth: number): boolean {
-  let depth = 0;
-  let inString = false;
-  const length = raw.length;
-  for (let i = 0; i < length; i++) {
-    const c = raw[i];
-    if (inString) {
-      if (c === BACKSLASH) i++;
-      else if (c === QUOTE) inString = false;
-    } else if (c === QUOTE) {
-      inString = true;
-    } else if (c === OPEN_BRACE || c === OPEN_BRACKET) {
-      if (++depth > maxDepth) return true;
-    } else if (c === CLOSE_BRACE || c === CLOSE_BRACKET) {
-      depth--;
-    }
-  }
-  return false;
 }

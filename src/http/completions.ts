@@ -5,6 +5,7 @@
 import type { ProxiedRoute } from '../accounting/outcomes.js';
 import { isRecord } from '../util/json.js';
 import { errorBody, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
+import { memberValueSpan } from './json-bytes.js';
 
 export interface CompletionFields {
   readonly model: string;
@@ -125,70 +126,4 @@ export function withUsageRequested(raw: Buffer, json: Record<string, unknown>): 
   // stream_options holds a few flags: re-serialising that one small object is exact.
   const value = Buffer.from(JSON.stringify({ ...options, include_usage: true }));
   return Buffer.concat([raw.subarray(0, span.start), value, raw.subarray(span.end)]);
-}
-
-const QUOTE = 0x22;
-const BACKSLASH = 0x5c;
-const COLON = 0x3a;
-const COMMA = 0x2c;
-const CLOSE_BRACE = 0x7d;
-const OPEN_BRACKET = 0x5b;
-const CLOSE_BRACKET = 0x5d;
-
-function skipSpace(raw: Buffer, i: number): number {
-  while (i < raw.length && (raw[i] === 0x20 || raw[i] === 0x0a || raw[i] === 0x0d || raw[i] === 0x09)) i++;
-  return i;
-}
-
-/** At an opening quote: the index just past the closing one. */
-function skipString(raw: Buffer, i: number): number {
-  for (i++; i < raw.length; i++) {
-    const c = raw[i];
-    if (c === BACKSLASH) i++;
-    else if (c === QUOTE) return i + 1;
-  }
-  return raw.length;
-}
-
-/** At the first byte of a value: the index just past it. */
-function skipValue(raw: Buffer, i: number): number {
-  const first = raw[i];
-  if (first === QUOTE) return skipString(raw, i);
-  if (first === OPEN_BRACE || first === OPEN_BRACKET) {
-    let depth = 0;
-    for (; i < raw.length; i++) {
-      const c = raw[i];
-      if (c === QUOTE) i = skipString(raw, i) - 1;
-      else if (c === OPEN_BRACE || c === OPEN_BRACKET) depth++;
-      else if ((c === CLOSE_BRACE || c === CLOSE_BRACKET) && --depth === 0) return i + 1;
-    }
-    return raw.length;
-  }
-  while (i < raw.length && raw[i] !== COMMA && raw[i] !== CLOSE_BRACE && raw[i] !== 0x20 && raw[i] !== 0x0a && raw[i] !== 0x0d && raw[i] !== 0x09) i++;
-  return i;
-}
-
-/**
- * The byte span of the value of the top-level member `key` in `raw`, a JSON object that JSON.parse accepted. With
- * duplicate keys it is the last one, the one JSON.parse (and the upstream's parser) keeps. Keys are compared
- * decoded, so an escaped spelling of the name is found too.
- */
-export function memberValueSpan(raw: Buffer, key: string): { start: number; end: number } | undefined {
-  let i = skipSpace(raw, 0);
-  if (raw[i] !== OPEN_BRACE) return undefined;
-  let found: { start: number; end: number } | undefined;
-  i = skipSpace(raw, i + 1);
-  while (i < raw.length && raw[i] === QUOTE) {
-    const keyEnd = skipString(raw, i);
-    const name: unknown = JSON.parse(raw.toString('utf8', i, keyEnd));
-    i = skipSpace(raw, keyEnd);
-    if (raw[i] !== COLON) return undefined;
-    const start = skipSpace(raw, i + 1);
-    const end = skipValue(raw, start);
-    if (name === key) found = { start, end };
-    i = skipSpace(raw, end);
-    if (raw[i] !== COMMA) break;
-    i = skipSpace(raw, i + 1);
-  }
-  return found;
 }

@@ -120,4 +120,18 @@ describe('an error inside the exchange', () => {
     expect(await g.metric('waybill_internal_errors_total', { component: 'exchange' })).toBe(1);
     await expect.poll(() => g.metric('waybill_upstream_inflight')).toBe(0);
   });
+
+  it('the ledger failing to settle: the request still counts once, from what the shell was told', async () => {
+    vi.spyOn(RequestLedger.prototype, 'settle').mockImplementationOnce(() => {
+      throw new Error('settle bug');
+    });
+    const g = await start({});
+    const client = await post(g.base, '/v1/chat/completions', STREAM);
+    // The answer had already gone out whole when the settlement failed.
+    expect(client.body.endsWith('data: [DONE]\n\n')).toBe(true);
+    await expect.poll(() => g.metric('waybill_requests_total')).toBe(1);
+    expect(await g.metric('waybill_requests_total', { code: '200', outcome: 'incomplete' })).toBe(1);
+    expect(await g.metric('waybill_internal_errors_total', { component: 'exchange' })).toBe(1);
+    expect(await g.metric('waybill_inflight_requests')).toBe(0);
+  });
 });

@@ -159,7 +159,6 @@ export class DeliveryMachine {
   /** The client side is over: the response reached the socket ('finish'), or the client left ('close'). */
   private clientFinished = false;
   private settled = false;
-  private crashed = false;
   private admitted = false;
   private waitingForDrain = false;
   private retriedFor: RetryReason | undefined;
@@ -181,10 +180,6 @@ export class DeliveryMachine {
     });
   }
 
-  get isSettled(): boolean {
-    return this.settled;
-  }
-
   /**
    * One event, at time `at`: returns the effects to carry out, in order. The array is reused by the next call.
    * An error inside a step is this request's bug: the step's effects are discarded (none was carried out yet) and
@@ -200,14 +195,18 @@ export class DeliveryMachine {
       return this.effects;
     }
     this.at = at;
+    // What the shell has been told so far: a step that throws is discarded whole, including a settlement it had
+    // decided on before throwing (else a throw inside the ledger's settle would leave the request uncounted).
     const headSent = this.headSent;
     const responseEnded = this.responseEnded;
+    const settled = this.settled;
     try {
       this.step(event);
     } catch (error) {
       this.effects.length = 0;
       this.headSent = headSent;
       this.responseEnded = responseEnded;
+      this.settled = settled;
       this.crash(error);
     }
     return this.effects;
@@ -682,10 +681,13 @@ export class DeliveryMachine {
    * request is counted once, as failed (or incomplete once committed), with the error reported.
    */
   private crash(error: unknown): void {
-    if (this.crashed) return;
-    this.crashed = true;
     this.observe({ type: 'internal_error', error });
-    this.clearTimers();
+    // Every timer, not only those armed by the machine's count: the discarded step may have cleared some the shell
+    // still holds.
+    for (const timer of TIMERS) {
+      this.armed.delete(timer);
+      this.emit({ kind: 'clear', timer });
+    }
     if (this.request.gated && !this.admitted) this.emit({ kind: 'cancel_admission' });
     if (!this.attemptFinished) this.emit({ kind: 'abort_attempt', reason: 'cancelled' });
     const committed = this.headSent;
@@ -699,7 +701,6 @@ export class DeliveryMachine {
         this.emit({ kind: 'end', data: payload });
       }
     }
-    if (this.settled) return;
     this.settled = true;
     if (this.admitted) this.emit({ kind: 'release_admission' });
     let settlement: Settlement;

@@ -76,3 +76,11 @@ export function finishReasonLabel(reason: string | undefined): FinishReason {
   if (reason === undefined) return 'none';
   return KNOWN_FINISH.has(reason) && reason !== 'none' && reason !== 'other' ? (reason as FinishReason) : 'other';
 }
+
+/** The output-contract checks run on each choice of a delivered response (docs/output-contract.md). */
+export const OUTPUT_CHECKS = ['answer_present', 'not_truncated', 'format_valid'] as const;
+export type OutputCheck = (typeof OUTPUT_CHECKS)[number];
+
+/** `unevaluated` is kept apart from `fail`: no contract requested, over the size cap, or a schema that cannot be compiled. */
+export const CHECK_RESULTS = ['pass', 'fail', 'unevaluated'] as const;
+export type CheckResult = (typeof CHECK_RESULTS)[number];

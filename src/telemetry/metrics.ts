@@ -173,6 +173,24 @@ export const METRICS = {
     labels: ['upstream', 'probe'],
     help: 'Failed active health checks (probe="health") and model discoveries (probe="discovery") per upstream.',
   },
+  outputChecks: {
+    name: 'waybill_output_checks_total',
+    type: 'counter',
+    labels: ['model', 'check', 'result'],
+    help: 'Output-contract checks of the choices of delivered responses (answer_present, not_truncated, format_valid), by result (pass, fail, unevaluated).',
+  },
+  accepted: {
+    name: 'waybill_requests_accepted_total',
+    type: 'counter',
+    labels: ['model', 'route', 'stream'],
+    help: 'Logical requests delivered with every applicable output check passed: a subset of waybill_requests_total{outcome="delivered"}.',
+  },
+  evaluationSamples: {
+    name: 'waybill_evaluation_samples_total',
+    type: 'counter',
+    labels: ['model'],
+    help: 'Delivered responses sampled for external evaluation (evaluation.sample_rate).',
+  },
   queueWait: {
     name: 'waybill_queue_wait_seconds',
     type: 'histogram',
@@ -310,6 +328,9 @@ export class GatewayMetrics {
   private readonly upstreamEjections = new CounterPair(this.registries, METRICS.upstreamEjections);
   private readonly internalErrors = new CounterPair(this.registries, METRICS.internalErrors);
   private readonly probeFailures = new CounterPair(this.registries, METRICS.probeFailures);
+  private readonly outputChecks = new CounterPair(this.registries, METRICS.outputChecks);
+  private readonly accepted = new CounterPair(this.registries, METRICS.accepted);
+  private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
   private readonly queueWait: Histogram<'model'>;
   private readonly upstreamFirstOutput: Histogram<'model' | 'upstream'>;
   private sources: GaugeSources | undefined;
@@ -362,7 +383,10 @@ export class GatewayMetrics {
       // The series the SLO rules divide by exist from the start: rate() then sees the first request, and an idle
       // gateway is not mistaken for an absent one.
       for (const route of PROXIED_ROUTES) {
-        for (const stream of ['true', 'false']) this.requests.inc({ model, route, stream, code: '200', outcome: 'delivered' }, 0);
+        for (const stream of ['true', 'false']) {
+          this.requests.inc({ model, route, stream, code: '200', outcome: 'delivered' }, 0);
+          this.accepted.inc({ model, route, stream }, 0);
+        }
       }
       for (const promptLen of promptLenClasses) this.slo.inc({ model, prompt_len: promptLen, result: 'met' }, 0);
     }

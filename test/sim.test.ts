@@ -5,6 +5,9 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { drawFault, FAULT_KINDS, FAULT_PARAMETERS, MODIFIER_NAMES, parseFaultHeader } from '../src/sim/faults.js';
 import { FLAG_OF, parseSimArgs, runSim } from '../src/sim/main.js';
 import { createRandom } from '../src/util/prng.js';
+import { resolveSimOptions } from '../src/sim/options.js';
+import { prefillDelayMs, shapeAnswer } from '../src/sim/plan.js';
+import type { GenerationRequest } from '../src/sim/request.js';
 import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../src/sim/server.js';
 import { choiceText, estimateTokens, pythonJsonDumps, tokenText } from '../src/sim/wire.js';
 
@@ -348,6 +351,141 @@ describe('legacy completions and non-streaming bodies', () => {
   });
 });
 
+// ---- prefill ----
+
+interface Timed {
+  status: number;
+  /** Milliseconds from sending to the status line and headers, and to the first body byte. */
+  headersAt: number;
+  firstByteAt: number;
+  text: string;
+}
+
+/** One request, timing its headers and its first body byte. */
+function timed(url: string, path: string, body: unknown, headers: Record<string, string> = {}): Promise<Timed> {
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    let headersAt = 0;
+    let firstByteAt = 0;
+    let text = '';
+    const req = httpRequest(`${url}${path}`, { method: 'POST', agent: false, headers: { 'content-type': 'application/json', ...headers } }, (res) => {
+      headersAt = performance.now() - t0;
+      res.on('data', (chunk: Buffer) => {
+        if (text === '') firstByteAt = performance.now() - t0;
+        text += chunk.toString('utf8');
+      });
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, headersAt, firstByteAt, text }));
+    });
+    req.on('error', reject);
+    req.end(JSON.stringify(body));
+  });
+}
+
+const generation = (promptTokens: number, extra: Partial<GenerationRequest> = {}): GenerationRequest => ({
+  route: 'chat_completions',
+  model: 'sim-model',
+  stream: true,
+  n: 1,
+  includeUsage: true,
+  maxTokens: null,
+  promptTokens,
+  prompts: 1,
+  ...extra,
+});
+
+describe('prefill: the first token waits longer for a longer prompt', () => {
+  const NONE = { noUsage: false, framing: 'lf', comments: false, multilineData: false } as const;
+
+  it('adds prefillMsPer1kTokens per 1 000 of the prompt tokens usage reports, less cached ones, on top of the TTFT', () => {
+    const options = resolveSimOptions({ ttftMs: 50, prefillMsPer1kTokens: 100 });
+    const long = shapeAnswer(generation(25_000), NONE, options, 'r', 0);
+    expect(long.usage.promptTokens).toBe(25_000);
+    expect([long.prefillMs, long.ttftMs]).toEqual([2500, 2550]);
+    // n does not multiply it (one prompt, prefilled once); a list of prompts adds up, as its usage does.
+    expect(shapeAnswer(generation(25_000, { n: 4 }), NONE, options, 'r', 0).prefillMs).toBe(2500);
+    const list = shapeAnswer(generation(3000, { route: 'completions', prompts: 3 }), NONE, options, 'r', 0);
+    expect([list.usage.promptTokens, list.prefillMs]).toEqual([3000, 300]);
+    // Prefix-cached tokens are not prefilled again.
+    const cached = shapeAnswer(generation(5000), NONE, resolveSimOptions({ prefillMsPer1kTokens: 100, promptTokensDetails: true, cachedTokens: 1000 }), 'r', 0);
+    expect([cached.usage.cachedTokens, cached.prefillMs]).toEqual([1000, 400]);
+    // Whole milliseconds: a short prompt adds nothing, so a zero TTFT stays a zero delay.
+    expect(shapeAnswer(generation(7), { ...NONE, ttftMs: 0 }, resolveSimOptions({}), 'r', 0).ttftMs).toBe(0);
+    expect(prefillDelayMs({ promptTokens: 24, completionTokens: 1, cachedTokens: null }, 20)).toBe(0);
+    expect(prefillDelayMs({ promptTokens: 1500, completionTokens: 1, cachedTokens: null }, 20)).toBe(30);
+    // The header's modifiers: ttft_ms replaces the base, prefill is still added; prefill_ms_per_1k_tokens replaces the option.
+    expect(shapeAnswer(generation(5000), { ...NONE, ttftMs: 10 }, options, 'r', 0).ttftMs).toBe(510);
+    expect(shapeAnswer(generation(5000), { ...NONE, prefillMsPer1kTokens: 0 }, options, 'r', 0).ttftMs).toBe(50);
+    expect(shapeAnswer(generation(5000), { ...NONE, prefillMsPer1kTokens: 40 }, options, 'r', 0).ttftMs).toBe(250);
+    expect(resolveSimOptions({}).prefillMsPer1kTokens).toBe(20);
+    expect(() => resolveSimOptions({ prefillMsPer1kTokens: -1 })).toThrow(/prefillMsPer1kTokens must be a number >= 0/);
+  });
+
+  it('streams: the 200 and headers at once, the first token after the prefill, chat and legacy completions alike', async () => {
+    const { url } = await start({ prefillMsPer1kTokens: 100 });
+    // 3 000 prompt tokens: 12 000 characters at the simulator's 4 a token, or 3 000 token ids. 300 ms of prefill.
+    const [chatReply, legacy, short] = await Promise.all([
+      timed(url, '/v1/chat/completions', chat({ messages: [{ role: 'user', content: 'x'.repeat(12_000) }], stream_options: { include_usage: true } })),
+      timed(url, '/v1/completions', { model: 'sim-model', prompt: Array.from({ length: 3000 }, (_, i) => i % 1000), stream: true, stream_options: { include_usage: true } }),
+      timed(url, '/v1/chat/completions', chat()),
+    ]);
+    for (const reply of [chatReply, legacy]) {
+      expect(reply.status).toBe(200);
+      expect(reply.firstByteAt).toBeGreaterThanOrEqual(295);
+      // Flushed headers arrive on their own, long before the first event (vLLM sends its 200 before prefill).
+      expect(reply.firstByteAt - reply.headersAt).toBeGreaterThanOrEqual(150);
+      const { chunks, done } = chunksOf(reply.text);
+      expect(done).toBe(true);
+      expect(chunks.at(-1)?.usage?.prompt_tokens).toBe(3000);
+    }
+    // A short prompt is not held back behind them: no queue, and its own prefill rounds to 0 ms.
+    expect(short.firstByteAt).toBeLessThan(chatReply.firstByteAt);
+  });
+
+  it('non-streaming bodies wait for the prefill too; the per-request header overrides the option', async () => {
+    const { url } = await start({ prefillMsPer1kTokens: 100 });
+    const tokenIds = [Array.from({ length: 1000 }, () => 7), Array.from({ length: 1500 }, () => 8)];
+    const [legacy, chatBody, overridden] = await Promise.all([
+      timed(url, '/v1/completions', { model: 'sim-model', prompt: tokenIds }),
+      timed(url, '/v1/chat/completions', chat({ stream: false, messages: [{ role: 'user', content: 'y'.repeat(10_000) }] })),
+      timed(url, '/v1/chat/completions', chat({ messages: [{ role: 'user', content: 'y'.repeat(10_000) }] }), {
+        'x-sim-fault': 'prefill_ms_per_1k_tokens=0',
+      }),
+    ]);
+    // 2 500 tokens each: 250 ms of prefill.
+    expect(JSON.parse(legacy.text)).toMatchObject({ object: 'text_completion', usage: { prompt_tokens: 2500 } });
+    expect(JSON.parse(chatBody.text)).toMatchObject({ object: 'chat.completion', usage: { prompt_tokens: 2500 } });
+    expect(legacy.headersAt).toBeGreaterThanOrEqual(245);
+    expect(chatBody.headersAt).toBeGreaterThanOrEqual(245);
+    expect(overridden.firstByteAt).toBeLessThan(chatBody.headersAt);
+  });
+
+  it('a client that leaves during the prefill is recorded at once and leaves no timer behind', async () => {
+    const { sim, url } = await start({ prefillMsPer1kTokens: 1000 });
+    const timers = (): number => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+    const before = timers();
+    const started = once(sim.events, 'request-start');
+    const ended = nextEnd(sim);
+    let leave!: () => void;
+    const closed = new Promise<void>((resolve) => {
+      // 60 000 tokens: one minute of prefill.
+      const req = httpRequest(`${url}/v1/chat/completions`, { method: 'POST', agent: false, headers: { 'content-type': 'application/json' } }, (res) => {
+        res.on('close', resolve);
+      });
+      req.on('error', () => resolve());
+      leave = () => req.destroy();
+      req.end(JSON.stringify(chat({ messages: [{ role: 'user', content: 'z'.repeat(240_000) }] })));
+    });
+    await started;
+    expect(timers()).toBe(before + 1);
+    expect(sim.stats().inflight).toBe(1);
+    leave();
+    await closed;
+    expect(await ended).toMatchObject({ end: 'client_disconnect', status: 200, outputEventsSent: 0 });
+    expect(timers()).toBe(before);
+    expect(sim.stats()).toMatchObject({ inflight: 0, clientDisconnects: 1, tokens: { prompt: 60_000, completion: 0 } });
+  });
+});
+
 // ---- errors before streaming ----
 
 describe('errors before streaming', () => {
@@ -675,6 +813,7 @@ describe('fault header grammar', () => {
       finish_reason: 'finish_reason=abort',
       tokens: 'tokens=3',
       ttft_ms: 'ttft_ms=0',
+      prefill_ms_per_1k_tokens: 'prefill_ms_per_1k_tokens=250',
       itl_ms: 'itl_ms=0',
       tokens_per_event: 'tokens_per_event=4',
       cached_tokens: 'cached_tokens=0',
@@ -850,15 +989,16 @@ describe('json.dumps and the CLI', () => {
   it('parses flags into options and names the flag on bad input', async () => {
     const good = parseSimArgs([
       '--port', '0', '--model', 'a', '--model', 'b', '--ttft-ms', '5', '--fault-rate', '0.25',
-      '--fault-kinds', 'no_done,status', '--prompt-tokens-details', '--api-key', 'k',
+      '--fault-kinds', 'no_done,status', '--prompt-tokens-details', '--api-key', 'k', '--prefill-ms-per-1k-tokens', '12.5',
     ]);
     expect(good).toMatchObject({
       ok: true,
-      args: { port: 0, host: '127.0.0.1', options: { models: ['a', 'b'], ttftMs: 5, faultRate: 0.25, faultKinds: ['no_done', 'status'], promptTokensDetails: true, apiKey: 'k', itlMs: 10 } },
+      args: { port: 0, host: '127.0.0.1', options: { models: ['a', 'b'], ttftMs: 5, prefillMsPer1kTokens: 12.5, faultRate: 0.25, faultKinds: ['no_done', 'status'], promptTokensDetails: true, apiKey: 'k', itlMs: 10 } },
     });
     expect(parseSimArgs([])).toMatchObject({ ok: true, args: { port: 8000 } });
     for (const [argv, flag] of [
       [['--ttft-ms', 'soon'], '--ttft-ms'],
+      [['--prefill-ms-per-1k-tokens', '-5'], '--prefill-ms-per-1k-tokens'],
       [['--jitter', '3'], '--jitter'],
       [['--fault-kinds', 'boom'], '--fault-kinds'],
       [['--port', '70000'], '--port'],

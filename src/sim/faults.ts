@@ -29,6 +29,7 @@ export const MODIFIER_NAMES = [
   'finish_reason',
   'tokens',
   'ttft_ms',
+  'prefill_ms_per_1k_tokens',
   'itl_ms',
   'tokens_per_event',
   'cached_tokens',
@@ -59,6 +60,7 @@ export interface Modifiers {
   readonly finishReason?: string;
   readonly tokens?: number;
   readonly ttftMs?: number;
+  readonly prefillMsPer1kTokens?: number;
   readonly itlMs?: number;
   readonly tokensPerEvent?: number;
   readonly cachedTokens?: number;
@@ -156,6 +158,7 @@ function parseDirectives(header: string): Directives {
     finishReason?: string;
     tokens?: number;
     ttftMs?: number;
+    prefillMsPer1kTokens?: number;
     itlMs?: number;
     tokensPerEvent?: number;
     cachedTokens?: number;
@@ -239,6 +242,9 @@ function parseDirectives(header: string): Directives {
         break;
       case 'ttft_ms':
         modifiers.ttftMs = integer(name, value, 0);
+        break;
+      case 'prefill_ms_per_1k_tokens':
+        modifiers.prefillMsPer1kTokens = integer(name, value, 0);
         break;
       case 'itl_ms':
         modifiers.itlMs = integer(name, value, 0);

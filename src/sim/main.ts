@@ -17,6 +17,7 @@ export type SimArgsResult = { readonly ok: true; readonly args: SimArgs } | { re
 export const FLAG_OF: Readonly<Record<keyof SimOptions, string>> = {
   models: '--model',
   ttftMs: '--ttft-ms',
+  prefillMsPer1kTokens: '--prefill-ms-per-1k-tokens',
   itlMs: '--itl-ms',
   outputTokens: '--output-tokens',
   jitter: '--jitter',
@@ -43,6 +44,7 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
         host: { type: 'string', default: '127.0.0.1' },
         model: { type: 'string', multiple: true },
         'ttft-ms': { type: 'string' },
+        'prefill-ms-per-1k-tokens': { type: 'string' },
         'itl-ms': { type: 'string' },
         'output-tokens': { type: 'string' },
         jitter: { type: 'string' },
@@ -78,6 +80,7 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
   };
   set('models', values.model);
   set('ttftMs', number('--ttft-ms', values['ttft-ms']));
+  set('prefillMsPer1kTokens', number('--prefill-ms-per-1k-tokens', values['prefill-ms-per-1k-tokens']));
   set('itlMs', number('--itl-ms', values['itl-ms']));
   set('outputTokens', number('--output-tokens', values['output-tokens']));
   set('jitter', number('--jitter', values.jitter));

@@ -6,6 +6,11 @@ export interface SimOptions {
   models: string[];
   /** Request → first output event; the role chunk goes out with the first token, like vLLM. */
   ttftMs: number;
+  /**
+   * Prefill: the first output event waits this much longer per 1 000 prompt tokens (the uncached part of the
+   * prompt_tokens reported in usage), on top of ttftMs. vLLM's TTFT grows with the prompt the same way.
+   */
+  prefillMsPer1kTokens: number;
   /** Delay between output events. */
   itlMs: number;
   /** Tokens per choice, capped by max_tokens / max_completion_tokens (then finish_reason 'length'). */
@@ -31,6 +36,7 @@ export interface SimOptions {
 export const DEFAULT_SIM_OPTIONS: Readonly<Omit<SimOptions, 'apiKey'>> = Object.freeze({
   models: ['sim-model'],
   ttftMs: 50,
+  prefillMsPer1kTokens: 20,
   itlMs: 10,
   outputTokens: 32,
   jitter: 0.1,
@@ -68,6 +74,9 @@ export function validateSimOptions(partial: Partial<SimOptions>): ValidationResu
   else if (merged.models.some((m) => typeof m !== 'string' || m === '')) problem('models', 'names must be non-empty strings');
   else if (new Set(merged.models).size !== merged.models.length) problem('models', 'names must be unique');
   if (!(Number.isFinite(merged.ttftMs) && merged.ttftMs >= 0)) problem('ttftMs', 'must be a number >= 0');
+  if (!(Number.isFinite(merged.prefillMsPer1kTokens) && merged.prefillMsPer1kTokens >= 0)) {
+    problem('prefillMsPer1kTokens', 'must be a number >= 0');
+  }
   if (!(Number.isFinite(merged.itlMs) && merged.itlMs >= 0)) problem('itlMs', 'must be a number >= 0');
   if (!isInt(merged.outputTokens, 1)) problem('outputTokens', 'must be an integer >= 1');
   if (!(merged.jitter >= 0 && merged.jitter <= 1)) problem('jitter', 'must be between 0 and 1');

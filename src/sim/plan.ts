@@ -17,6 +17,9 @@ export interface AnswerShape {
   readonly usage: Usage;
   /** Whether a stream ends with a usage chunk (non-streaming bodies: whether they carry usage). */
   readonly sendsUsage: boolean;
+  /** The prefill part of ttftMs: whole milliseconds for the prompt tokens usage reports, less the cached ones. */
+  readonly prefillMs: number;
+  /** Request → first output event (and to the faults that fire at it): the base TTFT plus prefillMs. */
   readonly ttftMs: number;
   readonly itlMs: number;
   readonly jitter: number;
@@ -37,6 +40,12 @@ export function shapeAnswer(
   // The header's cached_tokens turns prompt_tokens_details on for its request; the option needs the flag.
   const cached = modifiers.cachedTokens ?? (options.promptTokensDetails ? options.cachedTokens : 0);
   const asksUsage = request.stream ? request.includeUsage === true || options.forceIncludeUsage : true;
+  const usage: Usage = {
+    promptTokens: request.promptTokens,
+    completionTokens: choiceCount * tokensPerChoice,
+    cachedTokens: cached > 0 ? Math.min(cached, request.promptTokens) : null,
+  };
+  const prefillMs = prefillDelayMs(usage, modifiers.prefillMsPer1kTokens ?? options.prefillMsPer1kTokens);
   return {
     identity: {
       id: `${request.route === 'chat_completions' ? 'chatcmpl' : 'cmpl'}-${requestId}`,
@@ -47,14 +56,21 @@ export function shapeAnswer(
     tokensPerChoice,
     tokensPerEvent: modifiers.tokensPerEvent ?? options.tokensPerEvent,
     finishReason: modifiers.finishReason ?? (isCapped ? 'length' : 'stop'),
-    usage: {
-      promptTokens: request.promptTokens,
-      completionTokens: choiceCount * tokensPerChoice,
-      cachedTokens: cached > 0 ? Math.min(cached, request.promptTokens) : null,
-    },
+    usage,
     sendsUsage: asksUsage && !modifiers.noUsage,
-    ttftMs: modifiers.ttftMs ?? options.ttftMs,
+    prefillMs,
+    ttftMs: (modifiers.ttftMs ?? options.ttftMs) + prefillMs,
     itlMs: modifiers.itlMs ?? options.itlMs,
     jitter: options.jitter,
   };
+}
+
+/**
+ * The prefill delay of a prompt: `msPer1kTokens` per 1 000 of the prompt tokens that usage reports, less those it
+ * reports as cached (vLLM's prefix cache skips them), rounded to whole milliseconds — so a short prompt adds
+ * nothing and a zero TTFT stays a zero delay.
+ */
+export function prefillDelayMs(usage: Usage, msPer1kTokens: number): number {
+  const computed = usage.promptTokens - (usage.cachedTokens ?? 0);
+  return Math.round((computed * msPer1kTokens) / 1000);
 }

@@ -12,8 +12,9 @@ const chat = (delta: string, index = 0): string =>
 const completion = (text: string, index = 0): string =>
   `{"id":"cmpl-7","object":"text_completion","created":1779883200,"model":"Qwen/Qwen3-32B","choices":[{"index":${index},"text":${text},"logprobs":null,"finish_reason":null,"stop_reason":null}]}`;
 
-function chunkFacts(output: number[], index: number, id: string, model: string): unknown {
-  return { kind: 'chunk', output, choices: [index], finishes: [], usage: undefined, usageInvalid: false, usageOnly: false, id, model };
+/** `answers` defaults to `output`: content and text are answers; reasoning is output but not an answer. */
+function chunkFacts(output: number[], index: number, id: string, model: string, answers = output): unknown {
+  return { kind: 'chunk', output, answers, choices: [index], finishes: [], usage: undefined, usageInvalid: false, usageOnly: false, id, model };
 }
 
 /** Asserts the fast path takes `data` and agrees with JSON.parse; returns the facts. */
@@ -48,10 +49,11 @@ describe('fastClassify on representative vLLM events', () => {
   });
 
   it('reasoning and reasoning_content deltas', () => {
-    expect(fastAndAgrees(chat('{"reasoning":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
-    expect(fastAndAgrees(chat('{"reasoning_content":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"reasoning":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', []));
+    expect(fastAndAgrees(chat('{"reasoning_content":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', []));
     expect(fastAndAgrees(chat('{"reasoning":""}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
-    expect(fastAndAgrees(chat('{"content":null,"reasoning":"x"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":null,"reasoning":"x"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', []));
+    expect(fastAndAgrees(chat('{"content":"a","reasoning":"x"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
     expect(fastAndAgrees(chat('{"role":"assistant","content":"","reasoning_content":null}'))).toStrictEqual(
       chunkFacts([], 0, 'chatcmpl-3f9a', 'm'),
     );

@@ -171,6 +171,7 @@ describe('configuration', () => {
         },
       ],
       tracing: { endpoint: 'http://collector:4318/v1/traces' },
+      evaluation: { evaluator_header: 'x-waybill-evaluator' },
     });
     const { all, leaves } = keyPaths(parsed);
     for (const leaf of leaves) expect(documented, `undocumented key ${leaf}`).toContain(leaf);

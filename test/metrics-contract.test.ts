@@ -134,6 +134,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.queueWaited('m', 20);
     metrics.internalError('hook');
     metrics.probeFailed('u0', 'discovery');
+    metrics.evaluationSampled('m');
     metrics.observe({
       upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
       queues: () => [{ model: 'm', depth: 3 }],
@@ -168,5 +169,12 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_build_info{version="unknown",revision="unknown"} 1');
     expect(text).toContain('waybill_internal_errors_total{component="exchange"} 0');
     expect(text).toContain('waybill_upstream_probe_failures_total{upstream="u0",probe="discovery"} 1');
+    // Two delivered responses of one choice each, no contract: answer present, finished, format unevaluated; accepted.
+    expect(text).toContain('waybill_output_checks_total{model="m",check="answer_present",result="pass"} 2');
+    expect(text).toContain('waybill_output_checks_total{model="m",check="not_truncated",result="pass"} 2');
+    expect(text).toContain('waybill_output_checks_total{model="m",check="format_valid",result="unevaluated"} 2');
+    expect(text).toContain('waybill_requests_accepted_total{model="m",route="chat_completions",stream="true"} 1');
+    expect(text).toContain('waybill_requests_accepted_total{model="m",route="chat_completions",stream="false"} 1');
+    expect(text).toContain('waybill_evaluation_samples_total{model="m"} 1');
   });
 });

@@ -20,6 +20,8 @@ import {
   type SloResult,
 } from './outcomes.js';
 import { classifyPromptLen } from './prompt-len.js';
+import { contractNeedsText, notTruncated, OutputAssembly, type ChoiceChecks, type OutputContract } from './output-contract.js';
+import { OUTPUT_CHECKS, type OutputCheck } from './outcomes.js';
 
 export interface SloThresholds {
   readonly ttftMs: number;
@@ -47,6 +49,14 @@ export interface RequestInfo {
    * timeouts, cancellations) — the long-prompt incident is exactly the one whose requests fail.
    */
   readonly promptTokensEstimate?: number | undefined;
+  /** What the answer must be (response_format, tools, tool_choice); undefined: no contract requested. */
+  readonly contract?: OutputContract | undefined;
+  /** Characters of answer text assembled per response for the contract's checks (output_checks.max_output_chars). */
+  readonly maxOutputChars?: number | undefined;
+  /** Evaluator traffic (evaluation.evaluator_header): counted everywhere, but `excluded` from the SLO. */
+  readonly evaluator?: boolean | undefined;
+  /** Keep the answer's text for the request's evaluation sample (evaluation.capture_content, and sampled). */
+  readonly captureAnswer?: boolean | undefined;
 }
 
 /** What the shell does with the bytes of one upstream event. */
@@ -140,6 +150,14 @@ export interface Settlement {
   /** The answer's `id` and `model` as the upstream sent them (first chunk or body of the committed attempt). */
   readonly responseId: string | undefined;
   readonly responseModel: string | undefined;
+  /** The output checks of each choice of a delivered response; empty for any other outcome. */
+  readonly checks: readonly ChoiceChecks[];
+  /** Delivered, and no applicable check failed (an unevaluated check does not block it). */
+  readonly accepted: boolean;
+  /** The checks that failed on some choice, each named once. */
+  readonly failedChecks: readonly OutputCheck[];
+  /** Each choice's content, only for a delivered response whose request asked to capture it (undefined past the cap). */
+  readonly answerText?: readonly (string | undefined)[];
 }
 
 export interface LedgerHooks {
@@ -173,6 +191,10 @@ export class RequestLedger {
   private doneAfterError = 0;
   private responseId: string | undefined;
   private responseModel: string | undefined;
+  /** Expected choices of the current attempt that carried an answer (content, text or a named tool call). */
+  private readonly answered = new Set<number>();
+  /** The current attempt's answer text, assembled only when the contract needs it. */
+  private readonly assembly: OutputAssembly | undefined;
   /** In the admission queue now. */
   private waiting = false;
   private settled = false;
@@ -181,7 +203,16 @@ export class RequestLedger {
     readonly info: RequestInfo,
     readonly arrivalAt: number,
     private readonly hooks: LedgerHooks = {},
-  ) {}
+  ) {
+    if (contractNeedsText(info.contract) || info.captureAnswer === true) {
+      this.assembly = new OutputAssembly(info.expectedChoices, info.maxOutputChars ?? DEFAULT_MAX_OUTPUT_CHARS);
+    }
+  }
+
+  /** Events must be classified with their answer's pieces (EventFacts.parts): the contract's checks need the text. */
+  get wantsParts(): boolean {
+    return this.assembly !== undefined;
+  }
 
   /** Has anything been sent to the client? Retries are only possible before this. */
   get committed(): boolean {
@@ -229,6 +260,8 @@ export class RequestLedger {
     if (this.committed) throw new Error('no attempt after commit');
     this.endingValue = undefined;
     this.finishes.clear();
+    this.answered.clear();
+    this.assembly?.reset();
     this.usage = undefined;
     this.responseId = undefined;
     this.responseModel = undefined;
@@ -296,6 +329,7 @@ export class RequestLedger {
       }
       case 'chunk': {
         this.recordFinishes(attempt, facts);
+        this.recordAnswer(facts);
         this.recordUsage(attempt, facts);
         this.responseId ??= facts.id;
         this.responseModel ??= facts.model;
@@ -385,6 +419,7 @@ export class RequestLedger {
       return;
     }
     this.recordFinishes(attempt, facts);
+    this.recordAnswer(facts);
     this.usage = undefined;
     this.recordUsage(attempt, facts);
     this.responseId = facts.id;
@@ -480,6 +515,8 @@ export class RequestLedger {
       this.usage?.promptTokens ?? this.info.promptTokensEstimate,
     );
     const tpotMs = outcome === 'delivered' ? this.tpot() : undefined;
+    const checks = outcome === 'delivered' ? this.outputChecks() : [];
+    const failedChecks = failedCheckNames(checks);
     return {
       model: this.info.model,
       route: this.info.route,
@@ -499,7 +536,36 @@ export class RequestLedger {
       doneAfterErrorDropped: this.doneAfterError,
       responseId: this.responseId,
       responseModel: this.responseModel,
+      checks,
+      accepted: outcome === 'delivered' && failedChecks.length === 0,
+      failedChecks,
+      ...(this.info.captureAnswer === true && outcome === 'delivered' ? { answerText: this.answerText() } : {}),
     };
+  }
+
+  /** The output checks of each expected choice of the delivered answer. */
+  private outputChecks(): ChoiceChecks[] {
+    const contract = this.info.contract;
+    const checks: ChoiceChecks[] = [];
+    for (let index = 0; index < this.info.expectedChoices; index++) {
+      checks.push({
+        answer_present: this.answered.has(index) ? 'pass' : 'fail',
+        not_truncated: notTruncated(finishReasonLabel(this.finishes.get(index))),
+        format_valid: contract === undefined || this.assembly === undefined ? 'unevaluated' : this.assembly.formatValid(index, contract),
+      });
+    }
+    return checks;
+  }
+
+  private answerText(): (string | undefined)[] {
+    const texts: (string | undefined)[] = [];
+    for (let index = 0; index < this.info.expectedChoices; index++) texts.push(this.assembly?.text(index));
+    return texts;
+  }
+
+  private recordAnswer(facts: Extract<EventFacts, { kind: 'chunk' }>): void {
+    for (const index of facts.answers) if (this.isExpectedChoice(index)) this.answered.add(index);
+    if (facts.parts !== undefined) this.assembly?.add(facts.parts);
   }
 
   private outcomeAndCode(): { outcome: Outcome; code: number } {
@@ -558,6 +624,8 @@ export class RequestLedger {
   ): SloResult {
     const slo = this.info.slo;
     const ttftLimit = slo.ttftByPromptLenMs[promptLen] ?? slo.ttftMs;
+    // Evaluator traffic is counted as what it was everywhere else, but it is not users' experience.
+    if (this.info.evaluator === true) return 'excluded';
     switch (outcome) {
       case 'delivered': {
         if (!this.info.stream) return durationMs > slo.e2eMs ? 'missed_e2e' : 'met';
@@ -672,7 +740,19 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
     doneAfterErrorDropped: 0,
     responseId: undefined,
     responseModel: undefined,
+    checks: [],
+    accepted: false,
+    failedChecks: [],
   };
+}
+
+/** Characters of answer text assembled per response when the request does not say (the config default). */
+const DEFAULT_MAX_OUTPUT_CHARS = 1_048_576;
+
+function failedCheckNames(checks: readonly ChoiceChecks[]): OutputCheck[] {
+  const failed: OutputCheck[] = [];
+  for (const name of OUTPUT_CHECKS) if (checks.some((c) => c[name] === 'fail')) failed.push(name);
+  return failed;
 }
 
 function errorOf(facts: Extract<EventFacts, { kind: 'error' }>): UpstreamError {

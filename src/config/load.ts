@@ -120,6 +120,9 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
     }
   };
   checkClasses('slo.ttft_by_prompt_len', raw.slo.ttft_by_prompt_len);
+  for (const model of Object.keys(raw.evaluation.models)) {
+    if (pools.every((pool) => pool.models !== undefined) && !modelPools.has(model)) problems.push(`evaluation.models.${model}: no pool serves model "${model}"`);
+  }
   if (raw.health.ejection_base > raw.health.ejection_max) problems.push('health.ejection_base: must not exceed health.ejection_max');
   if (raw.retries.backoff_base > raw.retries.backoff_max) problems.push('retries.backoff_base: must not exceed retries.backoff_max');
 
@@ -186,6 +189,17 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
         queueWait: [...raw.metrics.buckets.queue_wait],
       },
     },
+    outputChecks: {
+      maxOutputChars: raw.output_checks.max_output_chars,
+      schemaCacheSize: raw.output_checks.schema_cache_size,
+      maxSchemaChars: raw.output_checks.max_schema_chars,
+    },
+    evaluation: {
+      sampleRate: raw.evaluation.sample_rate,
+      models: Object.freeze({ ...raw.evaluation.models }),
+      evaluatorHeader: raw.evaluation.evaluator_header?.toLowerCase(),
+      captureContent: raw.evaluation.capture_content,
+    },
     logging: Object.freeze(raw.logging),
     tracing: { endpoint: raw.tracing.endpoint, captureContent: raw.tracing.capture_content },
   };
@@ -225,9 +239,14 @@ function deepFreeze<T>(value: T): T {
 /** The ledger's facts of a request: the model's SLO thresholds and the configured prompt-length classes. */
 export function requestInfo(
   config: Config,
-  request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'> & { promptTokensEstimate?: number | undefined },
+  request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'> &
+    Partial<Pick<RequestInfo, 'promptTokensEstimate' | 'contract' | 'evaluator' | 'captureAnswer'>>,
 ): RequestInfo {
   return {
+    contract: request.contract,
+    evaluator: request.evaluator,
+    captureAnswer: request.captureAnswer,
+    maxOutputChars: config.outputChecks.maxOutputChars,
     promptTokensEstimate: request.promptTokensEstimate,
     model: request.model,
     route: request.route,

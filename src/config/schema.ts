@@ -195,6 +195,28 @@ export const configSchema = z.strictObject({
         .prefault({}),
     })
     .prefault({}),
+  output_checks: z
+    .strictObject({
+      /** Characters of answer text (content and tool-call arguments, all choices) kept per response for format_valid; past it, unevaluated. */
+      max_output_chars: z.number().int().positive().default(1024 * 1024),
+      /** Distinct JSON Schemas kept compiled (least recently used dropped first). */
+      schema_cache_size: z.number().int().positive().default(256),
+      /** Largest schema compiled, in characters of its JSON text; a larger one leaves format_valid unevaluated. */
+      max_schema_chars: z.number().int().positive().default(64 * 1024),
+    })
+    .prefault({}),
+  evaluation: z
+    .strictObject({
+      /** Share of delivered responses sampled for external evaluation, decided from the request id (0: off). */
+      sample_rate: z.number().min(0).max(1).default(0),
+      /** Per-model sample rates, overriding sample_rate. */
+      models: z.record(z.string(), z.number().min(0).max(1)).default({}),
+      /** A request carrying this header (any non-empty value) is evaluator traffic: SLO result `excluded`. Unset: none is. */
+      evaluator_header: z.string().regex(/^[A-Za-z0-9-]+$/, 'must be an HTTP header name').optional(),
+      /** Put each sampled response's answer text (capped by output_checks.max_output_chars) in its sample record. */
+      capture_content: z.boolean().default(false),
+    })
+    .prefault({}),
   logging: z
     .strictObject({
       level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),

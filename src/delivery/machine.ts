@@ -272,7 +272,7 @@ export class DeliveryMachine {
         this.flush();
         return this.act();
       case 'body':
-        ledger.bodyReceived(this.at, event.status, classifyBody(event.body));
+        ledger.bodyReceived(this.at, event.status, classifyBody(event.body, ledger.wantsParts));
         if (ledger.ending?.kind === 'complete' && !this.responseEnded) {
           this.writeHead(200, { 'content-type': this.contentType ?? 'application/json', 'content-length': event.body.length });
           return this.endClient(event.body);
@@ -405,7 +405,7 @@ export class DeliveryMachine {
     }
     // The idle clock runs on whole events, not bytes: an upstream dripping bytes without an event boundary is idle.
     this.refreshIdle();
-    const facts = classifyEventData(event.data);
+    const facts = classifyEventData(event.data, ledger.wantsParts);
     if (facts.kind === 'error') this.observe({ type: 'upstream_error', attempt: this.attempt, error: facts });
     switch (ledger.streamEvent(this.at, facts)) {
       case 'hold':

@@ -11,10 +11,10 @@ export const SSE_HEADERS = {
   'x-accel-buffering': 'no',
 };
 
-/** Classifies a whole non-stream body (or an error body). */
-export function classifyBody(body: Buffer): EventFacts {
+/** Classifies a whole non-stream body (or an error body); with `withParts`, with its answer's pieces. */
+export function classifyBody(body: Buffer, withParts = false): EventFacts {
   try {
-    return classifyJson(JSON.parse(body.toString('utf8')));
+    return classifyJson(JSON.parse(body.toString('utf8')), withParts);
   } catch {
     return { kind: 'malformed' };
   }

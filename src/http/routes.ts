@@ -14,6 +14,9 @@ import { NO_TRACE, startRequestTrace } from '../telemetry/request-trace.js';
 import { answerRaw, ROUTE_PATHS, type Answers } from './answers.js';
 import type { ParsedBody } from './body.js';
 import { checkCompletion, withUsageRequested } from './completions.js';
+import { readContract } from './contract.js';
+import type { SchemaCache } from '../accounting/schemas.js';
+import { inSample, sampleRate } from '../telemetry/evaluation.js';
 
 export interface RoutesDeps {
   readonly config: Config;
@@ -24,6 +27,8 @@ export interface RoutesDeps {
   readonly exchangeDeps: ExchangeDeps;
   /** Called with each exchange that starts (the lifecycle tracks them for the drain). */
   readonly onExchange: (exchange: Exchange) => void;
+  /** Compiled JSON Schemas of output contracts, shared by all requests. */
+  readonly schemas: SchemaCache;
 }
 
 export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void {
@@ -49,6 +54,9 @@ export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void 
       const json = parsed.json as Record<string, unknown>;
       const withUsage = fields.stream && config.streaming.injectUsage && !fields.clientAskedUsage ? withUsageRequested(parsed.raw, json) : undefined;
       const start = { route, path: apiPath, model: fields.model, stream: fields.stream, requestId: request.id, arrivalAt: request.arrivalAt, body: json };
+      const evaluation = config.evaluation;
+      const evaluatorHeader = evaluation.evaluatorHeader;
+      const evaluatorValue = evaluatorHeader === undefined ? undefined : request.headers[evaluatorHeader];
       const trace = guard.trace(guard.run('tracing', () => startRequestTrace(tracer, request.headers, start, config.tracing.captureContent), NO_TRACE));
       const completion: CompletionRequest = {
         route,
@@ -58,6 +66,10 @@ export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void 
         body: withUsage ?? parsed.raw,
         expectedChoices: fields.expectedChoices,
         promptTokensEstimate: fields.promptTokensEstimate,
+        contract: readContract(json, deps.schemas.compile),
+        evaluator: evaluatorValue !== undefined && evaluatorValue !== '',
+        // The sample is decided from the request id alone: the same decision the settlement recorder makes.
+        captureAnswer: evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
         dropUsageChunk: withUsage !== undefined,
         requestId: request.id,
         headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined),

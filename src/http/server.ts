@@ -13,6 +13,7 @@ import { UpstreamRegistry } from '../proxy/upstreams.js';
 import { ObserverGuard } from '../telemetry/guard.js';
 import { createLogger } from '../telemetry/logger.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
+import { SchemaCache } from '../accounting/schemas.js';
 import { createSettlementRecorder } from '../telemetry/settlement.js';
 import { disabledTracing, type Tracing } from '../telemetry/tracing.js';
 import { buildInfo } from '../util/build.js';
@@ -71,7 +72,15 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     logger.error({ err: error, component }, 'internal error');
     metrics.internalError(component);
   });
-  const publish = createSettlementRecorder({ metrics, logger, guard, logRequests: config.logging.requests, onSettled: options.onSettled });
+  const publish = createSettlementRecorder({
+    metrics,
+    logger,
+    guard,
+    logRequests: config.logging.requests,
+    onSettled: options.onSettled,
+    evaluation: config.evaluation,
+  });
+  const schemas = new SchemaCache({ size: config.outputChecks.schemaCacheSize, maxSchemaChars: config.outputChecks.maxSchemaChars });
   const answers = createAnswers({ config, upstreams, tracer, guard, publish, now });
 
   // Typed as fastify's logger so the instance keeps fastify's default generics.
@@ -91,7 +100,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     onDone: (exchange) => lifecycle.done(exchange),
   };
   installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing });
-  registerApiRoutes(app, { config, upstreams, tracer, guard, answers, exchangeDeps, onExchange: (exchange) => lifecycle.track(exchange) });
+  registerApiRoutes(app, { config, upstreams, tracer, guard, answers, exchangeDeps, onExchange: (exchange) => lifecycle.track(exchange), schemas });
 
   return {
     app,

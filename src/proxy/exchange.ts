@@ -11,6 +11,7 @@ import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import type { ProxiedRoute, RetryReason } from '../accounting/outcomes.js';
+import type { OutputContract } from '../accounting/output-contract.js';
 import { machineSettings, requestInfo, type Config } from '../config/load.js';
 import { DeliveryMachine, type Effect, type MachineEvent, type Observation, type TimerName } from '../delivery/machine.js';
 import { createDeliveryObserver } from '../telemetry/delivery-observer.js';
@@ -51,6 +52,12 @@ export interface CompletionRequest {
   readonly body: Buffer;
   readonly expectedChoices: number;
   readonly promptTokensEstimate: number | undefined;
+  /** What the answer must be for the output checks; undefined: no contract requested. */
+  readonly contract: OutputContract | undefined;
+  /** Evaluator traffic: SLO result `excluded`. */
+  readonly evaluator: boolean;
+  /** Keep the answer's text for its evaluation sample. */
+  readonly captureAnswer: boolean;
   readonly dropUsageChunk: boolean;
   readonly requestId: string;
   /** Headers for every upstream attempt (see upstreamHeaders). */

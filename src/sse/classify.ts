@@ -4,6 +4,7 @@
  * top-level `error` key, whatever else it holds), and `[DONE]`.
  */
 import { isRecord } from '../util/json.js';
+import { readOutputParts, type OutputPart } from './output-parts.js';
 
 export interface Usage {
   promptTokens: number | undefined;
@@ -25,6 +26,8 @@ export type EventFacts =
       kind: 'chunk';
       /** Choice indices for which this event carries generated output (content, reasoning, tool calls, text). */
       output: number[];
+      /** Choice indices for which this event carries an answer: content, text, or a tool call naming its function (not reasoning). */
+      answers: number[];
       /** Choice indices this event names at all (role chunks included). */
       choices: number[];
       finishes: ChoiceFinish[];
@@ -37,6 +40,8 @@ export type EventFacts =
       /** The response's `id` and `model`, for traces. */
       id: string | undefined;
       model: string | undefined;
+      /** The answer's pieces, only when asked for (the request has an output contract to check). */
+      parts?: OutputPart[];
     };
 
 const DONE = '[DONE]';
@@ -101,24 +106,36 @@ export function readError(value: unknown): UpstreamError {
 
 /** Does this chat delta or completions choice carry generated output? Empty strings and nulls do not. */
 function hasOutput(choice: Record<string, unknown>): boolean {
-  if (nonEmptyString(choice['text'])) return true;
+  if (hasAnswer(choice)) return true;
   const delta = choice['delta'] ?? choice['message'];
   if (!isRecord(delta)) return false;
-  if (nonEmptyString(delta['content']) || nonEmptyString(delta['reasoning']) || nonEmptyString(delta['reasoning_content'])) {
-    return true;
-  }
+  if (nonEmptyString(delta['reasoning']) || nonEmptyString(delta['reasoning_content'])) return true;
   const toolCalls = delta['tool_calls'];
   return Array.isArray(toolCalls) && toolCalls.length > 0;
 }
 
-/** Classifies a parsed JSON body (an SSE event's data, or a whole non-stream response). */
-export function classifyJson(json: unknown): EventFacts {
+/** Does it carry an answer: content or text, or a tool call that names its function? Reasoning is not an answer. */
+function hasAnswer(choice: Record<string, unknown>): boolean {
+  if (nonEmptyString(choice['text'])) return true;
+  const delta = choice['delta'] ?? choice['message'];
+  if (!isRecord(delta)) return false;
+  if (nonEmptyString(delta['content'])) return true;
+  const toolCalls = delta['tool_calls'];
+  return Array.isArray(toolCalls) && toolCalls.some((call) => isRecord(call) && isRecord(call['function']) && nonEmptyString(call['function']['name']));
+}
+
+/**
+ * Classifies a parsed JSON body (an SSE event's data, or a whole non-stream response). With `withParts`, the facts
+ * also carry the answer's pieces (for the output contract's checks).
+ */
+export function classifyJson(json: unknown, withParts = false): EventFacts {
   if (!isRecord(json)) return { kind: 'malformed' };
   if ('error' in json && json['error'] !== undefined && json['error'] !== null) {
     return { kind: 'error', ...readError(json['error']) };
   }
   const rawChoices = json['choices'];
   const output: number[] = [];
+  const answers: number[] = [];
   const choices: number[] = [];
   const finishes: ChoiceFinish[] = [];
   if (Array.isArray(rawChoices)) {
@@ -127,6 +144,7 @@ export function classifyJson(json: unknown): EventFacts {
       const index = typeof choice['index'] === 'number' ? choice['index'] : 0;
       choices.push(index);
       if (hasOutput(choice)) output.push(index);
+      if (hasAnswer(choice)) answers.push(index);
       const reason = choice['finish_reason'];
       if (typeof reason === 'string' && reason.length > 0) finishes.push({ index, reason });
     }
@@ -136,9 +154,10 @@ export function classifyJson(json: unknown): EventFacts {
   const usage = readUsage(json['usage']);
   const id = json['id'];
   const model = json['model'];
-  return {
+  const facts: EventFacts = {
     kind: 'chunk',
     output,
+    answers,
     choices,
     finishes,
     usage: usage === 'invalid' ? undefined : usage,
@@ -147,13 +166,17 @@ export function classifyJson(json: unknown): EventFacts {
     id: typeof id === 'string' ? id : undefined,
     model: typeof model === 'string' ? model : undefined,
   };
+  if (withParts) facts.parts = readOutputParts(rawChoices);
+  return facts;
 }
 
 /**
  * Classifies one SSE event's data buffer: the fast path for vLLM's ordinary delta chunk when it applies, otherwise
- * `JSON.parse`. Both give the same `EventFacts` (test/classify-fastpath.test.ts).
+ * `JSON.parse`. Both give the same `EventFacts` (test/classify-fastpath.test.ts). With `withParts` (a request whose
+ * output contract needs the answer's text) every event takes `JSON.parse`, once, and carries its answer's pieces.
  */
-export function classifyEventData(data: string): EventFacts {
+export function classifyEventData(data: string, withParts = false): EventFacts {
+  if (withParts) return classifyEventDataSlow(data, true);
   return fastClassify(data) ?? classifyEventDataSlow(data);
 }
 
@@ -202,6 +225,9 @@ const ROLE = 1;
 const CONTENT = 2;
 const REASONING = 4;
 const REASONING_CONTENT = 8;
+
+const OUTPUT_BIT = 1;
+const ANSWER_BIT = 2;
 
 /** Scan state shared by the helpers below; the fast path runs on one thread and never re-enters. */
 let pos = 0;
@@ -287,7 +313,10 @@ function scanStringOrNull(s: string): number {
   return -1;
 }
 
-/** At `pos` just after `{`: the delta's members and its `}`. Returns whether it carries output (0/1), or -1. */
+/**
+ * At `pos` just after `{`: the delta's members and its `}`. Returns OUTPUT_BIT when it carries output, with
+ * ANSWER_BIT too when that output includes content (reasoning is output, not an answer); 0 for none, -1 to decline.
+ */
 function scanDelta(s: string): number {
   if (s.charCodeAt(pos) === CLOSE_BRACE) {
     pos++;
@@ -320,7 +349,7 @@ function scanDelta(s: string): number {
       seen |= key;
       const nonEmpty = scanStringOrNull(s);
       if (nonEmpty < 0) return -1;
-      output |= nonEmpty;
+      if (nonEmpty === 1) output |= key === CONTENT ? OUTPUT_BIT | ANSWER_BIT : OUTPUT_BIT;
     }
     const c = s.charCodeAt(pos++);
     if (c === CLOSE_BRACE) return output;
@@ -365,7 +394,8 @@ export function fastClassify(data: string): EventFacts | undefined {
   } else {
     if (!data.startsWith(TEXT_KEY, pos)) return undefined;
     pos += TEXT_KEY.length;
-    output = scanJsonString(data);
+    const text = scanJsonString(data);
+    output = text === 1 ? OUTPUT_BIT | ANSWER_BIT : text;
   }
   if (output < 0 || !data.startsWith(TAIL, pos)) return undefined;
   pos += TAIL.length;
@@ -373,7 +403,8 @@ export function fastClassify(data: string): EventFacts | undefined {
   if (pos + END.length !== data.length || !data.endsWith(END)) return undefined;
   return {
     kind: 'chunk',
-    output: output === 1 ? [index] : [],
+    output: output !== 0 ? [index] : [],
+    answers: (output & ANSWER_BIT) !== 0 ? [index] : [],
     choices: [index],
     finishes: [],
     usage: undefined,
@@ -385,7 +416,7 @@ export function fastClassify(data: string): EventFacts | undefined {
 }
 
 /** Classifies one SSE event's data buffer with JSON.parse alone (the path `classifyEventData` falls back to). */
-export function classifyEventDataSlow(data: string): EventFacts {
+export function classifyEventDataSlow(data: string, withParts = false): EventFacts {
   if (data === DONE) return { kind: 'done' };
   let json: unknown;
   try {
@@ -393,5 +424,5 @@ export function classifyEventDataSlow(data: string): EventFacts {
   } catch {
     return { kind: 'malformed' };
   }
-  return classifyJson(json);
+  return classifyJson(json, withParts);
 }

@@ -7,7 +7,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type Metric
 import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
-import { PROXIED_ROUTES, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
+import { OUTPUT_CHECKS, PROXIED_ROUTES, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -417,6 +417,10 @@ export class GatewayMetrics {
     this.probeFailures.inc({ upstream, probe });
   }
 
+  evaluationSampled(model: string): void {
+    this.evaluationSamples.inc({ model });
+  }
+
   queueWaited(model: string, ms: number): void {
     this.queueWait.observe({ model }, ms / 1000);
   }
@@ -456,6 +460,8 @@ export class GatewayMetrics {
     if (s.tpotMs !== undefined) this.tpot.observe({ labels: { model }, value: s.tpotMs / 1000, exemplarLabels });
     this.duration.observe({ labels: { model, route: s.route, outcome: s.outcome }, value: s.durationMs / 1000, exemplarLabels });
     this.slo.inc({ model, prompt_len: s.promptLen, result: s.slo });
+    for (const choice of s.checks) for (const check of OUTPUT_CHECKS) this.outputChecks.inc({ model, check, result: choice[check] });
+    if (s.accepted) this.accepted.inc({ model, route: s.route, stream: String(s.stream) });
     const usage = s.usage;
     if (usage !== undefined) {
       if (usage.promptTokens !== undefined) this.promptTokens.inc({ model }, usage.promptTokens);

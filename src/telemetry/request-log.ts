@@ -21,12 +21,20 @@ export interface RequestLogLine {
   cancel_phase: string | undefined;
   slo: string;
   prompt_len: string;
+  /** Delivered and no applicable output check failed. */
+  accepted: boolean;
+  /** Output checks that failed on some choice. */
+  checks_failed: string[];
+  /** format_valid over the choices: pass, fail or unevaluated (fail if any choice failed), absent when not delivered. */
+  format_valid: string | undefined;
+  /** The inclusion probability when the response was sampled for evaluation. */
+  evaluation_sample: number | undefined;
   duration_ms: number;
 }
 
 const round = (ms: number | undefined) => (ms === undefined ? undefined : Math.round(ms * 1000) / 1000);
 
-export function requestLogLine(s: Settlement, requestId: string, traceId: string | undefined): RequestLogLine {
+export function requestLogLine(s: Settlement, requestId: string, traceId: string | undefined, sampleProbability?: number): RequestLogLine {
   return {
     request_id: requestId,
     trace_id: traceId,
@@ -49,6 +57,16 @@ export function requestLogLine(s: Settlement, requestId: string, traceId: string
     cancel_phase: s.cancelPhase,
     slo: s.slo,
     prompt_len: s.promptLen,
+    accepted: s.accepted,
+    checks_failed: [...s.failedChecks],
+    format_valid: formatValid(s),
+    evaluation_sample: sampleProbability,
     duration_ms: round(s.durationMs) ?? 0,
   };
+}
+
+function formatValid(s: Settlement): string | undefined {
+  if (s.checks.length === 0) return undefined;
+  if (s.checks.some((c) => c.format_valid === 'fail')) return 'fail';
+  return s.checks.some((c) => c.format_valid === 'unevaluated') ? 'unevaluated' : 'pass';
 }

@@ -28,7 +28,8 @@ import {
   ATTR_URL_PATH,
 } from '@opentelemetry/semantic-conventions';
 import type { AttemptRecord, Settlement } from '../accounting/ledger.js';
-import type { AnomalyKind, ProxiedRoute, RetryReason } from '../accounting/outcomes.js';
+import { OUTPUT_CHECKS, type AnomalyKind, type ProxiedRoute, type RetryReason } from '../accounting/outcomes.js';
+import type { EvaluationSample } from './evaluation.js';
 import type { UpstreamError } from '../sse/classify.js';
 
 /** GenAI semantic-convention names (incubating upstream, so kept here rather than imported). */
@@ -66,6 +67,8 @@ export const WAYBILL = {
   attemptResult: 'waybill.attempt.result',
   attemptFirstOutputMs: 'waybill.attempt.first_output_ms',
   retryReason: 'waybill.retry_reason',
+  accepted: 'waybill.accepted',
+  checksFailed: 'waybill.checks.failed',
 } as const;
 
 /** Span event names. */
@@ -75,6 +78,7 @@ export const EVENTS = {
   anomaly: 'stream_anomaly',
   retryScheduled: 'retry_scheduled',
   clientCancelled: 'client_cancelled',
+  evaluationSample: 'waybill.evaluation_sample',
 } as const;
 
 /** What is known of a request when it starts. */
@@ -101,7 +105,8 @@ export interface RequestTrace {
   anomaly(number: number, kind: AnomalyKind, at: number): void;
   retryScheduled(reason: RetryReason, delayMs: number, at: number): void;
   clientCancelled(at: number): void;
-  settle(settlement: Settlement, at: number): void;
+  /** Ends the request's span; a response sampled for evaluation gets the sample as an event. */
+  settle(settlement: Settlement, at: number, sample?: EvaluationSample): void;
 }
 
 export const NO_TRACE: RequestTrace = {
@@ -227,7 +232,7 @@ class SpanTrace implements RequestTrace {
     this.span.addEvent(EVENTS.clientCancelled, at);
   }
 
-  settle(s: Settlement, at: number): void {
+  settle(s: Settlement, at: number, sample?: EvaluationSample): void {
     const span = this.span;
     const attributes: Attributes = {
       [ATTR_HTTP_RESPONSE_STATUS_CODE]: s.code,
@@ -246,7 +251,10 @@ class SpanTrace implements RequestTrace {
     if (s.tpotMs !== undefined) attributes[WAYBILL.tpotMs] = s.tpotMs;
     if (s.cancelPhase !== undefined) attributes[WAYBILL.cancelPhase] = s.cancelPhase;
     if (s.anomalies.length > 0) attributes[WAYBILL.anomalies] = s.anomalies.map((a) => a.kind);
+    attributes[WAYBILL.accepted] = s.accepted;
+    if (s.failedChecks.length > 0) attributes[WAYBILL.checksFailed] = [...s.failedChecks];
     span.setAttributes(attributes);
+    if (sample !== undefined) span.addEvent(EVENTS.evaluationSample, sampleAttributes(sample), at);
     // A failure of the gateway or the upstream is an error; a client's own mistake (4xx) or leaving is not.
     const failed = s.outcome === 'failed' || s.outcome === 'timeout' || s.outcome === 'stream_error' || s.outcome === 'incomplete';
     if (failed) {
@@ -258,6 +266,20 @@ class SpanTrace implements RequestTrace {
     // The request ends for the client when its response ended (or it left), not when the drain grace ran out.
     span.end(this.arrivalAt + s.durationMs);
   }
+}
+
+/** A sample as span-event attributes: flat, with per-choice checks as arrays in choice order. */
+function sampleAttributes(sample: EvaluationSample): Attributes {
+  const attributes: Attributes = {
+    [WAYBILL.requestId]: sample.request_id,
+    'waybill.evaluation.inclusion_probability': sample.inclusion_probability,
+    [WAYBILL.accepted]: sample.accepted,
+    [GEN_AI.responseFinishReasons]: [...sample.finish_reasons],
+  };
+  for (const check of OUTPUT_CHECKS) attributes[`waybill.check.${check}`] = sample.checks.map((c) => c[check]);
+  // Content only when the operator turned capture on (evaluation.capture_content).
+  if (sample.answers !== undefined) attributes['waybill.evaluation.answers'] = sample.answers.map((a) => a ?? '');
+  return attributes;
 }
 
 /** Creates the trace of one logical request, or the no-op trace when tracing is off. */

@@ -6,6 +6,7 @@
  */
 import type { Logger } from 'pino';
 import type { Settlement } from '../accounting/ledger.js';
+import { evaluationSample, type EvaluationSettings } from './evaluation.js';
 import type { ObserverGuard } from './guard.js';
 import type { GatewayMetrics } from './metrics.js';
 import { requestLogLine } from './request-log.js';
@@ -18,17 +19,25 @@ export interface SettlementRecorderDeps {
   /** One wide log line per request (logging.requests). */
   readonly logRequests: boolean;
   readonly onSettled?: ((settlement: Settlement, requestId: string) => void) | undefined;
+  /** Sampling of delivered responses for external evaluation (config `evaluation`). */
+  readonly evaluation?: EvaluationSettings | undefined;
 }
 
 export type PublishSettlement = (settlement: Settlement, requestId: string, trace: RequestTrace, started: boolean, at: number) => void;
 
 export function createSettlementRecorder(deps: SettlementRecorderDeps): PublishSettlement {
-  const { metrics, logger, guard, logRequests, onSettled } = deps;
+  const { metrics, logger, guard, logRequests, onSettled, evaluation } = deps;
   return (settlement, requestId, trace, started, at) => {
-    guard.run('tracing', () => trace.settle(settlement, at));
     const traceId = trace.traceId;
+    const sample = evaluation === undefined ? undefined : guard.run('hook', () => evaluationSample(evaluation, settlement, requestId, traceId), undefined);
+    guard.run('tracing', () => trace.settle(settlement, at, sample));
     guard.run('metrics', () => metrics.record(settlement, started, traceId));
-    if (logRequests) guard.run('logging', () => logger.info(requestLogLine(settlement, requestId, traceId), 'request'));
+    if (sample !== undefined) {
+      guard.run('metrics', () => metrics.evaluationSampled(settlement.model));
+      // Its own line, so a collector can route samples to the evaluator without parsing every request's line.
+      guard.run('logging', () => logger.info({ evaluation_sample: sample }, 'evaluation sample'));
+    }
+    if (logRequests) guard.run('logging', () => logger.info(requestLogLine(settlement, requestId, traceId, sample?.inclusion_probability), 'request'));
     if (onSettled !== undefined) guard.run('hook', () => onSettled(settlement, requestId));
   };
 }

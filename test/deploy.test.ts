@@ -220,9 +220,15 @@ interface DeploymentSpec {
   template: { metadata: { labels: Labels }; spec: PodSpec };
 }
 
-function loadManifests(): Manifest[] {
+/**
+ * Manifests in deploy/kubernetes that kustomization.yaml leaves out on purpose: they belong next to something this
+ * kustomization does not deploy (the vLLM engines), and are applied there.
+ */
+const OUTSIDE_KUSTOMIZATION = ['vllm-podmonitor.yaml'];
+
+function loadManifests(files: readonly string[]): Manifest[] {
   const manifests: Manifest[] = [];
-  for (const file of readdirSync(K8S).filter((f) => f.endsWith('.yaml')).sort()) {
+  for (const file of files) {
     for (const doc of parseAllDocuments(readFileSync(join(K8S, file), 'utf8'))) {
       expect(doc.errors, file).toEqual([]);
       const value = doc.toJS() as Manifest | null;
@@ -232,7 +238,9 @@ function loadManifests(): Manifest[] {
   return manifests;
 }
 
-const manifests = loadManifests();
+const manifestFiles = readdirSync(K8S).filter((f) => f.endsWith('.yaml')).sort();
+/** The gateway's manifests: what `kubectl apply -k deploy/kubernetes` applies. */
+const manifests = loadManifests(manifestFiles.filter((f) => !OUTSIDE_KUSTOMIZATION.includes(f)));
 
 function only(kind: string): Manifest {
   const found = manifests.filter((m) => m.kind === kind);
@@ -276,8 +284,9 @@ describe('Kubernetes manifests', () => {
       expect(m.kind).toBeTypeOf('string');
     }
     const kustomization = only('Kustomization');
-    const files = readdirSync(K8S).filter((f) => f.endsWith('.yaml') && f !== 'kustomization.yaml').sort();
+    const files = manifestFiles.filter((f) => f !== 'kustomization.yaml' && !OUTSIDE_KUSTOMIZATION.includes(f));
     expect([...(kustomization.resources ?? [])].sort()).toEqual(files);
+    for (const file of OUTSIDE_KUSTOMIZATION) expect(manifestFiles, file).toContain(file);
   });
 
   it("the ConfigMap's config is valid with the environment the Deployment sets, and not without it", () => {
@@ -366,5 +375,35 @@ describe('Kubernetes manifests', () => {
     const names = spec.metrics.map((m) => m.pods?.metric.name);
     expect(names).toContain(METRICS.inflight.name);
     expect(METRICS.inflight.type).toBe('gauge');
+  });
+});
+
+describe('vLLM PodMonitor', () => {
+  const [monitor, ...others] = loadManifests(['vllm-podmonitor.yaml']);
+  const spec = monitor?.spec as {
+    selector: { matchLabels?: Labels };
+    podMetricsEndpoints: Array<{ port?: string; path?: string; relabelings?: Array<{ action?: string; targetLabel?: string; replacement?: string; sourceLabels?: string[] }> }>;
+  };
+
+  it('is one PodMonitor that selects pods other than the gateway', () => {
+    expect(others).toEqual([]);
+    expect(monitor?.kind).toBe('PodMonitor');
+    expect(monitor?.apiVersion).toBe('monitoring.coreos.com/v1');
+    expect(Object.keys(spec.selector.matchLabels ?? {}).length).toBeGreaterThan(0);
+    expect(matches(spec.selector.matchLabels, podLabels)).toBe(false);
+  });
+
+  it('scrapes /metrics under job="vllm", the job deploy/prometheus/vllm-rules.yaml selects', () => {
+    const rules = readFileSync(join(ROOT, 'deploy', 'prometheus', 'vllm-rules.yaml'), 'utf8');
+    expect(rules).toContain('job="vllm"');
+    expect(spec.podMetricsEndpoints.length).toBeGreaterThan(0);
+    for (const endpoint of spec.podMetricsEndpoints) {
+      expect(endpoint.path).toBe('/metrics');
+      expect(endpoint.port).toBeTypeOf('string');
+      // The operator sets job before the endpoint's relabelings, so a fixed replacement here is what stays.
+      const job = endpoint.relabelings?.find((r) => r.targetLabel === 'job');
+      expect(job).toMatchObject({ action: 'replace', replacement: 'vllm' });
+      expect(job?.sourceLabels).toBeUndefined();
+    }
   });
 });

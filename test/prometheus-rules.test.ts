@@ -21,7 +21,19 @@ const VLLM_RULES = join(RULES_DIR, 'vllm-rules.yaml');
 const DASHBOARD = join(ROOT, 'deploy', 'grafana', 'waybill-dashboard.json');
 const RUNBOOK = join(ROOT, 'docs', 'runbook.md');
 
-/** vLLM's engine metric names (v1), from vllm-wire.md section 8. */
+/**
+ * vLLM's engine metric names (v1): vllm-wire.md section 8, and vllm/v1/metrics/loggers.py (PrometheusStatLogger) for
+ * the queue, prefill and decode histograms.
+ */
+const VLLM_HISTOGRAMS = [
+  'vllm:time_to_first_token_seconds',
+  'vllm:inter_token_latency_seconds',
+  'vllm:request_time_per_output_token_seconds',
+  'vllm:e2e_request_latency_seconds',
+  'vllm:request_queue_time_seconds',
+  'vllm:request_prefill_time_seconds',
+  'vllm:request_decode_time_seconds',
+];
 const VLLM_METRICS = new Set([
   'vllm:num_requests_running',
   'vllm:num_requests_waiting',
@@ -29,14 +41,11 @@ const VLLM_METRICS = new Set([
   'vllm:prompt_tokens_total',
   'vllm:generation_tokens_total',
   'vllm:request_success_total',
-  'vllm:time_to_first_token_seconds',
-  'vllm:inter_token_latency_seconds',
-  'vllm:request_time_per_output_token_seconds',
-  'vllm:e2e_request_latency_seconds',
   'vllm:prefix_cache_hits_total',
   'vllm:prefix_cache_queries_total',
   'vllm:num_preemptions_total',
   'vllm:cache_config_info',
+  ...VLLM_HISTOGRAMS.flatMap((name) => [name, `${name}_bucket`, `${name}_sum`, `${name}_count`]),
 ]);
 
 interface Rule {
@@ -67,8 +76,10 @@ interface Panel {
 }
 
 interface Dashboard {
+  description: string;
   panels: Panel[];
   templating: { list: Array<{ name: string; type: string; query: unknown }> };
+  annotations: { list: Array<{ name: string; expr?: string; datasource?: { type: string; uid: string } }> };
 }
 
 function rules(path: string): Rule[] {
@@ -77,6 +88,8 @@ function rules(path: string): Rule[] {
 
 const dashboard = JSON.parse(readFileSync(DASHBOARD, 'utf8')) as Dashboard;
 const queryPanels = dashboard.panels.filter((p) => p.type !== 'row');
+/** Annotation queries: Prometheus ones, with an expression. */
+const annotationQueries = dashboard.annotations.list.flatMap((a) => (a.expr !== undefined ? [{ name: a.name, expr: a.expr }] : []));
 
 /** Every name Waybill's /metrics can carry: the contract, its histogram series, prom-client's defaults, and `up`. */
 async function exportedNames(): Promise<Set<string>> {
@@ -116,9 +129,9 @@ describeWithTool(PROMTOOL, 'promtool', () => {
     expect(output).toMatch(/SUCCESS/);
   });
 
-  it('passes the rules unit tests: recorded values and alerts, counter resets, idle traffic, no data', () => {
+  it('passes the rules unit tests: recorded values and alerts, counter resets, idle traffic, no data, day-old baselines', () => {
     const tests = readdirSync(join(RULES_DIR, 'tests')).filter((f) => f.endsWith('.yaml'));
-    expect(tests.sort()).toEqual(['vllm-rules.test.yaml', 'waybill-rules.test.yaml']);
+    expect(tests.sort()).toEqual(['vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-rules.test.yaml']);
     const output = promtool('test', 'rules', ...tests.map((f) => join(RULES_DIR, 'tests', f)));
     expect(output).not.toMatch(/FAILED/);
   });
@@ -126,9 +139,12 @@ describeWithTool(PROMTOOL, 'promtool', () => {
   it("parses every dashboard panel's query", () => {
     const dir = mkdtempSync(join(tmpdir(), 'waybill-dashboard-'));
     try {
-      const recording = queryPanels.flatMap((panel) =>
-        (panel.targets ?? []).map((t) => ({ record: `dashboard:panel_${panel.id}_${t.refId}`, expr: withoutGrafanaVariables(t.expr) })),
-      );
+      const recording = [
+        ...queryPanels.flatMap((panel) =>
+          (panel.targets ?? []).map((t) => ({ record: `dashboard:panel_${panel.id}_${t.refId}`, expr: withoutGrafanaVariables(t.expr) })),
+        ),
+        ...annotationQueries.map((a, i) => ({ record: `dashboard:annotation_${i}`, expr: withoutGrafanaVariables(a.expr) })),
+      ];
       expect(recording.length).toBeGreaterThan(20);
       const file = join(dir, 'dashboard-queries.yaml');
       writeFileSync(file, stringify({ groups: [{ name: 'dashboard', rules: recording }] }));
@@ -161,8 +177,8 @@ describe('Waybill rules', () => {
   });
 
   it('aggregate histogram buckets by le before histogram_quantile, rate() inside sum()', () => {
-    for (const rule of all.filter((r) => r.expr.includes('histogram_quantile'))) {
-      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, model\) \(rate\(waybill_\w+_bucket\[5m\]\)\)\)/);
+    for (const rule of all.filter((r) => r.expr.includes('histogram_quantile('))) {
+      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, model(, (prompt_len|upstream))?\) \(rate\(waybill_\w+_bucket\[5m\]\)\)\)/);
     }
     for (const rule of all) expect(rule.expr, rule.record ?? rule.alert).not.toMatch(/rate\(\s*sum/);
   });
@@ -201,12 +217,59 @@ describe('Waybill rules', () => {
     expect(exprs).toContain('up{job="waybill"} == 0');
     expect(exprs).toContain('absent(waybill_requests_total{job="waybill"})');
   });
+
+  it('record the three levels over one denominator, and each output check over the checks it could judge', () => {
+    const byName = new Map(all.flatMap((r) => (r.record !== undefined ? [[r.record, r.expr] as const] : [])));
+    for (const level of ['2xx', 'delivered', 'accepted']) {
+      expect(byName.get(`model:waybill_requests_${level}:ratio_rate5m`), level).toMatch(/\/ \(model:waybill_requests:rate5m > 0\)\s*$/);
+    }
+    expect(byName.get('model_check:waybill_output_checks_evaluated:rate5m')).toContain('result=~"pass|fail"');
+    expect(byName.get('model_check:waybill_output_checks_failed:ratio_rate5m')).toContain('/ (model_check:waybill_output_checks_evaluated:rate5m > 0)');
+  });
+
+  it('alert on a rise only against the same series a day earlier, with enough volume in both windows', () => {
+    const byName = new Map(alerts.map((a) => [a.alert, a.expr]));
+    for (const [name, volume] of [
+      ['WaybillOutputContractRegression', 'model_check:waybill_output_checks_evaluated:rate30m'],
+      ['WaybillFinishReasonShareRising', 'model:waybill_choices:rate30m'],
+    ] as const) {
+      const expr = byName.get(name) ?? '';
+      expect(expr, name).toMatch(/> 2 \* \(/);
+      expect(expr, name).toMatch(new RegExp(`${volume} \\* 1800 >= \\d+`));
+      expect(expr, name).toMatch(new RegExp(`${volume} offset 1d \\* 1800 >= \\d+`));
+    }
+    expect(byName.get('WaybillUpstreamInflightImbalance')).toMatch(/>= 10\s*$/);
+    expect(byName.get('WaybillUpstreamFirstOutputSlow')).toContain('* 300 >= 50');
+  });
 });
 
 describe('vLLM rules', () => {
-  it("use only vLLM's own metric names and up", () => {
-    for (const rule of rules(VLLM_RULES)) {
-      for (const name of metricNames(rule.expr)) expect(VLLM_METRICS.has(name) || name === 'up', `${rule.alert ?? '?'} uses ${name}`).toBe(true);
+  const all = rules(VLLM_RULES);
+
+  it("use only vLLM's own metric names, up, and the rules they record", () => {
+    const recorded = new Set(all.flatMap((r) => (r.record !== undefined ? [r.record] : [])));
+    for (const rule of all) {
+      for (const name of metricNames(rule.expr)) {
+        expect(VLLM_METRICS.has(name) || name === 'up' || recorded.has(name), `${rule.record ?? rule.alert ?? '?'} uses ${name}`).toBe(true);
+      }
+    }
+    for (const name of recorded) expect(name, 'level:metric:operations').toMatch(/^[a-z_]+:vllm_[a-z0-9_]+:[a-z0-9_]+$/);
+  });
+
+  it('take ratios over a positive denominator, and quantiles of buckets summed by le', () => {
+    for (const rule of all.filter((r) => r.record?.includes(':ratio_') === true)) {
+      expect(rule.expr, rule.record).toMatch(/\/ \(.*> 0\)\s*\)?\s*$/s);
+    }
+    for (const rule of all.filter((r) => r.expr.includes('histogram_quantile('))) {
+      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, model_name\) \(rate\(vllm:\w+_bucket\[5m\]\)\)\)/);
+    }
+  });
+
+  it('record the prefix-cache hit ratio with the query volume it stands on, per engine and per model', () => {
+    const recorded = new Set(all.flatMap((r) => (r.record !== undefined ? [r.record] : [])));
+    for (const level of ['instance_engine', 'model_name']) {
+      expect(recorded.has(`${level}:vllm_prefix_cache_hits:ratio_rate5m`), level).toBe(true);
+      expect(recorded.has(`${level}:vllm_prefix_cache_queries:rate5m`), level).toBe(true);
     }
   });
 });
@@ -237,15 +300,18 @@ describe('alert annotations', () => {
 });
 
 describe('Grafana dashboard', () => {
-  it('queries only metrics Waybill exports, never recording rules (it works without them)', async () => {
+  it("queries only metrics Waybill or vLLM export, never recording rules (it works without them)", async () => {
     const exported = await exportedNames();
     for (const panel of queryPanels) {
       expect(panel.targets?.length, panel.title).toBeGreaterThan(0);
       for (const target of panel.targets ?? []) {
         for (const name of metricNames(withoutGrafanaVariables(target.expr))) {
-          expect(exported.has(name), `panel "${panel.title}" uses ${name}`).toBe(true);
+          expect(exported.has(name) || VLLM_METRICS.has(name), `panel "${panel.title}" uses ${name}`).toBe(true);
         }
       }
+    }
+    for (const annotation of annotationQueries) {
+      for (const name of metricNames(withoutGrafanaVariables(annotation.expr))) expect(exported.has(name), `annotation "${annotation.name}" uses ${name}`).toBe(true);
     }
   });
 
@@ -270,6 +336,12 @@ describe('Grafana dashboard', () => {
           const perRequest = target.expr.includes('waybill_requests_total');
           if (labels.includes('upstream') && !perRequest) expect(selector, `${panel.title}: ${name}`).toContain('upstream=~"$upstream"');
         }
+        // vLLM's series: its scrape job, and the model variable on model_name (vLLM's served model name).
+        for (const match of target.expr.matchAll(/(vllm:\w+)(\{[^}]*\})?/g)) {
+          const [, name = '', selector = ''] = match;
+          expect(selector, `${panel.title}: ${name}`).toContain('job="vllm"');
+          expect(selector, `${panel.title}: ${name}`).toContain('model_name=~"$model"');
+        }
       }
     }
   });
@@ -287,8 +359,29 @@ describe('Grafana dashboard', () => {
       }
     }
     const all = queryPanels.flatMap((p) => (p.targets ?? []).map((t) => t.expr)).join('\n');
-    for (const name of ['waybill_upstream_attempts_total', 'waybill_stream_anomalies_total', 'waybill_choice_finish_reasons_total', 'waybill_client_cancellations_total', 'waybill_queue_depth', 'waybill_queue_wait_seconds_bucket', 'waybill_upstream_up', 'waybill_upstream_inflight', 'waybill_upstream_ejections_total', 'waybill_cached_prompt_tokens_total', 'nodejs_eventloop_lag_seconds']) {
+    for (const name of ['waybill_requests_accepted_total', 'waybill_output_checks_total', 'waybill_upstream_first_output_seconds_bucket', 'vllm:request_queue_time_seconds_bucket', 'vllm:request_prefill_time_seconds_bucket', 'vllm:request_decode_time_seconds_bucket', 'vllm:kv_cache_usage_perc', 'vllm:num_preemptions_total', 'vllm:prefix_cache_queries_total', 'waybill_upstream_attempts_total', 'waybill_stream_anomalies_total', 'waybill_choice_finish_reasons_total', 'waybill_client_cancellations_total', 'waybill_queue_depth', 'waybill_queue_wait_seconds_bucket', 'waybill_upstream_up', 'waybill_upstream_inflight', 'waybill_upstream_ejections_total', 'waybill_cached_prompt_tokens_total', 'nodejs_eventloop_lag_seconds']) {
       expect(all, name).toContain(name);
     }
+  });
+
+  it('shows HTTP 2xx, delivered and accepted side by side over one denominator, right after customer impact', () => {
+    const rows = dashboard.panels.filter((p) => p.type === 'row').map((p) => p.title);
+    expect(rows.slice(0, 2)).toEqual(['Customer impact', 'Delivered and accepted']);
+    const funnels = queryPanels.filter((p) => {
+      const exprs = (p.targets ?? []).map((t) => t.expr);
+      return exprs.some((e) => e.includes('code=~"2.."')) && exprs.some((e) => e.includes('outcome="delivered"')) && exprs.some((e) => e.includes('waybill_requests_accepted_total'));
+    });
+    expect(funnels.length).toBeGreaterThanOrEqual(2);
+    for (const panel of funnels) {
+      for (const target of panel.targets ?? []) expect(target.expr, panel.title).toMatch(/\/ \(sum\((rate|increase)\(waybill_requests_total\{model=~"\$model"\}\[[^\]]+\]\)\) > 0\)$/);
+    }
+  });
+
+  it('marks deploys from waybill_build_info', () => {
+    const deploys = dashboard.annotations.list.filter((a) => a.expr?.includes('waybill_build_info') === true);
+    expect(deploys).toHaveLength(1);
+    expect(deploys[0]?.datasource?.uid).toBe('${datasource}');
+    expect(deploys[0]?.expr).toMatch(/by \(version, revision\)/);
+    expect(dashboard.description).toContain('waybill_build_info');
   });
 });

@@ -70,6 +70,7 @@ interface Options {
   out: string;
   nginx: string | undefined;
   logVariant: boolean;
+  contractVariant: boolean;
   profile: string[];
   profileDir: string | undefined;
   perf: boolean;
@@ -86,6 +87,7 @@ const USAGE = `usage: node dist/bench/proxy.js [options]
   --warmup N           minimum warm-up seconds before each window (default 2)
   --nginx PATH|off     nginx binary (default: nginx on PATH, if any)
   --no-log-variant     skip the run with the per-request log line on
+  --no-contract-variant  skip the run whose requests ask for an output contract (response_format json_object)
   --profile [LIST]     also CPU-profile the gateway under these scenarios (default c64,max)
   --profile-dir DIR    where the .cpuprofile files go (default a new /tmp directory, kept)
   --perf               with --profile: also count syscalls per event and split CPU by binary with Linux perf,
@@ -103,6 +105,7 @@ function parseOptions(argv: string[]): Options {
     out: 'bench-results.json',
     nginx: onPath('nginx'),
     logVariant: true,
+    contractVariant: true,
     profile: [],
     profileDir: undefined,
     perf: false,
@@ -146,6 +149,9 @@ function parseOptions(argv: string[]): Options {
       }
       case '--no-log-variant':
         options.logVariant = false;
+        break;
+      case '--no-contract-variant':
+        options.contractVariant = false;
         break;
       case '--profile': {
         const list = argv[i + 1];
@@ -201,9 +207,11 @@ function onPath(command: string): string | undefined {
 // --- one measured window -----------------------------------------------------------------------------------------
 
 interface Target {
-  /** direct, waybill, waybill+log, nginx */
+  /** direct, waybill, waybill+log, waybill+contract, nginx */
   name: string;
   origin: string;
+  /** The requests ask for an output contract (response_format json_object): the gateway assembles and checks answers. */
+  contract: boolean;
   /** The proxy process (undefined for direct). */
   proxy: Child | undefined;
   /** VmRSS at rest: after start-up, or (c256) after a warm-up load and a quiet period. */
@@ -219,7 +227,7 @@ interface Target {
 }
 
 function newTarget(name: string, origin: string, proxy: Child | undefined, gcHook = false): Target {
-  return { name, origin, proxy, gcHook, idleRssKiB: Number.NaN, loadedGcRssKiB: Number.NaN, idleCpuMsPerS: Number.NaN, startRssKiB: Number.NaN };
+  return { name, origin, proxy, gcHook, contract: false, idleRssKiB: Number.NaN, loadedGcRssKiB: Number.NaN, idleCpuMsPerS: Number.NaN, startRssKiB: Number.NaN };
 }
 
 interface WindowFigures {
@@ -258,13 +266,15 @@ interface WindowFigures {
   monoToUs: number;
 }
 
-function requestBody(outputTokens: number): Buffer {
+function requestBody(outputTokens: number, contract = false): Buffer {
   return Buffer.from(
     JSON.stringify({
       model: 'sim-model',
       stream: true,
       max_tokens: outputTokens,
       messages: [{ role: 'user', content: 'Benchmark prompt: tell me about waybills.' }],
+      // An output contract: every event is then parsed whole and the answer assembled and checked at the end.
+      ...(contract ? { response_format: { type: 'json_object' } } : {}),
     }),
   );
 }
@@ -299,7 +309,7 @@ async function measure(
   const result: WindowResult = await runLoad({
     origin: target.origin,
     path: '/v1/chat/completions',
-    body: requestBody(options.outputTokens),
+    body: requestBody(options.outputTokens, target.contract),
     concurrency: scenario.concurrency,
     rampMs,
     warmupMs,
@@ -468,6 +478,11 @@ async function runScenario(scenario: Scenario, options: Options, dir: string): P
       gcHook,
     );
     if (options.nginx !== undefined) addProxy('nginx', await startNginx(options.nginx, PROXY_CORE, scenarioDir, sim.origin));
+    if (scenario.logVariant && options.contractVariant) {
+      // The same gateway process as `waybill`, measured in its own windows with contract-bearing requests.
+      const plain = targets.find((t) => t.name === 'waybill') as Target;
+      targets.push({ ...newTarget('waybill+contract', plain.origin, plain.proxy), contract: true });
+    }
     if (scenario.logVariant && options.logVariant) {
       addProxy('waybill+log', await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill-log', upstream: sim.origin, requestLogs: true }));
     }
@@ -833,6 +848,15 @@ function printReport(results: ScenarioResult[], comparisons: Comparison[], check
     console.log(
       `wide log line at ${scenario}: ${signed(perEventDelta, 1)} µs/event (${f1(t.proxyUsPerEvent)} vs ${f1(plain.proxyUsPerEvent)}), ` +
         `${Math.round(t.logBytesPerRequest)} bytes of log per request`,
+    );
+  }
+  const contracted = results.flatMap((r) => r.targets.filter((t) => t.target === 'waybill+contract').map((t) => ({ scenario: r.scenario.name, t })));
+  for (const { scenario, t } of contracted) {
+    const plain = results.find((r) => r.scenario.name === scenario)?.targets.find((x) => x.target === 'waybill');
+    if (plain === undefined) continue;
+    console.log(
+      `output contract (response_format json_object) at ${scenario}: ${signed(t.proxyUsPerEvent - plain.proxyUsPerEvent, 1)} µs/event ` +
+        `(${f1(t.proxyUsPerEvent)} vs ${f1(plain.proxyUsPerEvent)} without a contract)`,
     );
   }
   console.log('\nTargets (issue 5):');

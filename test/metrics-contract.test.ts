@@ -5,6 +5,8 @@ import {
   ANOMALY_KINDS,
   ATTEMPT_RESULTS,
   CANCEL_PHASES,
+  CHECK_RESULTS,
+  OUTPUT_CHECKS,
   EJECTION_REASONS,
   FINISH_REASONS,
   RETRY_REASONS,
@@ -77,6 +79,8 @@ describe('docs/metrics.md and the code agree', () => {
     expect(listedValues('finish_reason')).toEqual([...FINISH_REASONS]);
     expect(listedValues('phase')).toEqual([...CANCEL_PHASES]);
     expect(listedValues('result', 1)).toEqual([...SLO_RESULTS]);
+    expect(listedValues('check')).toEqual([...OUTPUT_CHECKS]);
+    expect(listedValues('result', 2)).toEqual([...CHECK_RESULTS]);
     expect(listedValues('reason', 0)).toEqual([...RETRY_REASONS]);
     expect(listedValues('reason', 1)).toEqual([...EJECTION_REASONS]);
     expect(listedValues('component')).toEqual([...INTERNAL_ERROR_COMPONENTS]);

@@ -137,8 +137,13 @@ Then one the simulator breaks mid-stream (see docs/simulator.md for every fault)
   curl -N ${base}/v1/chat/completions -H 'content-type: application/json' -H 'x-sim-fault: error_after=3' \\
     -d '{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"Hello"}]}'
 
-And see what the ledger says:
-  curl -s ${base}/metrics | grep ^waybill_requests_total
+And one that is delivered but not accepted: it asks for JSON, and the simulator (like a model served without
+structured outputs) answers in prose, so its format_valid check fails (docs/output-contract.md):
+  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{"model":"sim-model","stream":true,"response_format":{"type":"json_object"},"messages":[{"role":"user","content":"Hello"}]}'
+
+And see what the ledger says — HTTP status, delivery, acceptance:
+  curl -s ${base}/metrics | grep -E '^waybill_(requests_total|requests_accepted_total|output_checks_total)'
 
 Ctrl-C to stop.`);
   await waitForSignal();

@@ -543,8 +543,19 @@ export class RequestLedger {
     };
   }
 
-  /** The output checks of each expected choice of the delivered answer. */
+  /**
+   * The output checks of each expected choice of the delivered answer. They observe and never decide: should one
+   * throw (a bug), every check is `unevaluated` and the request is still counted as what it was.
+   */
   private outputChecks(): ChoiceChecks[] {
+    try {
+      return this.runOutputChecks();
+    } catch {
+      return Array.from({ length: this.info.expectedChoices }, () => ({ answer_present: 'unevaluated', not_truncated: 'unevaluated', format_valid: 'unevaluated' }));
+    }
+  }
+
+  private runOutputChecks(): ChoiceChecks[] {
     const contract = this.info.contract;
     const checks: ChoiceChecks[] = [];
     for (let index = 0; index < this.info.expectedChoices; index++) {

@@ -21,8 +21,8 @@ import { isRecord } from '../util/json.js';
 import type { OutputPart } from '../sse/output-parts.js';
 import type { CheckResult, FinishReason, OutputCheck } from './outcomes.js';
 
-/** A compiled JSON Schema: true when the value validates. */
-export type Validator = (value: unknown) => boolean;
+/** A compiled JSON Schema: true when the value validates, undefined when validation could not finish. */
+export type Validator = (value: unknown) => boolean | undefined;
 
 /** Compiles a JSON Schema (cached by the caller), or undefined when it cannot be compiled or is refused. */
 export type SchemaCompiler = (schema: unknown) => Validator | undefined;
@@ -48,6 +48,12 @@ export function contractNeedsText(contract: OutputContract | undefined): boolean
 
 /** Tool calls kept per choice; more is over the cap (format_valid unevaluated). */
 const MAX_TOOL_CALLS = 64;
+
+/**
+ * What one kept piece costs beyond its characters, counted against the cap: a stream of one-character deltas holds
+ * one string per delta, so the cap bounds memory, not just text.
+ */
+const PIECE_OVERHEAD_CHARS = 32;
 
 interface ToolCallText {
   name: string | undefined;
@@ -87,7 +93,7 @@ export class OutputAssembly {
     for (const part of parts) {
       if (!Number.isInteger(part.index) || part.index < 0 || part.index >= this.expectedChoices) continue;
       const choice = this.choice(part.index);
-      if (part.content !== undefined && part.content.length > 0 && this.take(part.content.length)) choice.content.push(part.content);
+      if (part.content !== undefined && part.content.length > 0 && this.take(part.content.length + PIECE_OVERHEAD_CHARS)) choice.content.push(part.content);
       for (const call of part.toolCalls ?? []) {
         let text = choice.calls.get(call.index);
         if (text === undefined) {
@@ -95,8 +101,10 @@ export class OutputAssembly {
           text = { name: undefined, args: [] };
           choice.calls.set(call.index, text);
         }
-        text.name ??= call.name;
-        if (call.arguments !== undefined && call.arguments.length > 0 && this.take(call.arguments.length)) text.args.push(call.arguments);
+        if (text.name === undefined && call.name !== undefined && this.take(call.name.length + PIECE_OVERHEAD_CHARS)) text.name = call.name;
+        if (call.arguments !== undefined && call.arguments.length > 0 && this.take(call.arguments.length + PIECE_OVERHEAD_CHARS)) {
+          text.args.push(call.arguments);
+        }
       }
       if (this.overflow) {
         // Past the cap nothing more is kept, and what was kept is let go: the verdict is `unevaluated`.
@@ -125,7 +133,8 @@ export class OutputAssembly {
     const results: CheckResult[] = [];
     const calls = [...choice.calls.values()];
     const content = choice.content.join('');
-    if (contract.content !== undefined && (content.length > 0 || calls.length === 0)) {
+    // Whitespace a model writes before its tool calls is not an answer to check against the response format.
+    if (contract.content !== undefined && (content.trim().length > 0 || calls.length === 0)) {
       results.push(checkContent(content, contract.content, contract.compile));
     }
     if (calls.length > 0) {
@@ -174,21 +183,25 @@ function checkContent(content: string, format: ContentFormat, compile: SchemaCom
   const parsed = parseJson(content);
   if (!parsed.ok) return 'fail';
   if (format.kind === 'json_object') return isRecord(parsed.value) ? 'pass' : 'fail';
-  const validate = compile(format.schema);
-  if (validate === undefined) return 'unevaluated';
-  return validate(parsed.value) ? 'pass' : 'fail';
+  return verdict(compile(format.schema), parsed.value);
+}
+
+function verdict(validate: Validator | undefined, value: unknown): CheckResult {
+  const valid = validate?.(value);
+  if (valid === undefined) return 'unevaluated';
+  return valid ? 'pass' : 'fail';
 }
 
 function checkToolCall(call: ToolCallText, contract: OutputContract): CheckResult {
   const tools = contract.tools;
   if (call.name === undefined || tools === undefined || !tools.has(call.name)) return 'fail';
-  const parsed = parseJson(call.args.join(''));
+  // vLLM's streamed tool parsers may send no argument text at all for a call without parameters: that is `{}`.
+  const text = call.args.join('');
+  const parsed = text.trim().length === 0 ? { ok: true as const, value: {} } : parseJson(text);
   if (!parsed.ok || !isRecord(parsed.value)) return 'fail';
   const parameters = tools.get(call.name);
   if (parameters === undefined) return 'pass';
-  const validate = contract.compile(parameters);
-  if (validate === undefined) return 'unevaluated';
-  return validate(parsed.value) ? 'pass' : 'fail';
+  return verdict(contract.compile(parameters), parsed.value);
 }
 
 /** not_truncated: a normal finish. `length`, `abort`, filters, errors and a missing reason fail. */

@@ -1,12 +1,24 @@
 /**
- * JSON Schemas from requests (`response_format.json_schema`, `guided_json`, tool `parameters`), compiled once per
- * distinct schema by Ajv and kept in a bounded cache. A schema is refused — and its check is `unevaluated`, never a
- * failure — when it is larger than the limit, does not compile, or holds a regular expression that could backtrack
- * catastrophically: the schema comes from the client and the text from the model, so a pattern such as `(a+)+$`
- * would let either stall the gateway's event loop.
+ * JSON Schemas from requests (`response_format.json_schema`, `guided_json`, tool `parameters`), compiled by Ajv once
+ * per distinct schema and kept in a bounded cache (docs/output-contract.md). The schema comes from the client and
+ * the text it is checked against from the model, so validation must stay linear and must not throw or stall:
+ *
+ * - `pattern`s run on RE2 (re2js: linear time, no backtracking). A pattern RE2 cannot run (lookaround,
+ *   backreferences) makes the schema uncompilable: `unevaluated`, never a guess.
+ * - Formats are ajv-formats' fast set, with `url` and `regex` replaced by linear checks.
+ * - `uniqueItems` is checked in linear time (canonical JSON of each item in a set), not Ajv's pairwise loop.
+ * - `$async` schemas are refused (their validator returns a Promise); refs are not inlined (a definition referenced
+ *   a thousand times would be compiled a thousand times).
+ * - Anything that throws while validating (a stack overflow on deeply nested data) is `unevaluated`.
+ * - Memory: Ajv keeps every compiled schema's code and values in its instance for ever, so the cache compiles on a
+ *   generation of Ajv instances and starts a new generation — dropping the old one whole — after `size × 2`
+ *   compilations. What the cache holds is bounded by that, whatever clients send.
  */
-import { Ajv, type ValidateFunction } from 'ajv';
-import addFormatsPlugin from 'ajv-formats';
+import { Ajv, type Options, type ValidateFunction } from 'ajv';
+import { Ajv2020 } from 'ajv/dist/2020.js';
+import addFormatsPlugin, { type FormatName } from 'ajv-formats';
+import { RE2JS } from 're2js';
+import { isRecord } from '../util/json.js';
 import type { SchemaCompiler, Validator } from './output-contract.js';
 
 // ajv-formats is CommonJS: under NodeNext its default export arrives as the module object.
@@ -19,129 +31,195 @@ export interface SchemaCacheOptions {
   readonly maxSchemaChars: number;
 }
 
-/** Longest `pattern` compiled. */
-const MAX_PATTERN_CHARS = 1024;
+/** ajv-formats' formats whose regular expressions are linear; `url` and `regex` get checks of their own. */
+const FAST_FORMATS: FormatName[] = [
+  'date',
+  'time',
+  'date-time',
+  'iso-time',
+  'iso-date-time',
+  'duration',
+  'uri',
+  'uri-reference',
+  'uri-template',
+  'email',
+  'hostname',
+  'ipv4',
+  'ipv6',
+  'uuid',
+  'json-pointer',
+  'json-pointer-uri-fragment',
+  'relative-json-pointer',
+  'byte',
+  'int32',
+  'int64',
+  'float',
+  'double',
+  'password',
+  'binary',
+];
 
-/**
- * A conservative test for patterns whose matching time can explode: a backreference, or a group repeated more than
- * once that itself holds an unbounded quantifier or an alternation (`(a+)+`, `(a|aa)*`, `(\w*\s?)*`, `(.*a){12}`).
- * Refusing a safe pattern costs an `unevaluated`; running an unsafe one could cost the gateway.
- */
-export function riskyPattern(pattern: string): boolean {
-  if (pattern.length > MAX_PATTERN_CHARS) return true;
-  /** Per open group: does it contain an unbounded quantifier or an alternation? */
-  const stack: boolean[] = [];
-  let inClass = false;
-  for (let i = 0; i < pattern.length; i++) {
-    const c = pattern[i];
-    if (c === '\\') {
-      const next = pattern[i + 1] ?? '';
-      if (/[1-9]/.test(next) || (next === 'k' && pattern[i + 2] === '<')) return true;
-      i++;
-      continue;
-    }
-    if (inClass) {
-      if (c === ']') inClass = false;
-      continue;
-    }
-    if (c === '[') {
-      inClass = true;
-    } else if (c === '(') {
-      stack.push(false);
-    } else if (c === '|') {
-      if (stack.length > 0) stack[stack.length - 1] = true;
-    } else if (c === ')') {
-      const inner = stack.pop() ?? false;
-      const repeated = repetitionAt(pattern, i + 1);
-      if (inner && repeated !== 'once') return true;
-      // A group repeated without bound is itself an unbounded part of the group around it.
-      if (stack.length > 0 && (inner || repeated === 'unbounded')) stack[stack.length - 1] = true;
-    } else if (repetitionAt(pattern, i) === 'unbounded' && stack.length > 0) {
-      stack[stack.length - 1] = true;
-    }
+/** A `pattern` as RE2 runs it: linear in the text, whatever the pattern. Throws (uncompilable) for what RE2 lacks. */
+function re2(pattern: string): { test: (text: string) => boolean } {
+  const compiled = RE2JS.compile(pattern);
+  return { test: (text) => compiled.matcher(text).find() };
+}
+
+/** Items serialised with sorted keys, so equal JSON values give equal strings. */
+function canonical(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(canonical).join(',')}]`;
+  if (isRecord(value)) {
+    return `{${Object.keys(value)
+      .sort()
+      .map((key) => `${JSON.stringify(key)}:${canonical(value[key])}`)
+      .join(',')}}`;
   }
-  return false;
+  return JSON.stringify(value) ?? 'null';
 }
 
-/** The quantifier at position i: `unbounded` (`*`, `+`, `{n,}`), `bounded` (`{n}` or `{n,m}` allowing more than one), or `once` (none, `?`, `{0,1}`, `{1}`). */
-function repetitionAt(pattern: string, i: number): 'unbounded' | 'bounded' | 'once' {
-  const c = pattern[i];
-  if (c === '*' || c === '+') return 'unbounded';
-  if (c !== '{') return 'once';
-  const match = /^\{(\d+)(,(\d*))?\}/.exec(pattern.slice(i, i + 24));
-  if (match === null) return 'once';
-  if (match[2] !== undefined && match[3] === '') return 'unbounded';
-  const max = Number(match[3] ?? match[1]);
-  return max > 1 ? 'bounded' : 'once';
+function newAjv(draft2020: boolean): Ajv {
+  const options: Options = {
+    strict: false,
+    allErrors: false,
+    // Cached here, by content: Ajv must not also keep schemas by `$id` (two clients may reuse one).
+    addUsedSchema: false,
+    inlineRefs: false,
+    // Ajv would print warnings and failed generated code (with the schema's values) to the console.
+    logger: false,
+    code: { regExp: re2 as unknown as NonNullable<NonNullable<Options['code']>['regExp']> },
+  };
+  const ajv = draft2020 ? new Ajv2020(options) : new Ajv(options);
+  addFormats(ajv, { mode: 'fast', formats: FAST_FORMATS });
+  ajv.addFormat('url', (text: string) => {
+    try {
+      return /^(https?|ftp):$/.test(new URL(text).protocol);
+    } catch {
+      return false;
+    }
+  });
+  ajv.addFormat('regex', (text: string) => {
+    try {
+      new RegExp(text, 'u');
+      return true;
+    } catch {
+      return false;
+    }
+  });
+  ajv.removeKeyword('uniqueItems');
+  ajv.addKeyword({
+    keyword: 'uniqueItems',
+    type: 'array',
+    schemaType: 'boolean',
+    validate: (unique: boolean, items: unknown[]) => {
+      if (!unique) return true;
+      const seen = new Set<string>();
+      for (const item of items) {
+        const key = canonical(item);
+        if (seen.has(key)) return false;
+        seen.add(key);
+      }
+      return true;
+    },
+  });
+  return ajv;
 }
 
-function safeRegExp(pattern: string, flags: string): RegExp {
-  if (riskyPattern(pattern)) throw new Error('pattern refused: it could backtrack catastrophically');
-  return new RegExp(pattern, flags);
+/** Draft 2020-12 (prefixItems, $defs, …) when the schema says so or uses its keywords; draft-07 otherwise. */
+function wants2020(schema: Record<string, unknown>, text: string): boolean {
+  const declared = schema['$schema'];
+  if (typeof declared === 'string') return declared.includes('2020-12') || declared.includes('2019-09');
+  return text.includes('"prefixItems"') || text.includes('"$defs"') || text.includes('"unevaluatedProperties"') || text.includes('"unevaluatedItems"');
 }
-safeRegExp.code = 'new RegExp';
 
-/** The bounded, least-recently-used cache of compiled schemas; `compile` is the requests' SchemaCompiler. */
+interface Generation {
+  readonly draft07: Ajv;
+  readonly draft2020: Ajv;
+  compilations: number;
+}
+
+/** The bounded cache of compiled schemas; `compile` is the requests' SchemaCompiler. */
 export class SchemaCache {
-  private readonly ajv: Ajv;
   /** Keyed by the schema's JSON text; a Map iterates in insertion order, so the first key is the least recent. */
-  private readonly entries = new Map<string, { schema: object; validate: ValidateFunction | undefined }>();
-  /** Compilations attempted (a test counts them to prove the cache works). */
+  private readonly entries = new Map<string, Validator | undefined>();
+  /** Each schema object's JSON text, computed once (a request's schema is checked once per choice and call). */
+  private readonly keys = new WeakMap<object, string | undefined>();
+  private generation: Generation = this.newGeneration();
+  /** Compilations attempted (tests count them to prove the cache works). */
   compilations = 0;
+  /** Generations of Ajv instances started after the first (tests prove memory is let go). */
+  rotations = 0;
 
-  constructor(private readonly options: SchemaCacheOptions) {
-    this.ajv = new Ajv({
-      strict: false,
-      allErrors: false,
-      // Schemas are cached here, by content: Ajv must not keep them by `$id` (two clients may reuse one).
-      addUsedSchema: false,
-      code: { regExp: safeRegExp },
-    });
-    addFormats(this.ajv);
-  }
+  constructor(private readonly options: SchemaCacheOptions) {}
 
   readonly compile: SchemaCompiler = (schema) => {
     if (typeof schema === 'boolean') return () => schema;
-    if (typeof schema !== 'object' || schema === null || Array.isArray(schema)) return undefined;
-    let key: string;
-    try {
-      key = JSON.stringify(schema);
-    } catch {
-      return undefined;
-    }
-    if (key.length > this.options.maxSchemaChars) return undefined;
-    const cached = this.entries.get(key);
-    if (cached !== undefined) {
+    if (!isRecord(schema)) return undefined;
+    const key = this.keyOf(schema);
+    if (key === undefined) return undefined;
+    if (this.entries.has(key)) {
+      const cached = this.entries.get(key);
       this.entries.delete(key);
       this.entries.set(key, cached);
-      return wrap(cached.validate);
+      return cached;
     }
-    this.compilations++;
-    let validate: ValidateFunction | undefined;
-    try {
-      validate = this.ajv.compile(schema);
-    } catch {
-      validate = undefined;
-    }
-    this.entries.set(key, { schema, validate });
+    const validator = this.build(schema, key);
+    this.entries.set(key, validator);
     if (this.entries.size > this.options.size) {
       const oldest = this.entries.keys().next();
-      if (oldest.done !== true) {
-        const entry = this.entries.get(oldest.value);
-        this.entries.delete(oldest.value);
-        // Ajv keeps its own map from schema object to compiled code: drop it there too, or it grows without bound.
-        if (entry !== undefined) this.ajv.removeSchema(entry.schema);
-      }
+      if (oldest.done !== true) this.entries.delete(oldest.value);
     }
-    return wrap(validate);
+    return validator;
   };
 
   get size(): number {
     return this.entries.size;
   }
-}
 
-function wrap(validate: ValidateFunction | undefined): Validator | undefined {
-  if (validate === undefined) return undefined;
-  return (value) => validate(value) === true;
+  private keyOf(schema: Record<string, unknown>): string | undefined {
+    if (this.keys.has(schema)) return this.keys.get(schema);
+    let key: string | undefined;
+    try {
+      key = JSON.stringify(schema);
+    } catch {
+      key = undefined;
+    }
+    if (key !== undefined && key.length > this.options.maxSchemaChars) key = undefined;
+    this.keys.set(schema, key);
+    return key;
+  }
+
+  private build(schema: Record<string, unknown>, key: string): Validator | undefined {
+    if (schema['$async'] === true) return undefined;
+    if (this.generation.compilations >= this.options.size * 2) {
+      // The old instances hold every schema they compiled: drop them whole, and what was compiled on them.
+      this.generation = this.newGeneration();
+      this.entries.clear();
+      this.rotations++;
+    }
+    this.generation.compilations++;
+    this.compilations++;
+    let validate: ValidateFunction;
+    try {
+      validate = (wants2020(schema, key) ? this.generation.draft2020 : this.generation.draft07).compile(schema);
+    } catch {
+      return undefined;
+    }
+    if ((validate as { $async?: unknown }).$async === true) return undefined;
+    return (value) => {
+      try {
+        const result: unknown = validate(value);
+        if (typeof result === 'boolean') return result;
+        // Never expected after the $async checks; a Promise left unhandled would end the process.
+        if (result instanceof Promise) result.catch(() => undefined);
+        return undefined;
+      } catch {
+        // A stack overflow on deeply nested data, or anything else: not a verdict.
+        return undefined;
+      }
+    };
+  }
+
+  private newGeneration(): Generation {
+    return { draft07: newAjv(false), draft2020: newAjv(true), compilations: 0 };
+  }
 }

@@ -60,10 +60,13 @@ function toolChoice(json: Record<string, unknown>, tools: Map<string, unknown> |
   return 'auto';
 }
 
-/** The request's output contract, or undefined when it asks for none (format_valid is then `unevaluated`). */
-export function readContract(json: Record<string, unknown>, compile: SchemaCompiler): OutputContract | undefined {
+/**
+ * The request's output contract, or undefined when it asks for none (format_valid is then `unevaluated`). Tools
+ * count on chat only: vLLM ignores them on legacy completions.
+ */
+export function readContract(json: Record<string, unknown>, compile: SchemaCompiler, chat = true): OutputContract | undefined {
   const content = contentFormat(json);
-  const tools = declaredTools(json);
+  const tools = chat ? declaredTools(json) : undefined;
   if (content === undefined && tools === undefined) return undefined;
   return { content, tools, toolChoice: toolChoice(json, tools), compile };
 }

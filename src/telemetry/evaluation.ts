@@ -31,8 +31,9 @@ export function sampleRate(settings: EvaluationSettings, model: string): number 
 }
 
 /**
- * Is this request in the sample? FNV-1a of the request id, as a fraction of 2^32, below the probability. The same
- * id always gives the same answer; ids from a good generator spread evenly (test/evaluation.test.ts).
+ * Is this request in the sample? FNV-1a of the request id, mixed by murmur3's finaliser (so ids that differ in their
+ * last character — sequential client ids — spread over the whole range), as a fraction of 2^32, below the
+ * probability. The same id always gives the same answer (test/output-contract.test.ts).
  */
 export function inSample(requestId: string, probability: number): boolean {
   if (probability <= 0) return false;
@@ -42,7 +43,12 @@ export function inSample(requestId: string, probability: number): boolean {
     hash ^= requestId.charCodeAt(i);
     hash = Math.imul(hash, 0x01000193) >>> 0;
   }
-  return hash / 0x1_0000_0000 < probability;
+  hash ^= hash >>> 16;
+  hash = Math.imul(hash, 0x85ebca6b) >>> 0;
+  hash ^= hash >>> 13;
+  hash = Math.imul(hash, 0xc2b2ae35) >>> 0;
+  hash ^= hash >>> 16;
+  return (hash >>> 0) / 0x1_0000_0000 < probability;
 }
 
 /** The sample record of a settled request, or undefined when it is not sampled (only delivered responses are). */

@@ -119,7 +119,7 @@ describe('bad input gets an OpenAI-shaped error and is counted', () => {
   it('answers unknown routes with an OpenAI-shaped 404, counted once under route="_other"', async () => {
     const labels = { model: '_other', route: '_other', stream: 'false', code: '404', outcome: 'rejected' };
     const before = await s.metric('waybill_requests_total', labels);
-    const response = await request(`${s.base}/v1/embeddings`, { method: 'POST', body: '{}', headers: { 'content-type': 'application/json' } });
+    const response = await request(`${s.base}/v1/no-such-route`, { method: 'POST', body: '{}', headers: { 'content-type': 'application/json' } });
     expect(response.statusCode).toBe(404);
     expectOpenAIError(await response.body.text(), 'not_found');
     expect(await s.metric('waybill_requests_total', labels)).toBe(before + 1);

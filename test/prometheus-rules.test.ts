@@ -22,7 +22,7 @@ const DASHBOARD = join(ROOT, 'deploy', 'grafana', 'waybill-dashboard.json');
 const RUNBOOK = join(ROOT, 'docs', 'runbook.md');
 
 /**
- * vLLM's engine metric names (v1): vllm-wire.md section 8, and vllm/v1/metrics/loggers.py (PrometheusStatLogger) for
+ * vLLM's engine metric names (v1): vLLM source, vllm/v1/metrics/loggers.py (PrometheusStatLogger) for
  * the queue, prefill and decode histograms.
  */
 const VLLM_HISTOGRAMS = [

@@ -191,6 +191,8 @@ export class RequestLedger {
   private doneAfterError = 0;
   private responseId: string | undefined;
   private responseModel: string | undefined;
+  /** The last sequence number the upstream's events carried (Responses); -1 before any. */
+  private lastSequence = -1;
   /** Expected choices of the current attempt that carried an answer (content, text or a named tool call). */
   private readonly answered = new Set<number>();
   /** The current attempt's answer text, assembled only when the contract needs it. */
@@ -284,9 +286,17 @@ export class RequestLedger {
     this.attempt().status = status;
   }
 
+  /** The sequence number an event Waybill adds to a Responses stream takes: one past the last the upstream sent. */
+  get nextSequence(): number {
+    return this.lastSequence + 1;
+  }
+
   /** One classified upstream SSE event of the current attempt; returns what to do with its bytes. */
   streamEvent(at: number, facts: EventFacts): Verdict {
     const attempt = this.attempt();
+    if (facts.kind === 'chunk' || facts.kind === 'error') {
+      if (facts.sequence !== undefined && facts.sequence > this.lastSequence) this.lastSequence = facts.sequence;
+    }
     if (attempt.sawDone) {
       this.anomaly(attempt, 'data_after_done');
       return 'drop';
@@ -313,20 +323,8 @@ export class RequestLedger {
         this.fail(attempt, 'error_payload', failureForErrorPayload(facts));
         return 'drop';
       }
-      case 'done': {
-        attempt.sawDone = true;
-        if (this.unfinishedChoices() > 0) {
-          this.anomaly(attempt, 'missing_finish_reason');
-          if (this.committed) this.endingValue = { kind: 'gateway_error', cause: 'unfinished_choices' };
-          else this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
-          return 'drop';
-        }
-        this.endingValue = { kind: 'complete' };
-        if (this.committed) return 'forward';
-        // A stream that finished every choice without any output (e.g. max_tokens reached on an empty token).
-        this.committedAt = at;
-        return 'commit';
-      }
+      case 'done':
+        return this.finished(at, attempt, false);
       case 'chunk': {
         this.recordFinishes(attempt, facts);
         this.recordAnswer(facts);
@@ -334,16 +332,43 @@ export class RequestLedger {
         this.responseId ??= facts.id;
         this.responseModel ??= facts.model;
         if (facts.usageOnly && this.info.dropUsageChunk) return 'drop';
-        if (facts.output.length === 0) return this.committed ? 'forward' : 'hold';
-        attempt.firstOutputAt ??= at;
-        if (this.lastOutputAt !== undefined) this.hooks.onInterTokenGap?.(at - this.lastOutputAt);
-        this.lastOutputAt = at;
-        if (this.committed) return 'forward';
-        this.committedAt = at;
-        this.firstOutputAt = at;
-        return 'commit';
+        let verdict: Verdict;
+        if (facts.output.length === 0) {
+          verdict = this.committed ? 'forward' : 'hold';
+        } else {
+          attempt.firstOutputAt ??= at;
+          if (this.lastOutputAt !== undefined) this.hooks.onInterTokenGap?.(at - this.lastOutputAt);
+          this.lastOutputAt = at;
+          if (this.committed) {
+            verdict = 'forward';
+          } else {
+            this.committedAt = at;
+            this.firstOutputAt = at;
+            verdict = 'commit';
+          }
+        }
+        // Responses' response.completed: the answer is complete with this event, and no [DONE] follows.
+        return facts.terminal === true ? this.finished(at, attempt, verdict === 'commit') : verdict;
       }
     }
+  }
+
+  /**
+   * The upstream said the answer is complete (`[DONE]`, `message_stop`, `response.completed`). Every choice must have
+   * finished; then the answer is delivered, committing it now if nothing was (an answer without output).
+   */
+  private finished(at: number, attempt: AttemptState, committedNow: boolean): Verdict {
+    attempt.sawDone = true;
+    if (this.unfinishedChoices() > 0) {
+      this.anomaly(attempt, 'missing_finish_reason');
+      if (this.committed) this.endingValue = { kind: 'gateway_error', cause: 'unfinished_choices' };
+      else this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
+      return committedNow ? 'commit' : 'drop';
+    }
+    this.endingValue = { kind: 'complete' };
+    if (this.committed) return committedNow ? 'commit' : 'forward';
+    this.committedAt = at;
+    return 'commit';
   }
 
   /** The current attempt's upstream stream stopped (after a 200 event stream). */

@@ -2,12 +2,41 @@
  * The closed label sets of the metrics contract. Every label value Waybill exports comes from one of these
  * lists or from configuration; docs/metrics.md lists the same values and test/metrics-contract.test.ts checks it.
  */
+import { NULL_STOP_REASON } from '../sse/route-events.js';
 
-export const ROUTES = ['chat_completions', 'completions', '_other'] as const;
+/** Routes whose answers are generated, streamed or not, and checked choice by choice. */
+export const GENERATION_ROUTES = ['chat_completions', 'completions'] as const;
+export type GenerationRoute = (typeof GENERATION_ROUTES)[number];
+/**
+ * vLLM's non-generation routes: one JSON answer (or raw bytes) after all the work is done, so a failure is a real
+ * HTTP status, never an error inside a 200 (docs/routes.md).
+ */
+export const POOLING_ROUTES = ['embeddings', 'pooling', 'classify', 'score', 'rerank', 'tokenize', 'detokenize'] as const;
+export type PoolingRoute = (typeof POOLING_ROUTES)[number];
+
+/** Routes with protocols of their own, answered and checked like a one-choice generation (docs/routes.md). */
+export const EVENT_ROUTES = ['responses', 'messages'] as const;
+
+export const ROUTES = [...GENERATION_ROUTES, ...EVENT_ROUTES, ...POOLING_ROUTES, '_other'] as const;
 export type Route = (typeof ROUTES)[number];
 /** The routes Waybill proxies; `_other` counts what the gateway answered without a route (404, HTTP-level errors). */
 export type ProxiedRoute = Exclude<Route, '_other'>;
-export const PROXIED_ROUTES: readonly ProxiedRoute[] = ['chat_completions', 'completions'];
+export const PROXIED_ROUTES: readonly ProxiedRoute[] = [...GENERATION_ROUTES, ...EVENT_ROUTES, ...POOLING_ROUTES];
+
+const POOLING = new Set<string>(POOLING_ROUTES);
+
+export function isPoolingRoute(route: Route): route is PoolingRoute {
+  return POOLING.has(route);
+}
+
+export function isGenerationRoute(route: Route): route is GenerationRoute {
+  return route === 'chat_completions' || route === 'completions';
+}
+
+/** Routes whose answers report token usage (tokenize and detokenize never touch the engine). */
+export function reportsUsage(route: Route): boolean {
+  return route !== 'tokenize' && route !== 'detokenize' && route !== '_other';
+}
 
 export const OUTCOMES = ['delivered', 'rejected', 'failed', 'timeout', 'stream_error', 'incomplete', 'client_cancelled'] as const;
 export type Outcome = (typeof OUTCOMES)[number];
@@ -71,9 +100,9 @@ export const OTHER = '_other';
 
 const KNOWN_FINISH = new Set<string>(FINISH_REASONS);
 
-/** Maps an upstream finish_reason to the closed set; `none` is for a choice that never got one. */
+/** Maps an upstream finish_reason to the closed set; `none` is for a choice that never got one, or a null one. */
 export function finishReasonLabel(reason: string | undefined): FinishReason {
-  if (reason === undefined) return 'none';
+  if (reason === undefined || reason === NULL_STOP_REASON) return 'none';
   return KNOWN_FINISH.has(reason) && reason !== 'none' && reason !== 'other' ? (reason as FinishReason) : 'other';
 }
 

@@ -126,3 +126,40 @@ export function failureResponse(failure: Failure): { status: number; body: Error
       return { status: failure.status, body: errorBody('shutting_down', 'the gateway is shutting down; retry the request') };
   }
 }
+
+/** Anthropic's error type for a status, as its SDK maps them (api_error for what has no type of its own). */
+function anthropicType(status: number): string {
+  switch (status) {
+    case 400:
+      return 'invalid_request_error';
+    case 401:
+      return 'authentication_error';
+    case 403:
+      return 'permission_error';
+    case 404:
+      return 'not_found_error';
+    case 413:
+      return 'request_too_large';
+    case 429:
+      return 'rate_limit_error';
+    case 503:
+    case 529:
+      return 'overloaded_error';
+    default:
+      return 'api_error';
+  }
+}
+
+/** An Anthropic-shaped error body: what `/v1/messages` clients (the Anthropic SDKs) read. */
+export interface AnthropicErrorBody {
+  type: 'error';
+  error: { type: string; message: string };
+}
+
+/**
+ * The body of an error answer on `route`: OpenAI's shape everywhere, Anthropic's on `/v1/messages` (docs/errors.md).
+ */
+export function errorBodyFor(route: string, status: number, body: ErrorBody): ErrorBody | AnthropicErrorBody {
+  if (route !== 'messages') return body;
+  return { type: 'error', error: { type: anthropicType(status), message: body.error.message } };
+}

@@ -28,12 +28,12 @@
  */
 import { crashSettlement, RequestLedger, type AttemptRecord, type Failure, type ProtocolViolation, type RequestInfo, type Settlement, type StreamEnd } from '../accounting/ledger.js';
 import type { AnomalyKind, RetryReason } from '../accounting/outcomes.js';
-import { classifyEventData, type UpstreamError } from '../sse/classify.js';
+import type { UpstreamError } from '../sse/classify.js';
 import type { SseEvent } from '../sse/framer.js';
-import { errorBody, failureResponse, type ErrorBody } from './errors.js';
+import { errorBody, errorBodyFor, failureResponse, type ErrorBody } from './errors.js';
 import type { RetryBudget } from './retry-budget.js';
 import { retryDelay, retryReason, type RetryRules } from './retry-policy.js';
-import { classifyBody, coalesce, SSE_HEADERS, streamErrorEvent } from './wire.js';
+import { classifyStreamEvent, classifyWholeBody, coalesce, SSE_HEADERS, streamErrorEvent } from './wire.js';
 
 export type TimerName = 'total' | 'first_output' | 'idle' | 'drain' | 'retry' | 'linger';
 
@@ -48,7 +48,15 @@ export type MachineEvent =
   | { type: 'admission'; admitted: boolean; reason: 'queue_full' | 'queue_timeout' | 'cancelled' | undefined; waitedMs: number }
   | { type: 'attempt_started'; attempt: number; upstream: string }
   | { type: 'no_upstream' }
-  | { type: 'response_start'; attempt: number; status: number; contentType: string | undefined; retryAfterMs: number | undefined }
+  | {
+      type: 'response_start';
+      attempt: number;
+      status: number;
+      contentType: string | undefined;
+      retryAfterMs: number | undefined;
+      /** vLLM's `metadata` header (raw-bytes embeddings), relayed with a non-stream answer. */
+      metadata?: string | undefined;
+    }
   | { type: 'protocol_violation'; attempt: number; violation: ProtocolViolation }
   | { type: 'block'; attempt: number; raw: Buffer; event: SseEvent | null }
   | { type: 'chunk_done'; attempt: number }
@@ -147,6 +155,7 @@ export class DeliveryMachine {
   private attemptFinished = true;
   private retryAfterMs: number | undefined;
   private contentType: string | undefined;
+  private metadata: string | undefined;
   /** Upstreams this request has been sent to: a retry goes elsewhere while another is eligible. */
   private readonly tried = new Set<string>();
   private held: Buffer[] = [];
@@ -261,6 +270,7 @@ export class DeliveryMachine {
       case 'response_start':
         this.retryAfterMs = event.retryAfterMs;
         this.contentType = event.contentType;
+        this.metadata = event.metadata;
         ledger.responseStarted(this.at, event.status);
         return;
       case 'protocol_violation':
@@ -272,9 +282,13 @@ export class DeliveryMachine {
         this.flush();
         return this.act();
       case 'body':
-        ledger.bodyReceived(this.at, event.status, classifyBody(event.body, ledger.wantsParts));
+        ledger.bodyReceived(this.at, event.status, classifyWholeBody(this.request.info.route, event.body, this.contentType, ledger.wantsParts));
         if (ledger.ending?.kind === 'complete' && !this.responseEnded) {
-          this.writeHead(200, { 'content-type': this.contentType ?? 'application/json', 'content-length': event.body.length });
+          this.writeHead(200, {
+            'content-type': this.contentType ?? 'application/json',
+            'content-length': event.body.length,
+            ...(this.metadata !== undefined ? { metadata: this.metadata } : {}),
+          });
           return this.endClient(event.body);
         }
         return this.act();
@@ -347,6 +361,7 @@ export class DeliveryMachine {
     this.attemptFinished = false;
     this.retryAfterMs = undefined;
     this.contentType = undefined;
+    this.metadata = undefined;
     this.ledger.startAttempt(this.at, upstream);
     // Counted when the retry is made, not when scheduled: retries_total = attempts - requests, exactly.
     if (this.retriedFor !== undefined) this.observe({ type: 'retry_made', reason: this.retriedFor });
@@ -405,7 +420,7 @@ export class DeliveryMachine {
     }
     // The idle clock runs on whole events, not bytes: an upstream dripping bytes without an event boundary is idle.
     this.refreshIdle();
-    const facts = classifyEventData(event.data, ledger.wantsParts);
+    const facts = classifyStreamEvent(this.request.info.route, event, ledger.wantsParts);
     if (facts.kind === 'error') this.observe({ type: 'upstream_error', attempt: this.attempt, error: facts });
     switch (ledger.streamEvent(this.at, facts)) {
       case 'hold':
@@ -461,7 +476,7 @@ export class DeliveryMachine {
         this.endClient(undefined);
         break;
       case 'gateway_error':
-        this.endClient(streamErrorEvent(ending.cause));
+        this.endClient(streamErrorEvent(ending.cause, this.request.info.route, this.ledger.nextSequence));
         break;
       case 'failure':
         if (this.retry()) return;
@@ -515,7 +530,7 @@ export class DeliveryMachine {
 
   private writeError(status: number, body: ErrorBody, headers: Record<string, string> = {}): void {
     if (this.responseEnded) return;
-    const payload = Buffer.from(JSON.stringify(body));
+    const payload = Buffer.from(JSON.stringify(errorBodyFor(this.request.info.route, status, body)));
     if (!this.headSent) this.writeHead(status, { ...headers, 'content-type': 'application/json', 'content-length': payload.length });
     this.endClient(payload);
   }
@@ -694,9 +709,9 @@ export class DeliveryMachine {
     if (!this.responseEnded) {
       this.responseEnded = true;
       if (committed) {
-        this.emit({ kind: 'end', data: streamErrorEvent('internal') });
+        this.emit({ kind: 'end', data: streamErrorEvent('internal', this.request.info.route, this.ledger.nextSequence) });
       } else {
-        const payload = Buffer.from(JSON.stringify(errorBody('internal_error', 'internal error')));
+        const payload = Buffer.from(JSON.stringify(errorBodyFor(this.request.info.route, 500, errorBody('internal_error', 'internal error'))));
         this.emit({ kind: 'write_head', status: 500, headers: { 'content-type': 'application/json', 'content-length': payload.length, 'x-request-id': this.request.requestId } });
         this.emit({ kind: 'end', data: payload });
       }

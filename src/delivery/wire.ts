@@ -3,7 +3,11 @@
  */
 import type { GatewayErrorCause } from '../accounting/ledger.js';
 import { errorBody, type ErrorCode } from './errors.js';
-import { classifyJson, type EventFacts } from '../sse/classify.js';
+import { isPoolingRoute, type Route } from '../accounting/outcomes.js';
+import { answerFacts, classifyEventData, classifyJson, classifyPoolingJson, type EventFacts } from '../sse/classify.js';
+import type { SseEvent } from '../sse/framer.js';
+import { classifyMessagesBody, classifyMessagesEvent, classifyResponsesBody, classifyResponsesEvent } from '../sse/route-events.js';
+import { isRecord } from '../util/json.js';
 
 export const SSE_HEADERS = {
   'cache-control': 'no-cache',
@@ -15,6 +19,22 @@ export const SSE_HEADERS = {
 export function classifyBody(body: Buffer, withParts = false): EventFacts {
   try {
     return classifyJson(JSON.parse(body.toString('utf8')), withParts);
+  } catch {
+    return { kind: 'malformed' };
+  }
+}
+
+/**
+ * Classifies a non-generation route's whole body. Raw tensor bytes (`encoding_format` `bytes`/`bytes_only`, as
+ * `application/octet-stream`) are an answer whose usage is not counted: vLLM puts it in a `metadata` header that
+ * `bytes_only` leaves out.
+ */
+export function classifyPoolingBody(body: Buffer, contentType: string | undefined): EventFacts {
+  if (contentType !== undefined && contentType.toLowerCase().startsWith('application/octet-stream')) {
+    return answerFacts(undefined, undefined, undefined);
+  }
+  try {
+    return classifyPoolingJson(JSON.parse(body.toString('utf8')));
   } catch {
     return { kind: 'malformed' };
   }
@@ -46,10 +66,46 @@ const STREAM_ERRORS: Record<GatewayErrorCause, [ErrorCode, string]> = {
 };
 
 /**
- * The SSE error event that ends a committed stream Waybill could not deliver. The OpenAI SDKs raise on an event
- * with an `error` key; a clean end without it would read as a complete answer.
+ * The SSE error event that ends a committed stream Waybill could not deliver, in the route's own shape:
+ * - chat and completions: `data: {"error":{…}}` — the OpenAI SDKs raise on an event with an `error` key;
+ * - Responses: `event: error` whose data has `type: "error"`, a top-level `error` object and the next
+ *   `sequence_number` — every openai-node version raises on one or the other (docs/routes.md);
+ * - Messages: `event: error` with Anthropic's `{"type":"error","error":{…}}` — the Anthropic SDK raises on it.
+ * A clean end without it would read as a complete answer.
  */
-export function streamErrorEvent(cause: GatewayErrorCause): Buffer {
+export function streamErrorEvent(cause: GatewayErrorCause, route = 'chat_completions', nextSequence = 0): Buffer {
   const [code, message] = STREAM_ERRORS[cause];
-  return Buffer.from(`data: ${JSON.stringify(errorBody(code, message))}\n\n`);
+  const body = errorBody(code, message);
+  switch (route) {
+    case 'responses': {
+      const data = { type: 'error', error: body.error, code, message, param: null, sequence_number: nextSequence };
+      return Buffer.from(`event: error\ndata: ${JSON.stringify(data)}\n\n`);
+    }
+    case 'messages':
+      return Buffer.from(`event: error\ndata: ${JSON.stringify({ type: 'error', error: { type: code === 'stream_timeout' ? 'timeout_error' : 'api_error', message } })}\n\n`);
+    default:
+      return Buffer.from(`data: ${JSON.stringify(body)}\n\n`);
+  }
+}
+
+/** Classifies one upstream SSE event by the route's protocol. */
+export function classifyStreamEvent(route: Route, event: SseEvent, withParts: boolean): EventFacts {
+  if (route === 'responses') return classifyResponsesEvent(event.type, event.data, withParts);
+  if (route === 'messages') return classifyMessagesEvent(event.type, event.data, withParts);
+  return classifyEventData(event.data, withParts);
+}
+
+/** Classifies a whole non-stream body (or an error body) by the route's protocol. */
+export function classifyWholeBody(route: Route, body: Buffer, contentType: string | undefined, withParts: boolean): EventFacts {
+  if (isPoolingRoute(route)) return classifyPoolingBody(body, contentType);
+  if (route === 'chat_completions' || route === 'completions') return classifyBody(body, withParts);
+  let json: unknown;
+  try {
+    json = JSON.parse(body.toString('utf8'));
+  } catch {
+    return { kind: 'malformed' };
+  }
+  // An OpenAI-shaped error body (any status) is an error on every route.
+  if (isRecord(json) && isRecord(json['error']) && json['type'] !== 'message' && json['object'] !== 'response') return classifyJson(json);
+  return route === 'responses' ? classifyResponsesBody(json, withParts) : classifyMessagesBody(json, withParts);
 }

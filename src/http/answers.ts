@@ -10,7 +10,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { RequestLedger } from '../accounting/ledger.js';
 import { OTHER, type ProxiedRoute, type Route } from '../accounting/outcomes.js';
 import { requestInfo, type Config } from '../config/load.js';
-import { ERRORS, errorBody, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
+import { ERRORS, errorBody, errorBodyFor, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
 import type { UpstreamRegistry } from '../proxy/upstreams.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { NO_TRACE, startRequestTrace, type RequestTrace } from '../telemetry/request-trace.js';
@@ -19,11 +19,28 @@ import { isRecord } from '../util/json.js';
 import type { ParsedBody } from './body.js';
 
 /** The proxied routes and their API paths: one table. */
-export const ROUTE_PATHS: Readonly<Record<ProxiedRoute, string>> = { chat_completions: '/v1/chat/completions', completions: '/v1/completions' };
+/**
+ * Every API path Waybill serves, with its `route` label; the upstream path is the same (docs/routes.md). Several
+ * paths may share a route: vLLM serves scoring and reranking under aliases.
+ */
+export const API_PATHS: ReadonlyArray<readonly [path: string, route: ProxiedRoute]> = [
+  ['/v1/chat/completions', 'chat_completions'],
+  ['/v1/completions', 'completions'],
+  ['/v1/responses', 'responses'],
+  ['/v1/messages', 'messages'],
+  ['/v1/embeddings', 'embeddings'],
+  ['/pooling', 'pooling'],
+  ['/classify', 'classify'],
+  ['/score', 'score'],
+  ['/v1/score', 'score'],
+  ['/rerank', 'rerank'],
+  ['/v1/rerank', 'rerank'],
+  ['/v2/rerank', 'rerank'],
+  ['/tokenize', 'tokenize'],
+  ['/detokenize', 'detokenize'],
+];
 
-const ROUTE_BY_PATH: ReadonlyMap<string, ProxiedRoute> = new Map(
-  Object.entries(ROUTE_PATHS).map(([route, path]) => [path, route as ProxiedRoute]),
-);
+const ROUTE_BY_PATH: ReadonlyMap<string, ProxiedRoute> = new Map(API_PATHS);
 
 /** The `route` label of a request: a proxied route when it matched one, else `_other`. */
 export function routeOf(request: FastifyRequest): Route {
@@ -35,6 +52,8 @@ export interface AnsweredStart {
   readonly stream: boolean;
   readonly requestId: string;
   readonly arrivalAt: number;
+  /** The path the client asked for. */
+  readonly path: string;
   readonly headers: IncomingHttpHeaders;
   readonly body: unknown;
   /** The model the body named, if any: counted under it when it is served, else `_other`. */
@@ -83,7 +102,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
             start.headers,
             {
               route,
-              path: ROUTE_PATHS[route],
+              path: start.path,
               model,
               stream: start.stream,
               requestId: start.requestId,
@@ -110,6 +129,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
     model,
     requestId: request.id,
     arrivalAt: request.arrivalAt,
+    path: request.routeOptions.url ?? request.url,
     headers: request.headers,
     body: (request.body as ParsedBody | undefined)?.json,
   });
@@ -120,7 +140,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
     reject(request, reply, route, stream, body, model) {
       const status = ERRORS[body.error.code as ErrorCode]?.status ?? 400;
       record(startOf(request, route, stream, model), status);
-      sendError(reply, status, body);
+      sendError(reply, status, body, route);
     },
     refusedWith: (socket) => refused.get(socket),
     onClientError(error, socket) {
@@ -157,14 +177,15 @@ export function createAnswers(deps: AnswersDeps): Answers {
       if (inFlight !== undefined) return;
       const at = now();
       guard.run('http', () =>
-        record({ route: '_other', stream: false, requestId: randomUUID(), arrivalAt: at, headers: {}, body: undefined }, status),
+        record({ route: '_other', stream: false, requestId: randomUUID(), arrivalAt: at, path: '', headers: {}, body: undefined }, status),
       );
     },
   };
 }
 
-export function sendError(reply: FastifyReply, status: number, body: ErrorBody): void {
-  void reply.code(status).header('x-request-id', reply.request.id).type('application/json').send(body);
+/** An error answer, in the route's shape (Anthropic's on `/v1/messages`, OpenAI's elsewhere). */
+export function sendError(reply: FastifyReply, status: number, body: ErrorBody, route: Route = '_other'): void {
+  void reply.code(status).header('x-request-id', reply.request.id).type('application/json').send(errorBodyFor(route, status, body));
 }
 
 /** An error answer on a hijacked response; a client already gone is simply not answered. */

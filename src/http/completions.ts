@@ -2,7 +2,7 @@
  * The gateway's own checks on a completion request, before any upstream is asked: the fields it needs to route
  * and account (model, stream, n, prompt count). Everything else is the upstream's to validate.
  */
-import type { ProxiedRoute } from '../accounting/outcomes.js';
+import type { GenerationRoute } from '../accounting/outcomes.js';
 import { isRecord } from '../util/json.js';
 import { errorBody, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
 import { memberValueSpan } from './json-bytes.js';
@@ -25,7 +25,7 @@ function promptCount(prompt: unknown): number {
   return prompt.every((p) => typeof p === 'number') ? 1 : prompt.length;
 }
 
-export function checkCompletion(route: ProxiedRoute, json: unknown, maxChoices: number, charsPerToken = 4): Checked {
+export function checkCompletion(route: GenerationRoute, json: unknown, maxChoices: number, charsPerToken = 4): Checked {
   const invalid = (message: string, param: string | null, stream = false, code: ErrorCode = 'invalid_request'): Checked => ({
     ok: false,
     status: 400,
@@ -70,7 +70,7 @@ export function checkCompletion(route: ProxiedRoute, json: unknown, maxChoices: 
  * counted). Legacy completions with several prompts: their sum, as vLLM's usage reports it. Undefined when the
  * request carries no prompt the gateway can read.
  */
-export function estimatePromptTokens(route: ProxiedRoute, json: Record<string, unknown>, charsPerToken: number): number | undefined {
+export function estimatePromptTokens(route: GenerationRoute, json: Record<string, unknown>, charsPerToken: number): number | undefined {
   let tokens = 0;
   let chars = 0;
   let found = false;

@@ -11,10 +11,15 @@ import { upstreamHeaders } from '../proxy/headers.js';
 import type { UpstreamRegistry } from '../proxy/upstreams.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { NO_TRACE, startRequestTrace } from '../telemetry/request-trace.js';
-import { answerRaw, ROUTE_PATHS, type Answers } from './answers.js';
+import { isGenerationRoute } from '../accounting/outcomes.js';
+import { answerRaw, API_PATHS, type Answers } from './answers.js';
 import type { ParsedBody } from './body.js';
 import { checkCompletion, withUsageRequested } from './completions.js';
 import { readContract } from './contract.js';
+import { checkMessages, checkResponses, readMessagesContract, readResponsesContract } from './event-routes.js';
+import { checkPooling } from './pooling.js';
+import type { OutputContract, SchemaCompiler } from '../accounting/output-contract.js';
+import type { ProxiedRoute } from '../accounting/outcomes.js';
 import type { SchemaCache } from '../accounting/schemas.js';
 import { inSample, sampleRate } from '../telemetry/evaluation.js';
 
@@ -34,14 +39,21 @@ export interface RoutesDeps {
 export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void {
   const { config, upstreams, tracer, guard, answers } = deps;
 
-  for (const [route, apiPath] of Object.entries(ROUTE_PATHS) as Array<[keyof typeof ROUTE_PATHS, string]>) {
+  for (const [apiPath, route] of API_PATHS) {
     app.post(apiPath, (request, reply) => {
       const parsed = request.body as ParsedBody | undefined;
       if (parsed === undefined) {
         answers.reject(request, reply, route, false, errorBody('unsupported_media_type', 'send the request as application/json'));
         return;
       }
-      const checked = checkCompletion(route, parsed.json, config.server.max_choices, config.metrics.charsPerToken);
+      const charsPerToken = config.metrics.charsPerToken;
+      const checked = isGenerationRoute(route)
+        ? checkCompletion(route, parsed.json, config.server.max_choices, charsPerToken)
+        : route === 'responses'
+          ? checkResponses(parsed.json, charsPerToken)
+          : route === 'messages'
+            ? checkMessages(parsed.json, charsPerToken)
+            : checkPooling(route, parsed.json, upstreams.models(), charsPerToken);
       if (!checked.ok) {
         answers.reject(request, reply, route, checked.stream, checked.body, (parsed.json as { model?: unknown } | null)?.model);
         return;
@@ -66,7 +78,7 @@ export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void 
         body: withUsage ?? parsed.raw,
         expectedChoices: fields.expectedChoices,
         promptTokensEstimate: fields.promptTokensEstimate,
-        contract: readContract(json, deps.schemas.compile),
+        contract: contractOf(route, json, deps.schemas.compile),
         evaluator: evaluatorValue !== undefined && evaluatorValue !== '',
         // The sample is decided from the request id alone: the same decision the settlement recorder makes.
         captureAnswer: evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
@@ -99,4 +111,12 @@ export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void 
       data: upstreams.models().map((id) => ({ id, object: 'model', created, owned_by: 'waybill' })),
     });
   });
+}
+
+/** The output contract the request asks for, read by its route's protocol; pooling routes have none. */
+function contractOf(route: ProxiedRoute, json: Record<string, unknown>, compile: SchemaCompiler): OutputContract | undefined {
+  if (route === 'chat_completions' || route === 'completions') return readContract(json, compile, route === 'chat_completions');
+  if (route === 'responses') return readResponsesContract(json, compile);
+  if (route === 'messages') return readMessagesContract(json, compile);
+  return undefined;
 }

@@ -105,11 +105,14 @@ export class Attempt implements Dispatcher.DispatchHandler {
     const type = headers['content-type'];
     this.contentType = typeof type === 'string' ? type : undefined;
     const retryAfter = headers['retry-after'];
+    // vLLM's raw-bytes embeddings carry their id, offsets and usage in this header: the client needs it.
+    const metadata = headers['metadata'];
     const start: AttemptEvent = {
       type: 'response_start',
       attempt: this.number,
       status: statusCode,
       contentType: this.contentType,
+      metadata: typeof metadata === 'string' ? metadata : undefined,
       retryAfterMs: parseRetryAfter(typeof retryAfter === 'string' ? retryAfter : undefined, this.options.wallNow()),
     };
     if (statusCode >= 200 && statusCode < 300) {

@@ -19,8 +19,11 @@ const NOT_FORWARDED = new Set([
   'host',
   'content-length',
   'expect',
-  // The client's credentials are for the gateway, not the upstream.
+  // The client's credentials are for the gateway, not the upstream (the Anthropic SDK sends x-api-key, Azure-style
+  // clients api-key).
   'authorization',
+  'x-api-key',
+  'api-key',
   'cookie',
   // Set by Waybill below.
   'content-type',

@@ -1,6 +1,6 @@
 /**
  * What one upstream event means for delivery: the facts the ledger needs and nothing more. Shapes follow
- * vllm-wire.md: chat and legacy completions chunks, the usage-only chunk, the error event (any JSON with a
+ * docs/routes.md: chat and legacy completions chunks, the usage-only chunk, the error event (any JSON with a
  * top-level `error` key, whatever else it holds), and `[DONE]`.
  */
 import { isRecord } from '../util/json.js';
@@ -21,7 +21,7 @@ export interface ChoiceFinish {
 export type EventFacts =
   | { kind: 'done' }
   | { kind: 'malformed' }
-  | ({ kind: 'error' } & UpstreamError)
+  | ({ kind: 'error'; sequence?: number } & UpstreamError)
   | {
       kind: 'chunk';
       /** Choice indices for which this event carries generated output (content, reasoning, tool calls, text). */
@@ -42,6 +42,10 @@ export type EventFacts =
       model: string | undefined;
       /** The answer's pieces, only when asked for (the request has an output contract to check). */
       parts?: OutputPart[];
+      /** This event ends a complete answer (Responses' `response.completed`: no `[DONE]` follows). */
+      terminal?: boolean;
+      /** The event's own sequence number (Responses), so an event Waybill adds can continue the numbering. */
+      sequence?: number;
     };
 
 const DONE = '[DONE]';
@@ -171,6 +175,33 @@ export function classifyJson(json: unknown, withParts = false): EventFacts {
 }
 
 /**
+ * Classifies the JSON answer of a non-generation route (embeddings, pooling, classify, score, rerank, tokenize,
+ * detokenize): an error object, or an answer with no choices and, where the route reports it, usage (rerank's has
+ * no completion_tokens; tokenize's none at all). Only an object is an answer.
+ */
+export function classifyPoolingJson(json: unknown): EventFacts {
+  if (!isRecord(json)) return { kind: 'malformed' };
+  if ('error' in json && json['error'] !== undefined && json['error'] !== null) return { kind: 'error', ...readError(json['error']) };
+  return answerFacts(readUsage(json['usage']), json['id'], json['model']);
+}
+
+/** The facts of an answer without choices (a pooling route's JSON, or its raw bytes: usage undefined). */
+export function answerFacts(usage: Usage | 'invalid' | undefined, id: unknown, model: unknown): EventFacts {
+  return {
+    kind: 'chunk',
+    output: [],
+    answers: [],
+    choices: [],
+    finishes: [],
+    usage: usage === 'invalid' ? undefined : usage,
+    usageInvalid: usage === 'invalid',
+    usageOnly: false,
+    id: typeof id === 'string' ? id : undefined,
+    model: typeof model === 'string' ? model : undefined,
+  };
+}
+
+/**
  * Classifies one SSE event's data buffer: the fast path for vLLM's ordinary delta chunk when it applies, otherwise
  * `JSON.parse`. Both give the same `EventFacts` (test/classify-fastpath.test.ts). With `withParts` (a request whose
  * output contract needs the answer's text) every event takes `JSON.parse`, once, and carries its answer's pieces.
@@ -181,7 +212,7 @@ export function classifyEventData(data: string, withParts = false): EventFacts {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Fast path: vLLM's ordinary delta chunk, recognised by its exact compact text (vllm-wire.md §1–2) without
+// Fast path: vLLM's ordinary delta chunk, recognised by its exact compact text (docs/routes.md, "Chat and legacy completions") without
 // JSON.parse. It is a validating matcher for one narrow grammar, not a JSON parser:
 //
 //   {"id":ID,"object":"chat.completion.chunk","created":UINT,"model":MODEL,"choices":[{"index":UINT,

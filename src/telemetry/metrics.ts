@@ -7,7 +7,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type Metric
 import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
-import { OUTPUT_CHECKS, PROXIED_ROUTES, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
+import { GENERATION_ROUTES, OUTPUT_CHECKS, reportsUsage, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -382,7 +382,7 @@ export class GatewayMetrics {
       this.inflight.set({ model }, 0);
       // The series the SLO rules divide by exist from the start: rate() then sees the first request, and an idle
       // gateway is not mistaken for an absent one.
-      for (const route of PROXIED_ROUTES) {
+      for (const route of GENERATION_ROUTES) {
         for (const stream of ['true', 'false']) {
           this.requests.inc({ model, route, stream, code: '200', outcome: 'delivered' }, 0);
           this.accepted.inc({ model, route, stream }, 0);
@@ -467,7 +467,7 @@ export class GatewayMetrics {
       if (usage.promptTokens !== undefined) this.promptTokens.inc({ model }, usage.promptTokens);
       if (usage.cachedTokens !== undefined) this.cachedPromptTokens.inc({ model }, usage.cachedTokens);
       if (usage.completionTokens !== undefined) this.completionTokens.inc({ model }, usage.completionTokens);
-    } else if (s.outcome === 'delivered') {
+    } else if (s.outcome === 'delivered' && reportsUsage(s.route)) {
       this.usageMissing.inc({ model });
     }
   }

@@ -121,7 +121,20 @@ export const NO_TRACE: RequestTrace = {
   settle: () => undefined,
 };
 
-const OPERATION: Record<ProxiedRoute, string> = { chat_completions: 'chat', completions: 'text_completion' };
+/** gen_ai.operation.name: the semantic conventions' names where they have one, else the route's own. */
+const OPERATION: Record<ProxiedRoute, string> = {
+  chat_completions: 'chat',
+  completions: 'text_completion',
+  responses: 'chat',
+  messages: 'chat',
+  embeddings: 'embeddings',
+  pooling: 'pooling',
+  classify: 'classify',
+  score: 'score',
+  rerank: 'rerank',
+  tokenize: 'tokenize',
+  detokenize: 'detokenize',
+};
 
 const PARAMS: Array<[string, string]> = [
   ['max_tokens', GEN_AI.requestMaxTokens],
@@ -157,7 +170,8 @@ class SpanTrace implements RequestTrace {
       [ATTR_HTTP_ROUTE]: start.path,
       [ATTR_URL_PATH]: start.path,
       [GEN_AI.operationName]: OPERATION[start.route],
-      [GEN_AI.providerName]: 'openai',
+      // The API the upstream speaks on this route: vLLM serves Anthropic's Messages API too.
+      [GEN_AI.providerName]: start.route === 'messages' ? 'anthropic' : 'openai',
       [GEN_AI.requestModel]: start.model,
       [GEN_AI.requestStream]: start.stream,
       [WAYBILL.requestId]: start.requestId,

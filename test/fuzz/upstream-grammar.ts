@@ -1,6 +1,6 @@
 /**
  * A grammar of upstream transcripts: what a vLLM (or something pretending to be one) sends back for one attempt.
- * Valid vLLM stream events (vllm-wire.md §2–3) mixed with hostile pieces: absurd usage values, finish reasons for
+ * Valid vLLM stream events (docs/routes.md) mixed with hostile pieces: absurd usage values, finish reasons for
  * choice indices outside n, floods of blank and comment lines, oversized and unterminated events, invalid UTF-8,
  * CR/LF/CRLF mixes, data after `[DONE]`, `[DONE]` after an error, non-SSE and compressed bodies, redirects and
  * error statuses with huge HTML bodies, and connections cut at any byte. The bytes are sent in generated splits

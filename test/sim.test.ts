@@ -9,6 +9,7 @@ import { resolveSimOptions } from '../src/sim/options.js';
 import { prefillDelayMs, shapeAnswer } from '../src/sim/plan.js';
 import type { GenerationRequest } from '../src/sim/request.js';
 import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../src/sim/server.js';
+import { ROUTE_NAMES } from '../src/sim/stats.js';
 import { choiceText, estimateTokens, pythonJsonDumps, tokenText } from '../src/sim/wire.js';
 
 // ---- harness ----
@@ -182,6 +183,7 @@ describe('chat streaming', () => {
       seq: 1,
       requestId: 'req-1',
       route: 'chat_completions',
+      path: '/v1/chat/completions',
       model: 'sim-model',
       stream: true,
       n: 1,
@@ -192,6 +194,7 @@ describe('chat streaming', () => {
       status: 200,
       outputEventsSent: 4,
       completionTokensSent: 4,
+      promptTokens: PROMPT_TOKENS,
     });
   });
 
@@ -508,7 +511,7 @@ describe('errors before streaming', () => {
     const options = await send(url, '/v1/chat/completions', { body: chat({ stream: false, stream_options: { include_usage: true } }) });
     expect(options.status).toBe(400);
 
-    const route = await send(url, '/v1/embeddings', { body: { input: 'x' } });
+    const route = await send(url, '/v2/embed', { body: { texts: ['x'] } });
     expect(route.status).toBe(404);
     expect(JSON.parse(route.text)).toEqual({ detail: 'Not Found' });
 
@@ -916,7 +919,7 @@ describe('client disconnects and the control endpoints', () => {
     const stats = sim.stats();
     expect({ ...stats, recent: undefined }).toEqual({
       requests: 5,
-      byRoute: { chat_completions: 2, completions: 1, other: 2 },
+      byRoute: { ...Object.fromEntries(ROUTE_NAMES.map((r) => [r, 0])), chat_completions: 2, completions: 1, other: 2 },
       inflight: 0,
       completed: 2,
       clientDisconnects: 0,

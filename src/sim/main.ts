@@ -25,6 +25,7 @@ export const FLAG_OF: Readonly<Record<keyof SimOptions, string>> = {
   cachedTokens: '--cached-tokens',
   promptTokensDetails: '--prompt-tokens-details',
   forceIncludeUsage: '--force-include-usage',
+  embeddingDimensions: '--embedding-dimensions',
   apiKey: '--api-key',
   seed: '--seed',
   faultRate: '--fault-rate',
@@ -52,6 +53,7 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
         'cached-tokens': { type: 'string' },
         'prompt-tokens-details': { type: 'boolean' },
         'force-include-usage': { type: 'boolean' },
+        'embedding-dimensions': { type: 'string' },
         'api-key': { type: 'string' },
         seed: { type: 'string' },
         'fault-rate': { type: 'string' },
@@ -88,6 +90,7 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
   set('cachedTokens', number('--cached-tokens', values['cached-tokens']));
   set('promptTokensDetails', values['prompt-tokens-details']);
   set('forceIncludeUsage', values['force-include-usage']);
+  set('embeddingDimensions', number('--embedding-dimensions', values['embedding-dimensions']));
   set('apiKey', values['api-key']);
   set('seed', number('--seed', values.seed));
   set('faultRate', number('--fault-rate', values['fault-rate']));

@@ -1,27 +1,32 @@
 /**
- * The non-streaming answer of one request: the whole body after the time the stream would have taken,
- * or, for the faults that make sense without a stream, an HTTP error, a reset or a stall.
+ * A non-streaming answer: the whole body after the time the stream would have taken, or, for the faults that make
+ * sense without a stream, an HTTP error, a reset or a stall. The body itself is the caller's (`send`): a chat or
+ * legacy completion, or one of the non-generation routes' answers, which have no decode (`outputEvents: 0`).
  */
 import type { ServerResponse } from 'node:http';
 import type { Fault } from './faults.js';
-import { jittered } from '../util/prng.js';
+import { jittered, type Random } from '../util/prng.js';
 import { after, type CancelTimer } from './timer.js';
 import { sendBody } from './respond.js';
-import type { GenerationPlan, StreamControl } from './stream.js';
-import {
-  choiceText,
-  completionBody,
-  errorBody,
-  errorInfo,
-  type GenerationRoute,
-  type ResponseIdentity,
-} from './wire.js';
+import type { StreamControl } from './stream.js';
+import { errorBody, errorInfo } from './wire.js';
 
-export interface NonStreamPlan extends GenerationPlan {
-  readonly route: GenerationRoute;
-  readonly identity: ResponseIdentity;
+export interface NonStreamPlan {
+  /**
+   * Output events a stream of the same answer would carry: the body goes out `itlMs` × (events − 1) after the
+   * first token. 0 when there is no decode: the body goes out at the first-token time.
+   */
+  readonly outputEvents: number;
+  /** Completion tokens the 200 body carries. */
+  readonly completionTokens: number;
+  readonly ttftMs: number;
+  readonly itlMs: number;
+  readonly jitter: number;
+  readonly random: Random;
   /** Only kinds for which appliesToNonStream() holds; the server drops the others. */
   readonly fault: Fault | null;
+  /** Write the 200 answer. */
+  send(): void;
 }
 
 export interface NonStreamResult {
@@ -41,8 +46,7 @@ export interface NonStreamHooks {
 export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: NonStreamHooks): StreamControl {
   let cancelTimer: CancelTimer | undefined;
   let stopped = false;
-  const eventsPerChoice = Math.ceil(plan.tokensPerChoice / plan.tokensPerEvent);
-  const totalEvents = plan.choiceCount * eventsPerChoice;
+  const totalEvents = plan.outputEvents;
   const { fault } = plan;
 
   const later = (ms: number, fn: () => void): void => {
@@ -51,7 +55,7 @@ export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: 
       if (!stopped) fn();
     });
   };
-  const itlFor = (events: number): number => jittered(plan.random, plan.itlMs * events, plan.jitter);
+  const itlFor = (events: number): number => jittered(plan.random, plan.itlMs * Math.max(0, events), plan.jitter);
 
   const fail = (code: number): void => {
     stopped = true;
@@ -65,13 +69,8 @@ export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: 
   };
   const succeed = (): void => {
     stopped = true;
-    const choices = Array.from({ length: plan.choiceCount }, (_, index) => ({
-      text: choiceText(index, 0, plan.tokensPerChoice),
-      finishReason: plan.finishReason,
-    }));
-    const tokens = plan.choiceCount * plan.tokensPerChoice;
-    hooks.onEnd({ end: 'completed', status: 200, completionTokensSent: tokens, generationComplete: true });
-    sendBody(res, 200, completionBody(plan.route, plan.identity, choices, plan.usage));
+    hooks.onEnd({ end: 'completed', status: 200, completionTokensSent: plan.completionTokens, generationComplete: true });
+    plan.send();
   };
 
   const afterFirstToken = (): void => {

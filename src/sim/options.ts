@@ -24,6 +24,8 @@ export interface SimOptions {
   promptTokensDetails: boolean;
   /** vLLM's --enable-force-include-usage. */
   forceIncludeUsage: boolean;
+  /** The embedding model's native dimension: the length of /v1/embeddings and /pooling vectors (`dimensions` cuts it). */
+  embeddingDimensions: number;
   /** vLLM's --api-key: /v1/* then needs `Authorization: Bearer <key>`. */
   apiKey?: string;
   seed: number;
@@ -44,6 +46,7 @@ export const DEFAULT_SIM_OPTIONS: Readonly<Omit<SimOptions, 'apiKey'>> = Object.
   cachedTokens: 0,
   promptTokensDetails: false,
   forceIncludeUsage: false,
+  embeddingDimensions: 8,
   seed: 1,
   faultRate: 0,
   faultKinds: [...FAULT_KINDS],
@@ -84,6 +87,9 @@ export function validateSimOptions(partial: Partial<SimOptions>): ValidationResu
   if (!isInt(merged.cachedTokens, 0)) problem('cachedTokens', 'must be an integer >= 0');
   if (typeof merged.promptTokensDetails !== 'boolean') problem('promptTokensDetails', 'must be a boolean');
   if (typeof merged.forceIncludeUsage !== 'boolean') problem('forceIncludeUsage', 'must be a boolean');
+  if (!(isInt(merged.embeddingDimensions, 1) && merged.embeddingDimensions <= 65_536)) {
+    problem('embeddingDimensions', 'must be an integer between 1 and 65536');
+  }
   if (merged.apiKey !== undefined && (typeof merged.apiKey !== 'string' || merged.apiKey === '')) {
     problem('apiKey', 'must be a non-empty string');
   }

@@ -65,17 +65,27 @@ function optionalInt(body: Record<string, unknown>, key: string, min: number, ma
   return value;
 }
 
+/**
+ * The text a chat message contributes to the prompt count: its string content, or the `text` of its parts joined;
+ * "" for anything else. Null when the message is not an object. The simulator's tokenizer tokenizes the same text.
+ */
+export function messageText(message: unknown): string | null {
+  if (!isRecord(message)) return null;
+  const { content } = message;
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) {
+    let text = '';
+    for (const part of content) if (isRecord(part) && typeof part.text === 'string') text += part.text;
+    return text;
+  }
+  return '';
+}
+
 /** Characters of text a chat message contributes: string content, or the text parts of a parts array. */
 function messageChars(message: unknown): number {
-  if (!isRecord(message)) throw invalid('messages: each message should be an object', 'messages');
-  const { content } = message;
-  if (typeof content === 'string') return content.length;
-  if (Array.isArray(content)) {
-    let chars = 0;
-    for (const part of content) if (isRecord(part) && typeof part.text === 'string') chars += part.text.length;
-    return chars;
-  }
-  return 0;
+  const text = messageText(message);
+  if (text === null) throw invalid('messages: each message should be an object', 'messages');
+  return text.length;
 }
 
 function chatPromptTokens(body: Record<string, unknown>): number {

@@ -3,7 +3,7 @@
  * hold hundreds of concurrent streams. Routing, auth, validation and fault selection live here; the
  * answer itself is written by stream.ts or nonstream.ts.
  */
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
@@ -16,15 +16,29 @@ import {
   type Fault,
   type FaultKind,
 } from './faults.js';
-import { startNonStream } from './nonstream.js';
+import { startNonStream, type NonStreamHooks } from './nonstream.js';
 import { resolveSimOptions, type SimOptions } from './options.js';
-import { shapeAnswer } from './plan.js';
+import { prefillDelayMs, shapeAnswer } from './plan.js';
+import { poolingResponseId, renderPoolingAnswer, type PoolingAnswer } from './pooling-answer.js';
+import {
+  badRequestBody,
+  poolingRouteOf,
+  poolingWork,
+  readPoolingRequest,
+  usesEngine,
+  type PoolingRequest,
+  type PoolingRoute,
+  type PoolingWork,
+} from './pooling-request.js';
 import { createRandom, deriveSeed, type Random } from '../util/prng.js';
 import { MAX_MODEL_LEN, readGenerationRequest, type GenerationRequest } from './request.js';
 import { sendBody } from './respond.js';
+import { SimTokenizer } from './tokens.js';
 import { renderMetrics, StatsStore, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';
 import { startStream, type StreamControl } from './stream.js';
 import {
+  choiceText,
+  completionBody,
   createChunkSerializer,
   errorBody,
   errorInfo,
@@ -48,12 +62,15 @@ export interface Simulator {
   /** The same object as GET /sim/stats, detached. */
   stats(): SimStats;
   resetStats(): void;
-  /** A dead engine: /health 503, generation requests 500 (object-shaped); /v1/models stays 200. */
+  /**
+   * A dead engine: /health 503, generation and pooling requests 500 (object-shaped); /v1/models, /tokenize and
+   * /detokenize (which never reach the engine) stay 200.
+   */
   setEngineDead(dead: boolean): void;
   /**
-   * Emits 'request-start' with the RequestRecord so far when a generation request is accepted (validated,
-   * fault chosen; a stream's 200 headers already sent), and 'request-end' with the final RequestRecord when
-   * a generation (or unknown-route) request ends: completed, fault, client disconnect or rejected.
+   * Emits 'request-start' with the RequestRecord so far when a generation or pooling request is accepted
+   * (validated, fault chosen; a stream's 200 headers already sent), and 'request-end' with the final RequestRecord
+   * when a generation, pooling (or unknown-route) request ends: completed, fault, client disconnect or rejected.
    */
   readonly events: EventEmitter;
 }
@@ -112,7 +129,22 @@ function readBody(req: IncomingMessage, limit: number): Promise<BodyRead> {
 function routeOf(path: string): RouteName {
   if (path === '/v1/chat/completions') return 'chat_completions';
   if (path === '/v1/completions') return 'completions';
-  return 'other';
+  return poolingRouteOf(path) ?? 'other';
+}
+
+function isGenerationRoute(route: RouteName): route is GenerationRoute {
+  return route === 'chat_completions' || route === 'completions';
+}
+
+/** The prefixes vLLM's --api-key middleware guards (a plain string-prefix test on the path). */
+const GUARDED_PREFIXES = ['/v1', '/v2', '/inference'] as const;
+
+/** A request's parsed JSON body and its fault directives, once the common checks passed. */
+interface ReadJson {
+  readonly body: unknown;
+  /** Whether an x-sim-fault header was sent (then no random fault is drawn). */
+  readonly hasHeader: boolean;
+  readonly directives: Directives;
 }
 
 function headerValue(req: IncomingMessage, name: string): string | undefined {
@@ -153,6 +185,7 @@ class SimServer implements Simulator {
   private readonly sockets = new Set<Socket>();
   private readonly idleTimers = new Map<Socket, NodeJS.Timeout>();
   private readonly faultRandom: Random;
+  private readonly tokenizer = new SimTokenizer();
   private readonly nonStreamFaultKinds: readonly FaultKind[];
   private engineDead = false;
   private seq = 0;
@@ -227,8 +260,9 @@ class SimServer implements Simulator {
   }
 
   private isAuthorized(req: IncomingMessage, path: string): boolean {
-    // vLLM's --api-key middleware guards /v1/* only; /health and /metrics stay open.
-    if (this.opts.apiKey === undefined || !path.startsWith('/v1')) return true;
+    // vLLM's --api-key middleware guards /v1, /v2 and /inference only: /health, /metrics, /tokenize, /pooling,
+    // /score, /rerank… stay open.
+    if (this.opts.apiKey === undefined || !GUARDED_PREFIXES.some((prefix) => path.startsWith(prefix))) return true;
     return req.headers.authorization === `Bearer ${this.opts.apiKey}`;
   }
 
@@ -250,8 +284,12 @@ class SimServer implements Simulator {
 
     const route = routeOf(path);
     this.store.countRequest(route);
+    if (isGenerationRoute(route)) {
+      void this.handleExchange(req, res, route, path, (ex) => this.serveGeneration(ex, req, res, route, path));
+      return;
+    }
     if (route !== 'other') {
-      void this.handleGeneration(req, res, route, path);
+      void this.handleExchange(req, res, route, path, (ex) => this.servePooling(ex, req, res, route, path));
       return;
     }
     this.handleOther(req, res, path);
@@ -273,7 +311,7 @@ class SimServer implements Simulator {
     const isIntrospection = path === '/health' || path === '/v1/models' || path === '/metrics';
     if (!isIntrospection) {
       // Unknown routes get a record: a gateway sending traffic to the wrong path should be visible.
-      const ex = this.open(req, 'other');
+      const ex = this.open(req, 'other', path);
       const status = this.isAuthorized(req, path) ? 404 : 401;
       sendBody(res, status, status === 404 ? NOT_FOUND_BODY : UNAUTHORIZED_BODY);
       this.settle(ex, 'rejected', status);
@@ -294,13 +332,15 @@ class SimServer implements Simulator {
 
   // ---- request records ----
 
-  private open(req: IncomingMessage, route: RouteName): Exchange {
+  private open(req: IncomingMessage, route: RouteName, path: string): Exchange {
     this.seq += 1;
     const headers = recordedHeaders(req);
     const record: RequestRecord = {
       seq: this.seq,
-      requestId: headers['x-request-id'] ?? randomUUID().replaceAll('-', ''),
+      // vLLM's random_uuid() is 16 hex on the pooling routes; the generation routes keep the simulator's 32.
+      requestId: headers['x-request-id'] ?? (isGenerationRoute(route) ? randomUUID().replaceAll('-', '') : randomBytes(8).toString('hex')),
       route,
+      path: path.slice(0, MAX_RECORDED_HEADER),
       model: null,
       stream: false,
       n: 1,
@@ -311,6 +351,7 @@ class SimServer implements Simulator {
       status: 0,
       outputEventsSent: 0,
       completionTokensSent: 0,
+      promptTokens: null,
     };
     this.store.open();
     return { record, phase: 'none', settled: false, control: null };
@@ -341,6 +382,16 @@ class SimServer implements Simulator {
     this.settle(ex, 'rejected', status);
   }
 
+  /**
+   * An error a vLLM handler raised: Starlette's ServerErrorMiddleware answers, then re-raises, and uvicorn closes the
+   * connection — after the response, with no `connection: close` header to warn the client's pool.
+   */
+  private rejectThenClose(ex: Exchange, res: ServerResponse, status: number, body: string): void {
+    const { socket } = res; // detached from the response once it finishes
+    res.once('finish', () => socket?.end());
+    this.reject(ex, res, status, body);
+  }
+
   private applyFault(ex: Exchange, fault: Fault): void {
     ex.record.fault = fault.kind;
     this.store.countFault(fault.kind);
@@ -348,20 +399,106 @@ class SimServer implements Simulator {
 
   // ---- generation ----
 
-  private async handleGeneration(req: IncomingMessage, res: ServerResponse, route: GenerationRoute, path: string): Promise<void> {
-    const ex = this.open(req, route);
+  private async handleExchange(
+    req: IncomingMessage,
+    res: ServerResponse,
+    route: RouteName,
+    path: string,
+    serve: (ex: Exchange) => Promise<void>,
+  ): Promise<void> {
+    const ex = this.open(req, route, path);
     res.on('close', () => {
       ex.control?.abort();
       if (!ex.settled) this.settle(ex, 'client_disconnect', res.headersSent ? res.statusCode : 0);
     });
     try {
-      await this.serveGeneration(ex, req, res, route, path);
+      await serve(ex);
     } catch (error) {
       // A simulator bug must not look like a hang: answer 500 if we still can, else drop the connection.
       if (!res.headersSent) this.reject(ex, res, 500, errorBody(errorInfo(500, String(error))));
       else res.destroy();
       this.settle(ex, 'rejected', 500);
     }
+  }
+
+  /**
+   * The checks every JSON route shares, in vLLM's order: method, auth, the fault header (a `reset_before_response`
+   * fires before the body is read), body size, content type, JSON. Null when the request was answered here.
+   * `schemaType`: the error `type` for content-type and JSON errors — FastAPI's "Bad Request" on the pooling routes;
+   * the generation routes keep the simulator's historical "BadRequestError".
+   */
+  private async readJson(ex: Exchange, req: IncomingMessage, res: ServerResponse, path: string, schemaType: 'Bad Request' | 'BadRequestError'): Promise<ReadJson | null> {
+    if (req.method !== 'POST') {
+      req.resume();
+      this.reject(ex, res, 405, METHOD_NOT_ALLOWED_BODY, { allow: 'POST' });
+      return null;
+    }
+    if (!this.isAuthorized(req, path)) {
+      req.resume();
+      this.reject(ex, res, 401, UNAUTHORIZED_BODY);
+      return null;
+    }
+
+    const header = headerValue(req, 'x-sim-fault');
+    const parsed = header === undefined ? ({ ok: true, directives: NO_DIRECTIVES } as const) : parseFaultHeader(header);
+    if (parsed.ok && parsed.directives.fault?.kind === 'reset_before_response') {
+      this.applyFault(ex, parsed.directives.fault);
+      this.settle(ex, 'fault', 0);
+      req.socket.resetAndDestroy();
+      return null;
+    }
+
+    const raw = await readBody(req, MAX_BODY_BYTES);
+    if (ex.settled || raw === null) return null; // the client left; the close handler recorded it
+    if (raw === 'too_large') {
+      this.reject(ex, res, 413, errorBody(errorInfo(413, `Request body exceeds ${MAX_BODY_BYTES} bytes.`)), { connection: 'close' });
+      return null;
+    }
+    if (!parsed.ok) {
+      this.reject(ex, res, 400, errorBody(errorInfo(400, parsed.message, 'x-sim-fault')));
+      return null;
+    }
+    const schemaError = (message: string): string =>
+      schemaType === 'Bad Request' ? badRequestBody(message) : errorBody(errorInfo(400, message));
+    const mediaType = (req.headers['content-type'] ?? '').split(';', 1)[0]?.trim().toLowerCase();
+    if (mediaType !== 'application/json') {
+      this.reject(ex, res, 400, schemaError("Unsupported Media Type: Only 'application/json' is allowed"));
+      return null;
+    }
+    try {
+      return { body: JSON.parse(raw.toString('utf8')) as unknown, hasHeader: header !== undefined, directives: parsed.directives };
+    } catch {
+      this.reject(ex, res, 400, schemaError('JSON decode error'));
+      return null;
+    }
+  }
+
+  /** The fault of an accepted request: the header's, or a random one (null when `random` is false). */
+  private chooseFault(ex: Exchange, read: ReadJson, stream: boolean, random = true): Fault | null {
+    let fault = read.directives.fault;
+    if (!read.hasHeader) {
+      const kinds = stream ? this.opts.faultKinds : this.nonStreamFaultKinds;
+      fault = random ? drawFault(this.faultRandom, this.opts.faultRate, kinds, this.opts.outputTokens) : null;
+    } else if (fault !== null && !stream && !appliesToNonStream(fault.kind)) {
+      fault = null; // stream-only faults mean nothing without a stream
+    }
+    if (fault !== null) this.applyFault(ex, fault);
+    return fault;
+  }
+
+  /** The faults that answer at once, before any delay: a status, or a reset. True when one did. */
+  private answerFaultAtOnce(ex: Exchange, req: IncomingMessage, res: ServerResponse, fault: Fault | null, model: string): boolean {
+    if (fault?.kind === 'status') {
+      sendBody(res, fault.status, statusBody(fault.status, model));
+      this.settle(ex, 'fault', fault.status);
+      return true;
+    }
+    if (fault?.kind === 'reset_before_response') {
+      this.settle(ex, 'fault', 0);
+      req.socket.resetAndDestroy();
+      return true;
+    }
+    return false;
   }
 
   private async serveGeneration(
@@ -371,49 +508,9 @@ class SimServer implements Simulator {
     route: GenerationRoute,
     path: string,
   ): Promise<void> {
-    if (req.method !== 'POST') {
-      req.resume();
-      this.reject(ex, res, 405, METHOD_NOT_ALLOWED_BODY, { allow: 'POST' });
-      return;
-    }
-    if (!this.isAuthorized(req, path)) {
-      req.resume();
-      this.reject(ex, res, 401, UNAUTHORIZED_BODY);
-      return;
-    }
-
-    const header = headerValue(req, 'x-sim-fault');
-    const parsed = header === undefined ? ({ ok: true, directives: NO_DIRECTIVES } as const) : parseFaultHeader(header);
-    if (parsed.ok && parsed.directives.fault?.kind === 'reset_before_response') {
-      this.applyFault(ex, parsed.directives.fault);
-      this.settle(ex, 'fault', 0);
-      req.socket.resetAndDestroy();
-      return;
-    }
-
-    const raw = await readBody(req, MAX_BODY_BYTES);
-    if (ex.settled || raw === null) return; // the client left; the close handler recorded it
-    if (raw === 'too_large') {
-      this.reject(ex, res, 413, errorBody(errorInfo(413, `Request body exceeds ${MAX_BODY_BYTES} bytes.`)), { connection: 'close' });
-      return;
-    }
-    if (!parsed.ok) {
-      this.reject(ex, res, 400, errorBody(errorInfo(400, parsed.message, 'x-sim-fault')));
-      return;
-    }
-    const mediaType = (req.headers['content-type'] ?? '').split(';', 1)[0]?.trim().toLowerCase();
-    if (mediaType !== 'application/json') {
-      this.reject(ex, res, 400, errorBody(errorInfo(400, "Unsupported Media Type: Only 'application/json' is allowed")));
-      return;
-    }
-    let body: unknown;
-    try {
-      body = JSON.parse(raw.toString('utf8'));
-    } catch {
-      this.reject(ex, res, 400, errorBody(errorInfo(400, 'JSON decode error')));
-      return;
-    }
-    const result = readGenerationRequest(route, body, this.opts.models, ex.record);
+    const read = await this.readJson(ex, req, res, path, 'BadRequestError');
+    if (read === null) return;
+    const result = readGenerationRequest(route, read.body, this.opts.models, ex.record);
     if (!result.ok) {
       this.reject(ex, res, result.status, result.body);
       return;
@@ -424,25 +521,10 @@ class SimServer implements Simulator {
     }
 
     const request = result.request;
-    let fault = parsed.directives.fault;
-    if (header === undefined) {
-      const kinds = request.stream ? this.opts.faultKinds : this.nonStreamFaultKinds;
-      fault = drawFault(this.faultRandom, this.opts.faultRate, kinds, this.opts.outputTokens);
-    } else if (fault !== null && !request.stream && !appliesToNonStream(fault.kind)) {
-      fault = null; // stream-only faults mean nothing without a stream
-    }
-    if (fault !== null) this.applyFault(ex, fault);
-    if (fault?.kind === 'status') {
-      sendBody(res, fault.status, statusBody(fault.status, request.model));
-      this.settle(ex, 'fault', fault.status);
-      return;
-    }
-    if (fault?.kind === 'reset_before_response') {
-      this.settle(ex, 'fault', 0);
-      req.socket.resetAndDestroy();
-      return;
-    }
-    this.generate(ex, res, request, fault, parsed.directives);
+    ex.record.promptTokens = request.promptTokens;
+    const fault = this.chooseFault(ex, read, request.stream);
+    if (this.answerFaultAtOnce(ex, req, res, fault, request.model)) return;
+    this.generate(ex, res, request, fault, read.directives);
   }
 
   private generate(ex: Exchange, res: ServerResponse, request: GenerationRequest, fault: Fault | null, directives: Directives): void {
@@ -485,7 +567,23 @@ class SimServer implements Simulator {
       emitStart();
       return;
     }
-    ex.control = startNonStream(res, { ...common, route: request.route, identity: shape.identity }, {
+    const plan = {
+      outputEvents: shape.choiceCount * Math.ceil(shape.tokensPerChoice / shape.tokensPerEvent),
+      completionTokens: shape.choiceCount * shape.tokensPerChoice,
+      ttftMs: common.ttftMs,
+      itlMs: common.itlMs,
+      jitter: common.jitter,
+      random: common.random,
+      fault,
+      send: (): void => {
+        const choices = Array.from({ length: shape.choiceCount }, (_, index) => ({
+          text: choiceText(index, 0, shape.tokensPerChoice),
+          finishReason: shape.finishReason,
+        }));
+        sendBody(res, 200, completionBody(request.route, shape.identity, choices, common.usage));
+      },
+    };
+    ex.control = startNonStream(res, plan, {
       onFirstToken,
       onEnd: ({ end, status, completionTokensSent, generationComplete }) => {
         ex.record.completionTokensSent = completionTokensSent;
@@ -496,4 +594,87 @@ class SimServer implements Simulator {
     });
     emitStart();
   }
+
+  // ---- embeddings, pooling, classify, score, rerank, tokenize, detokenize ----
+
+  private async servePooling(ex: Exchange, req: IncomingMessage, res: ServerResponse, route: PoolingRoute, path: string): Promise<void> {
+    const read = await this.readJson(ex, req, res, path, 'Bad Request');
+    if (read === null) return;
+    const result = readPoolingRequest(route, read.body, this.opts.models, ex.record);
+    if (!result.ok) {
+      const { status, body, closes } = result.refusal;
+      if (closes) this.rejectThenClose(ex, res, status, body);
+      else this.reject(ex, res, status, body);
+      return;
+    }
+    const engine = usesEngine(route);
+    if (engine && this.engineDead) {
+      this.reject(ex, res, 500, ENGINE_DEAD_BODY);
+      return;
+    }
+
+    const request = result.request;
+    const work = poolingWork(request);
+    ex.record.promptTokens = work.promptTokens;
+    // Tokenize and detokenize never reach the engine: no random engine faults for them, only the header's.
+    const fault = this.chooseFault(ex, read, false, engine);
+    if (this.answerFaultAtOnce(ex, req, res, fault, request.model)) return;
+    this.answerPooling(ex, res, request, work, fault, read.directives);
+  }
+
+  /**
+   * After the engine's time (pooling routes: the base TTFT plus the prefill of every text it encodes; tokenize and
+   * detokenize: none, unless `ttft_ms` asks for it), the answer, or the fault's error, reset or stall.
+   */
+  private answerPooling(ex: Exchange, res: ServerResponse, request: PoolingRequest, work: PoolingWork, fault: Fault | null, directives: Directives): void {
+    const { store } = this;
+    const { modifiers } = directives;
+    const engine = usesEngine(request.route);
+    const identity = {
+      id: poolingResponseId(request.route, ex.record.requestId) ?? '',
+      created: Math.floor(Date.now() / 1000),
+      model: request.model,
+    };
+    const prefillMs = engine
+      ? prefillDelayMs({ promptTokens: work.engineTokens, completionTokens: 0, cachedTokens: null }, modifiers.prefillMsPer1kTokens ?? this.opts.prefillMsPer1kTokens)
+      : 0;
+    const ttftMs = (modifiers.ttftMs ?? (engine ? this.opts.ttftMs : 0)) + prefillMs;
+    const context = { seed: this.opts.seed, dimensions: this.opts.embeddingDimensions, tokenizer: this.tokenizer };
+    const plan = {
+      outputEvents: 0,
+      completionTokens: 0,
+      ttftMs,
+      itlMs: modifiers.itlMs ?? this.opts.itlMs,
+      jitter: this.opts.jitter,
+      random: createRandom(deriveSeed(this.opts.seed, ex.record.seq)),
+      fault,
+      send: (): void => sendPoolingAnswer(res, renderPoolingAnswer(request, work, identity, context)),
+    };
+    const hooks: NonStreamHooks = {
+      onFirstToken: () => {
+        if (engine) this.setPhase(ex, 'running');
+      },
+      onEnd: ({ end, status, generationComplete }) => {
+        if (engine && generationComplete) store.countSuccess(new Array<string>(work.engineRequests).fill('stop'));
+        this.settle(ex, end, status);
+      },
+    };
+    if (engine) {
+      store.addPromptTokens(work.promptTokens ?? 0, work.engineTokens);
+      this.setPhase(ex, 'waiting');
+    }
+    ex.control = startNonStream(res, plan, hooks);
+    this.events.emit('request-start', { ...ex.record, headers: { ...ex.record.headers } });
+  }
+}
+
+/** JSON as Starlette's JSONResponse (content-length); raw bytes as its StreamingResponse (chunked, one write per item). */
+function sendPoolingAnswer(res: ServerResponse, answer: PoolingAnswer): void {
+  if (answer.kind === 'json') {
+    sendBody(res, 200, answer.body);
+    return;
+  }
+  res.writeHead(200, { 'content-type': 'application/octet-stream', ...(answer.metadata === null ? {} : { metadata: answer.metadata }) });
+  for (const chunk of answer.chunks) res.write(chunk);
+  res.end();
 }

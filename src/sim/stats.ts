@@ -4,7 +4,21 @@
  */
 import { FAULT_KINDS, type FaultKind } from './faults.js';
 
-export type RouteName = 'chat_completions' | 'completions' | 'other';
+/** Every route the simulator counts, in the order SimStats.byRoute lists them. */
+export const ROUTE_NAMES = [
+  'chat_completions',
+  'completions',
+  'embeddings',
+  'pooling',
+  'classify',
+  'score',
+  'rerank',
+  'tokenize',
+  'detokenize',
+  'other',
+] as const;
+
+export type RouteName = (typeof ROUTE_NAMES)[number];
 
 /**
  * How a request ended. `fault`: a fault was injected (whether or not [DONE] went out); `rejected`: an error
@@ -26,6 +40,8 @@ export interface RequestRecord {
   /** X-Request-Id as received, or generated. */
   requestId: string;
   route: RouteName;
+  /** The request path without its query (first 256 chars): tells `/score` from `/v1/score`, `/v2/rerank` from `/rerank`. */
+  path: string;
   /** The `model` field as received; null when absent or not read. */
   model: string | null;
   stream: boolean;
@@ -39,6 +55,12 @@ export interface RequestRecord {
   status: number;
   outputEventsSent: number;
   completionTokensSent: number;
+  /**
+   * The `prompt_tokens` the answer's usage reports (generation, embeddings, pooling, classify, score, rerank), known
+   * once the request passed validation, whether or not the answer then went out; null before that, and always for
+   * tokenize and detokenize, which carry no usage.
+   */
+  promptTokens: number | null;
 }
 
 export interface SimStats {
@@ -74,6 +96,12 @@ export interface EngineCounters {
   success: Record<EngineFinishReason, number>;
 }
 
+function zeroRoutes(): Record<RouteName, number> {
+  const routes = {} as Record<RouteName, number>;
+  for (const route of ROUTE_NAMES) routes[route] = 0;
+  return routes;
+}
+
 function zeroFaults(): Record<FaultKind, number> {
   const faults = {} as Record<FaultKind, number>;
   for (const kind of FAULT_KINDS) faults[kind] = 0;
@@ -86,7 +114,7 @@ function copyRecord(record: RequestRecord): RequestRecord {
 
 export class StatsStore {
   private requests = 0;
-  private byRoute: Record<RouteName, number> = { chat_completions: 0, completions: 0, other: 0 };
+  private byRoute = zeroRoutes();
   private inflight = 0;
   private completed = 0;
   private clientDisconnects = 0;
@@ -118,9 +146,13 @@ export class StatsStore {
     this.faultsInjected[kind] += 1;
   }
 
-  addPromptTokens(tokens: number): void {
+  /**
+   * `tokens`: what usage reports; `engineTokens`: what the engine computed, which differs for score and rerank
+   * (usage counts each pair, query + separator + document; the engine encodes each text once).
+   */
+  addPromptTokens(tokens: number, engineTokens = tokens): void {
     this.promptTokens += tokens;
-    this.engine.promptTokens += tokens;
+    this.engine.promptTokens += engineTokens;
   }
 
   addCompletionTokens(tokens: number): void {
@@ -163,7 +195,7 @@ export class StatsStore {
   /** Zero SimStats. `inflight` and the /metrics counters describe live state and are kept. */
   reset(): void {
     this.requests = 0;
-    this.byRoute = { chat_completions: 0, completions: 0, other: 0 };
+    this.byRoute = zeroRoutes();
     this.completed = 0;
     this.clientDisconnects = 0;
     this.faultsInjected = zeroFaults();

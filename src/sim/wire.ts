@@ -1,5 +1,5 @@
 /**
- * vLLM's JSON shapes (docs: /work/shared/docs/vllm-wire.md). Stream chunks are built by string
+ * vLLM's JSON shapes (docs/routes.md). Stream chunks are built by string
  * concatenation around a pre-serialised head, because a tick runs for every output event of every stream.
  */
 import { STATUS_CODES } from 'node:http';

@@ -27,6 +27,11 @@ export interface NonStreamPlan {
   readonly fault: Fault | null;
   /** Write the 200 answer. */
   send(): void;
+  /**
+   * The answer to an engine error with `code` (error_before_output: `beforeOutput`): by default that status with the
+   * object-shaped body; /v1/messages turns every such error into its 500.
+   */
+  readonly failure?: ((code: number, beforeOutput: boolean) => { readonly status: number; readonly body: string }) | undefined;
 }
 
 export interface NonStreamResult {
@@ -57,10 +62,11 @@ export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: 
   };
   const itlFor = (events: number): number => jittered(plan.random, plan.itlMs * Math.max(0, events), plan.jitter);
 
-  const fail = (code: number): void => {
+  const fail = (code: number, beforeOutput = false): void => {
     stopped = true;
-    hooks.onEnd({ end: 'fault', status: code, completionTokensSent: 0, generationComplete: false });
-    sendBody(res, code, errorBody(errorInfo(code)));
+    const { status, body } = plan.failure?.(code, beforeOutput) ?? { status: code, body: errorBody(errorInfo(code)) };
+    hooks.onEnd({ end: 'fault', status, completionTokensSent: 0, generationComplete: false });
+    sendBody(res, status, body);
   };
   const reset = (): void => {
     stopped = true;
@@ -91,7 +97,7 @@ export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: 
   const ttft = jittered(plan.random, plan.ttftMs, plan.jitter);
   switch (fault?.kind) {
     case 'error_before_output':
-      later(ttft, () => fail(fault.code));
+      later(ttft, () => fail(fault.code, true));
       break;
     case 'error_after':
       if (fault.after === 0) later(ttft, () => fail(fault.code));

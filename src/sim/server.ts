@@ -16,7 +16,9 @@ import {
   type Fault,
   type FaultKind,
 } from './faults.js';
-import { startNonStream, type NonStreamHooks } from './nonstream.js';
+import { engineErrorInfo, startEventStream, type EventWriter } from './event-stream.js';
+import { createMessagesWriter, messagesBody, messagesFailure, messagesStatusBody, readMessagesRequest } from './messages.js';
+import { startNonStream, type NonStreamHooks, type NonStreamPlan } from './nonstream.js';
 import { resolveSimOptions, type SimOptions } from './options.js';
 import { prefillDelayMs, shapeAnswer } from './plan.js';
 import { poolingResponseId, renderPoolingAnswer, type PoolingAnswer } from './pooling-answer.js';
@@ -33,6 +35,7 @@ import {
 import { createRandom, deriveSeed, type Random } from '../util/prng.js';
 import { MAX_MODEL_LEN, readGenerationRequest, type GenerationRequest } from './request.js';
 import { sendBody } from './respond.js';
+import { createResponsesWriter, randomId, readResponsesRequest, responsesBody, type EventRouteRefusal } from './responses.js';
 import { SimTokenizer } from './tokens.js';
 import { renderMetrics, StatsStore, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';
 import { startStream, type StreamControl } from './stream.js';
@@ -42,6 +45,7 @@ import {
   createChunkSerializer,
   errorBody,
   errorInfo,
+  ENGINE_DEAD_MESSAGE,
   METHOD_NOT_ALLOWED_BODY,
   modelListBody,
   NOT_FOUND_BODY,
@@ -83,9 +87,7 @@ const METRICS_CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
 /** The separate PRNG stream random faults are drawn from, in arrival order. */
 const FAULT_STREAM = 0xfa017;
 
-const ENGINE_DEAD_BODY = errorBody(
-  errorInfo(500, 'EngineCore encountered an issue. See stack trace (above) for the root cause.'),
-);
+const ENGINE_DEAD_BODY = errorBody(errorInfo(500, ENGINE_DEAD_MESSAGE));
 
 interface Exchange {
   readonly record: RequestRecord;
@@ -129,6 +131,8 @@ function readBody(req: IncomingMessage, limit: number): Promise<BodyRead> {
 function routeOf(path: string): RouteName {
   if (path === '/v1/chat/completions') return 'chat_completions';
   if (path === '/v1/completions') return 'completions';
+  if (path === '/v1/responses') return 'responses';
+  if (path === '/v1/messages') return 'messages';
   return poolingRouteOf(path) ?? 'other';
 }
 
@@ -286,6 +290,10 @@ class SimServer implements Simulator {
     this.store.countRequest(route);
     if (isGenerationRoute(route)) {
       void this.handleExchange(req, res, route, path, (ex) => this.serveGeneration(ex, req, res, route, path));
+      return;
+    }
+    if (route === 'responses' || route === 'messages') {
+      void this.handleExchange(req, res, route, path, (ex) => this.serveEventRoute(ex, req, res, route, path));
       return;
     }
     if (route !== 'other') {
@@ -487,9 +495,16 @@ class SimServer implements Simulator {
   }
 
   /** The faults that answer at once, before any delay: a status, or a reset. True when one did. */
-  private answerFaultAtOnce(ex: Exchange, req: IncomingMessage, res: ServerResponse, fault: Fault | null, model: string): boolean {
+  private answerFaultAtOnce(
+    ex: Exchange,
+    req: IncomingMessage,
+    res: ServerResponse,
+    fault: Fault | null,
+    model: string,
+    bodyOf: (status: number, model: string) => string = statusBody,
+  ): boolean {
     if (fault?.kind === 'status') {
-      sendBody(res, fault.status, statusBody(fault.status, model));
+      sendBody(res, fault.status, bodyOf(fault.status, model));
       this.settle(ex, 'fault', fault.status);
       return true;
     }
@@ -593,6 +608,121 @@ class SimServer implements Simulator {
       },
     });
     emitStart();
+  }
+
+  // ---- /v1/responses and /v1/messages ----
+
+  private refuse(ex: Exchange, res: ServerResponse, refusal: EventRouteRefusal): void {
+    if (refusal.closes) this.rejectThenClose(ex, res, refusal.status, refusal.body);
+    else this.reject(ex, res, refusal.status, refusal.body);
+  }
+
+  private async serveEventRoute(ex: Exchange, req: IncomingMessage, res: ServerResponse, route: 'responses' | 'messages', path: string): Promise<void> {
+    const read = await this.readJson(ex, req, res, path, 'Bad Request');
+    if (read === null) return;
+    const result =
+      route === 'responses'
+        ? readResponsesRequest(read.body, this.opts.models, ex.record, this.engineDead)
+        : readMessagesRequest(read.body, this.opts.models, ex.record, this.engineDead);
+    if (!result.ok) {
+      this.refuse(ex, res, result.refusal);
+      return;
+    }
+    const request = result.request;
+    ex.record.promptTokens = request.promptTokens;
+    const fault = this.chooseFault(ex, read, request.stream);
+    const statusBodyOf = route === 'messages' ? messagesStatusBody : statusBody;
+    if (this.answerFaultAtOnce(ex, req, res, fault, request.model, statusBodyOf)) return;
+
+    const { modifiers } = read.directives;
+    const createdSeconds = Math.floor(Date.now() / 1000);
+    // The timing, token count and finish reason are the chat route's (Messages runs as a chat completion); Responses
+    // always reports cached tokens, whatever --prompt-tokens-details says.
+    const cap = request.route === 'messages' ? request.maxTokens : request.maxOutputTokens;
+    const shape = shapeAnswer(
+      { route: 'chat_completions', model: request.model, stream: request.stream, n: 1, includeUsage: null, maxTokens: cap, promptTokens: request.promptTokens, prompts: 1 },
+      modifiers,
+      route === 'responses' ? { ...this.opts, promptTokensDetails: true } : this.opts,
+      ex.record.requestId,
+      createdSeconds,
+    );
+    const common = { tokens: shape.tokensPerChoice, finishReason: shape.finishReason, promptTokens: request.promptTokens, usage: !modifiers.noUsage };
+    let writer: () => EventWriter;
+    let body: () => string;
+    let failure: NonStreamPlan['failure'];
+    if (request.route === 'messages') {
+      const answer = { ...common, id: shape.identity.id, model: request.model };
+      writer = () => createMessagesWriter(answer);
+      body = () => messagesBody(answer);
+      failure = (code, beforeOutput) => messagesFailure(engineErrorInfo(code, beforeOutput));
+    } else {
+      // X-Request-Id is not used here: the id is the body's request_id, or resp_<16 hex> (the record's id if generated).
+      const id = request.requestId ?? `resp_${ex.record.headers['x-request-id'] === undefined ? ex.record.requestId : randomId()}`;
+      const answer = { ...common, request, id, createdAt: createdSeconds, cachedTokens: shape.usage.cachedTokens ?? 0 };
+      writer = () => createResponsesWriter(answer);
+      body = () => responsesBody(answer);
+      failure = undefined;
+    }
+
+    const { store } = this;
+    const random = createRandom(deriveSeed(this.opts.seed, ex.record.seq));
+    const countSuccess = (): void => store.countSuccess([shape.finishReason]);
+    const onFirstToken = (): void => this.setPhase(ex, 'running');
+    store.addPromptTokens(request.promptTokens);
+    this.setPhase(ex, 'waiting');
+    if (request.stream) {
+      ex.control = startEventStream(
+        res,
+        {
+          tokens: shape.tokensPerChoice,
+          tokensPerEvent: shape.tokensPerEvent,
+          ttftMs: shape.ttftMs,
+          itlMs: shape.itlMs,
+          jitter: shape.jitter,
+          random,
+          fault,
+          framing: modifiers,
+          writer: writer(),
+        },
+        {
+          onFirstToken,
+          onOutput: (tokens) => {
+            ex.record.outputEventsSent += 1;
+            ex.record.completionTokensSent += tokens;
+            store.addCompletionTokens(tokens);
+          },
+          onEnd: ({ end, generationComplete }) => {
+            if (generationComplete) countSuccess();
+            this.settle(ex, end, 200);
+          },
+        },
+      );
+    } else {
+      ex.control = startNonStream(
+        res,
+        {
+          outputEvents: Math.ceil(shape.tokensPerChoice / shape.tokensPerEvent),
+          completionTokens: shape.tokensPerChoice,
+          ttftMs: shape.ttftMs,
+          itlMs: shape.itlMs,
+          jitter: shape.jitter,
+          random,
+          fault,
+          send: () => sendBody(res, 200, body()),
+          failure,
+        },
+        {
+          onFirstToken,
+          onEnd: ({ end, status, completionTokensSent, generationComplete }) => {
+            ex.record.completionTokensSent = completionTokensSent;
+            store.addCompletionTokens(completionTokensSent);
+            if (generationComplete) countSuccess();
+            this.settle(ex, end, status);
+          },
+        },
+      );
+    }
+    this.events.emit('request-start', { ...ex.record, headers: { ...ex.record.headers } });
   }
 
   // ---- embeddings, pooling, classify, score, rerank, tokenize, detokenize ----

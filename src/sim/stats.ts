@@ -8,6 +8,8 @@ import { FAULT_KINDS, type FaultKind } from './faults.js';
 export const ROUTE_NAMES = [
   'chat_completions',
   'completions',
+  'responses',
+  'messages',
   'embeddings',
   'pooling',
   'classify',

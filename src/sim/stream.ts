@@ -65,7 +65,7 @@ export function startStream(res: ServerResponse, plan: StreamPlan, hooks: Stream
 }
 
 /** The output-event count at which a boundary fault fires, or null for faults without a boundary. */
-function faultBoundary(fault: Fault | null): number | null {
+export function faultBoundary(fault: Fault | null): number | null {
   if (fault === null) return null;
   switch (fault.kind) {
     case 'error_before_output':

@@ -221,6 +221,8 @@ export function stringErrorBody(message: string): string {
 }
 
 export const UNAUTHORIZED_BODY = stringErrorBody('Unauthorized');
+/** str(EngineDeadError): what a dead engine's 500 says, on every route. */
+export const ENGINE_DEAD_MESSAGE = 'EngineCore encountered an issue. See stack trace (above) for the root cause.';
 export const NOT_FOUND_BODY = '{"detail":"Not Found"}';
 export const METHOD_NOT_ALLOWED_BODY = '{"detail":"Method Not Allowed"}';
 
@@ -282,6 +284,23 @@ export function createEventFramer(style: FramingStyle): (data: string, isJson: b
       return `${comment}data: {${eol}data: ${data.slice(1)}${eol}${eol}`;
     }
     return `${comment}data: ${data}${eol}${eol}`;
+  };
+}
+
+/**
+ * Named events (`event: <name>` then `data: <JSON>`), as /v1/responses and /v1/messages write them; the same framing
+ * modifiers as createEventFramer. `first` suppresses the leading comment.
+ */
+export function createNamedEventFramer(style: FramingStyle): (name: string, data: string, isJson: boolean, first: boolean) => string {
+  const eol = EOL[style.framing];
+  if (!style.comments && !style.multilineData) return (name, data) => `event: ${name}${eol}data: ${data}${eol}${eol}`;
+  const ping = `: ping${eol}`;
+  return (name, data, isJson, first) => {
+    const comment = style.comments && !first ? ping : '';
+    if (style.multilineData && isJson && data.startsWith('{')) {
+      return `${comment}event: ${name}${eol}data: {${eol}data: ${data.slice(1)}${eol}${eol}`;
+    }
+    return `${comment}event: ${name}${eol}data: ${data}${eol}${eol}`;
   };
 }
 

@@ -16,6 +16,16 @@ import {
   type Fault,
   type FaultKind,
 } from './faults.js';
+import {
+  audioBody,
+  audioResponseId,
+  audioRouteOf,
+  createAudioSerializer,
+  FORM_PARSE_ERROR_BODY,
+  readAudioForm,
+  readAudioRequest,
+  type AudioRoute,
+} from './audio.js';
 import { engineErrorInfo, startEventStream, type EventWriter } from './event-stream.js';
 import { createMessagesWriter, messagesBody, messagesFailure, messagesStatusBody, readMessagesRequest } from './messages.js';
 import { startNonStream, type NonStreamHooks, type NonStreamPlan } from './nonstream.js';
@@ -133,7 +143,7 @@ function routeOf(path: string): RouteName {
   if (path === '/v1/completions') return 'completions';
   if (path === '/v1/responses') return 'responses';
   if (path === '/v1/messages') return 'messages';
-  return poolingRouteOf(path) ?? 'other';
+  return audioRouteOf(path) ?? poolingRouteOf(path) ?? 'other';
 }
 
 function isGenerationRoute(route: RouteName): route is GenerationRoute {
@@ -294,6 +304,10 @@ class SimServer implements Simulator {
     }
     if (route === 'responses' || route === 'messages') {
       void this.handleExchange(req, res, route, path, (ex) => this.serveEventRoute(ex, req, res, route, path));
+      return;
+    }
+    if (route === 'transcriptions' || route === 'translations') {
+      void this.handleExchange(req, res, route, path, (ex) => this.serveAudio(ex, req, res, route, path));
       return;
     }
     if (route !== 'other') {
@@ -710,6 +724,138 @@ class SimServer implements Simulator {
           fault,
           send: () => sendBody(res, 200, body()),
           failure,
+        },
+        {
+          onFirstToken,
+          onEnd: ({ end, status, completionTokensSent, generationComplete }) => {
+            ex.record.completionTokensSent = completionTokensSent;
+            store.addCompletionTokens(completionTokensSent);
+            if (generationComplete) countSuccess();
+            this.settle(ex, end, status);
+          },
+        },
+      );
+    }
+    this.events.emit('request-start', { ...ex.record, headers: { ...ex.record.headers } });
+  }
+
+  // ---- /v1/audio/transcriptions and /v1/audio/translations ----
+
+  /**
+   * The chat route's checks, timing, faults and stream writer over a multipart form (src/sim/audio.ts): method, auth,
+   * the fault header (`reset_before_response` before the body is read), the form (the file part counted, not kept),
+   * then vLLM's refusals, then the answer — a `transcription.chunk` / `translation.chunk` stream or one JSON body.
+   */
+  private async serveAudio(ex: Exchange, req: IncomingMessage, res: ServerResponse, route: AudioRoute, path: string): Promise<void> {
+    if (req.method !== 'POST') {
+      req.resume();
+      this.reject(ex, res, 405, METHOD_NOT_ALLOWED_BODY, { allow: 'POST' });
+      return;
+    }
+    if (!this.isAuthorized(req, path)) {
+      req.resume();
+      this.reject(ex, res, 401, UNAUTHORIZED_BODY);
+      return;
+    }
+    const header = headerValue(req, 'x-sim-fault');
+    const parsed = header === undefined ? ({ ok: true, directives: NO_DIRECTIVES } as const) : parseFaultHeader(header);
+    if (parsed.ok && parsed.directives.fault?.kind === 'reset_before_response') {
+      this.applyFault(ex, parsed.directives.fault);
+      this.settle(ex, 'fault', 0);
+      req.socket.resetAndDestroy();
+      return;
+    }
+    const form = await readAudioForm(req);
+    if (ex.settled || form.kind === 'gone') return; // the client left; the close handler recorded it
+    if (!parsed.ok) {
+      this.reject(ex, res, 400, errorBody(errorInfo(400, parsed.message, 'x-sim-fault')));
+      return;
+    }
+    if (form.kind === 'malformed') {
+      this.reject(ex, res, 400, FORM_PARSE_ERROR_BODY);
+      return;
+    }
+    const result = readAudioRequest(route, form.values, this.opts.models, ex.record, this.engineDead);
+    if (!result.ok) {
+      this.refuse(ex, res, result.refusal);
+      return;
+    }
+    const request = result.request;
+    ex.record.promptTokens = request.promptTokens;
+    const read: ReadJson = { body: null, hasHeader: header !== undefined, directives: parsed.directives };
+    const fault = this.chooseFault(ex, read, request.stream);
+    if (this.answerFaultAtOnce(ex, req, res, fault, request.model)) return;
+
+    // Timing, token count and finish reason are the chat route's; audio usage never carries cached tokens.
+    const { cachedTokens: _cached, ...modifiers } = parsed.directives.modifiers;
+    const createdSeconds = Math.floor(Date.now() / 1000);
+    const shape = shapeAnswer(
+      {
+        route: 'chat_completions',
+        model: request.model,
+        stream: request.stream,
+        n: 1,
+        includeUsage: request.includeUsage,
+        maxTokens: request.maxTokens,
+        promptTokens: request.promptTokens,
+        prompts: 1,
+      },
+      modifiers,
+      { ...this.opts, promptTokensDetails: false },
+      ex.record.requestId,
+      createdSeconds,
+    );
+    const identity = { id: audioResponseId(route, ex.record.requestId), created: createdSeconds, model: request.model };
+    const { store } = this;
+    const random = createRandom(deriveSeed(this.opts.seed, ex.record.seq));
+    const countSuccess = (): void => store.countSuccess([shape.finishReason]);
+    const onFirstToken = (): void => this.setPhase(ex, 'running');
+    store.addPromptTokens(request.promptTokens);
+    this.setPhase(ex, 'waiting');
+    if (request.stream) {
+      let sent = 0;
+      const continuous = shape.sendsUsage && request.continuousUsage
+        ? () => ({ promptTokens: request.promptTokens, completionTokens: sent, cachedTokens: null })
+        : null;
+      const plan = {
+        choiceCount: 1,
+        tokensPerChoice: shape.tokensPerChoice,
+        tokensPerEvent: shape.tokensPerEvent,
+        finishReason: shape.finishReason,
+        usage: shape.sendsUsage ? shape.usage : null,
+        ttftMs: shape.ttftMs,
+        itlMs: shape.itlMs,
+        jitter: shape.jitter,
+        random,
+        fault,
+        serializer: createAudioSerializer(route, identity, continuous),
+        framing: modifiers,
+      };
+      ex.control = startStream(res, plan, {
+        onFirstToken,
+        onOutput: (tokens) => {
+          sent += tokens;
+          ex.record.outputEventsSent += 1;
+          ex.record.completionTokensSent += tokens;
+          store.addCompletionTokens(tokens);
+        },
+        onEnd: ({ end, generationComplete }) => {
+          if (generationComplete) countSuccess();
+          this.settle(ex, end, 200);
+        },
+      });
+    } else {
+      ex.control = startNonStream(
+        res,
+        {
+          outputEvents: Math.ceil(shape.tokensPerChoice / shape.tokensPerEvent),
+          completionTokens: shape.tokensPerChoice,
+          ttftMs: shape.ttftMs,
+          itlMs: shape.itlMs,
+          jitter: shape.jitter,
+          random,
+          fault,
+          send: () => sendBody(res, 200, audioBody(request, shape.tokensPerChoice, !modifiers.noUsage)),
         },
         {
           onFirstToken,

@@ -17,6 +17,8 @@ export const ROUTE_NAMES = [
   'rerank',
   'tokenize',
   'detokenize',
+  'transcriptions',
+  'translations',
   'other',
 ] as const;
 

@@ -50,7 +50,10 @@ describe('configuration', () => {
       max_connections: 4096,
       max_json_depth: 128,
       max_choices: 128,
+      max_upload_bytes: 26 * 1024 * 1024,
     });
+    expect(config.responses).toEqual({ maxRememberedIds: 100_000, lookupTimeoutMs: 2000 });
+    expect(config.passthrough).toEqual([]);
     expect(config.timeouts).toEqual({ connectMs: 5000, firstOutputMs: 120_000, idleMs: 30_000, totalMs: 600_000 });
     expect(config.streaming).toEqual({
       maxEventBytes: 1048576,

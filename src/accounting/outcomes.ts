@@ -17,25 +17,59 @@ export type PoolingRoute = (typeof POOLING_ROUTES)[number];
 /** Routes with protocols of their own, answered and checked like a one-choice generation (docs/routes.md). */
 export const EVENT_ROUTES = ['responses', 'messages'] as const;
 
-export const ROUTES = [...GENERATION_ROUTES, ...EVENT_ROUTES, ...POOLING_ROUTES, '_other'] as const;
+/**
+ * vLLM's speech-to-text routes: a multipart request, answered as one JSON body or streamed like a one-choice chat
+ * completion (delta chunks, an error event, `[DONE]`). Non-stream usage is seconds of audio, never tokens.
+ */
+export const AUDIO_ROUTES = ['transcriptions', 'translations'] as const;
+export type AudioRoute = (typeof AUDIO_ROUTES)[number];
+
+/**
+ * Routes that read or act on what an upstream already holds, or that the operator let through: answered as one
+ * JSON body (a stored response's replay streams like /v1/responses), never counting usage — the tokens were counted
+ * on the request that generated them, or are not tokens spent at all.
+ * - `responses_retrieve`: `GET /v1/responses/{id}` (and `?stream=true`); `responses_cancel`: its `/cancel`;
+ * - `count_tokens`: `POST /v1/messages/count_tokens`;
+ * - `passthrough`: a path in `passthrough.paths`, proxied as it is.
+ */
+export const STORE_ROUTES = ['responses_retrieve', 'responses_cancel', 'count_tokens', 'passthrough'] as const;
+
+export const ROUTES = [...GENERATION_ROUTES, ...EVENT_ROUTES, ...AUDIO_ROUTES, ...POOLING_ROUTES, ...STORE_ROUTES, '_other'] as const;
 export type Route = (typeof ROUTES)[number];
 /** The routes Waybill proxies; `_other` counts what the gateway answered without a route (404, HTTP-level errors). */
 export type ProxiedRoute = Exclude<Route, '_other'>;
-export const PROXIED_ROUTES: readonly ProxiedRoute[] = [...GENERATION_ROUTES, ...EVENT_ROUTES, ...POOLING_ROUTES];
+export const PROXIED_ROUTES: readonly ProxiedRoute[] = [...GENERATION_ROUTES, ...EVENT_ROUTES, ...AUDIO_ROUTES, ...POOLING_ROUTES, ...STORE_ROUTES];
 
 const POOLING = new Set<string>(POOLING_ROUTES);
+/** Answered as one JSON body (or raw bytes) whose only facts are the status, an error, an id and maybe usage. */
+const WHOLE_BODY = new Set<string>([...POOLING_ROUTES, 'responses_cancel', 'count_tokens', 'passthrough']);
 
 export function isPoolingRoute(route: Route): route is PoolingRoute {
   return POOLING.has(route);
+}
+
+/** Routes answered as one opaque JSON body (pooling and the store routes but the retrieval, which may stream). */
+export function isWholeBodyRoute(route: Route): boolean {
+  return WHOLE_BODY.has(route);
+}
+
+export function isAudioRoute(route: Route): route is AudioRoute {
+  return route === 'transcriptions' || route === 'translations';
 }
 
 export function isGenerationRoute(route: Route): route is GenerationRoute {
   return route === 'chat_completions' || route === 'completions';
 }
 
-/** Routes whose answers report token usage (tokenize and detokenize never touch the engine). */
+const NO_USAGE = new Set<string>(['tokenize', 'detokenize', ...AUDIO_ROUTES, ...STORE_ROUTES, '_other']);
+
+/**
+ * Routes whose delivered answers always report token usage, so its absence is counted as missing: not tokenize and
+ * detokenize (they never touch the engine), not speech-to-text (seconds, or tokens only when the client asked), not
+ * the store routes and pass-through.
+ */
 export function reportsUsage(route: Route): boolean {
-  return route !== 'tokenize' && route !== 'detokenize' && route !== '_other';
+  return !NO_USAGE.has(route);
 }
 
 export const OUTCOMES = ['delivered', 'rejected', 'failed', 'timeout', 'stream_error', 'incomplete', 'client_cancelled'] as const;

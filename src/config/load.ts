@@ -11,6 +11,29 @@ import { configSchema, type ConfigInput, type RawConfig } from './schema.js';
  * Its type is what `resolve` builds from the schema's output, so a key added to the schema and resolved is typed
  * everywhere without a second, hand-written description of it.
  */
+/** Paths Waybill serves itself (API routes, models, operations): never pass-through. */
+const RESERVED_PATHS = [
+  '/v1/chat/completions',
+  '/v1/completions',
+  '/v1/responses',
+  '/v1/messages',
+  '/v1/embeddings',
+  '/v1/audio',
+  '/v1/models',
+  '/pooling',
+  '/classify',
+  '/score',
+  '/v1/score',
+  '/rerank',
+  '/v1/rerank',
+  '/v2/rerank',
+  '/tokenize',
+  '/detokenize',
+  '/metrics',
+  '/healthz',
+  '/readyz',
+];
+
 export type Config = DeepReadonly<ReturnType<typeof resolve>>;
 
 /** What deepFreeze makes of a value, as a type (a URL stays a URL). */
@@ -123,6 +146,14 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
   for (const model of Object.keys(raw.evaluation.models)) {
     if (pools.every((pool) => pool.models !== undefined) && !modelPools.has(model)) problems.push(`evaluation.models.${model}: no pool serves model "${model}"`);
   }
+  raw.passthrough.paths.forEach((entry, i) => {
+    if (entry.model !== undefined && pools.every((pool) => pool.models !== undefined) && !modelPools.has(entry.model)) {
+      problems.push(`passthrough.paths.${i}.model: no pool serves model "${entry.model}"`);
+    }
+    if (RESERVED_PATHS.some((reserved) => entry.path === reserved || entry.path.startsWith(`${reserved}/`))) {
+      problems.push(`passthrough.paths.${i}.path: ${entry.path} is one of Waybill's own routes`);
+    }
+  });
   if (raw.health.ejection_base > raw.health.ejection_max) problems.push('health.ejection_base: must not exceed health.ejection_max');
   if (raw.retries.backoff_base > raw.retries.backoff_max) problems.push('retries.backoff_base: must not exceed retries.backoff_max');
 
@@ -200,6 +231,8 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
       evaluatorHeader: raw.evaluation.evaluator_header?.toLowerCase(),
       captureContent: raw.evaluation.capture_content,
     },
+    responses: { maxRememberedIds: raw.responses.max_remembered_ids, lookupTimeoutMs: raw.responses.lookup_timeout },
+    passthrough: Object.freeze(raw.passthrough.paths.map((entry) => Object.freeze({ ...entry, methods: [...entry.methods] }))),
     logging: Object.freeze(raw.logging),
     tracing: { endpoint: raw.tracing.endpoint, captureContent: raw.tracing.capture_content },
   };

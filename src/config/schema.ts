@@ -96,6 +96,38 @@ export const configSchema = z.strictObject({
       max_json_depth: z.number().int().min(2).max(1000).default(128),
       /** Choices one request may ask for: n × the number of prompts; more gets 400 too_many_choices. */
       max_choices: z.number().int().positive().max(100_000).default(128),
+      /** A multipart (audio) request body; larger gets 413. vLLM's own audio limit is 25 MB. */
+      max_upload_bytes: z.number().int().positive().default(26 * 1024 * 1024),
+    })
+    .prefault({}),
+  responses: z
+    .strictObject({
+      /**
+       * Stored responses (`GET /v1/responses/{id}`, `/cancel`) live in one vLLM process: Waybill remembers which
+       * upstream answered each response id, at most this many (least recent forgotten), and asks every upstream
+       * for an id it does not know.
+       */
+      max_remembered_ids: z.number().int().min(0).default(100_000),
+      /** How long asking the upstreams for an unknown response id may take. */
+      lookup_timeout: positiveDuration.prefault(2),
+    })
+    .prefault({}),
+  passthrough: z
+    .strictObject({
+      /**
+       * Paths proxied as they are (JSON or empty bodies, answered as one body, counted under route="passthrough"),
+       * e.g. vLLM's /v2/embed or /invocations. Anything not listed, and not an API route, is 404.
+       */
+      paths: z
+        .array(
+          z.strictObject({
+            path: z.string().regex(/^\/[A-Za-z0-9._~/-]*$/, 'must be an absolute path without parameters'),
+            methods: z.array(z.enum(['GET', 'POST', 'PUT', 'DELETE'])).min(1).default(['POST']),
+            /** Where a request without a served `model` in its body goes: this model's pool. Default: the first model served. */
+            model: z.string().min(1).optional(),
+          }),
+        )
+        .default([]),
     })
     .prefault({}),
   pools: z.array(poolSchema).min(1),

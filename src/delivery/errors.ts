@@ -145,6 +145,11 @@ function anthropicType(status: number): string {
     case 503:
     case 529:
       return 'overloaded_error';
+    case 408:
+    case 415:
+    case 422:
+    case 431:
+      return 'invalid_request_error';
     default:
       return 'api_error';
   }
@@ -160,6 +165,6 @@ export interface AnthropicErrorBody {
  * The body of an error answer on `route`: OpenAI's shape everywhere, Anthropic's on `/v1/messages` (docs/errors.md).
  */
 export function errorBodyFor(route: string, status: number, body: ErrorBody): ErrorBody | AnthropicErrorBody {
-  if (route !== 'messages') return body;
+  if (route !== 'messages' && route !== 'count_tokens') return body;
   return { type: 'error', error: { type: anthropicType(status), message: body.error.message } };
 }

@@ -3,7 +3,7 @@
  */
 import type { GatewayErrorCause } from '../accounting/ledger.js';
 import { errorBody, type ErrorCode } from './errors.js';
-import { isPoolingRoute, type Route } from '../accounting/outcomes.js';
+import { isAudioRoute, isPoolingRoute, isWholeBodyRoute, type Route } from '../accounting/outcomes.js';
 import { answerFacts, classifyEventData, classifyJson, classifyPoolingJson, type EventFacts } from '../sse/classify.js';
 import type { SseEvent } from '../sse/framer.js';
 import { classifyMessagesBody, classifyMessagesEvent, classifyResponsesBody, classifyResponsesEvent } from '../sse/route-events.js';
@@ -77,7 +77,8 @@ export function streamErrorEvent(cause: GatewayErrorCause, route = 'chat_complet
   const [code, message] = STREAM_ERRORS[cause];
   const body = errorBody(code, message);
   switch (route) {
-    case 'responses': {
+    case 'responses':
+    case 'responses_retrieve': {
       const data = { type: 'error', error: body.error, code, message, param: null, sequence_number: nextSequence };
       return Buffer.from(`event: error\ndata: ${JSON.stringify(data)}\n\n`);
     }
@@ -92,7 +93,29 @@ export function streamErrorEvent(cause: GatewayErrorCause, route = 'chat_complet
 export function classifyStreamEvent(route: Route, event: SseEvent, withParts: boolean): EventFacts {
   if (route === 'responses') return classifyResponsesEvent(event.type, event.data, withParts);
   if (route === 'messages') return classifyMessagesEvent(event.type, event.data, withParts);
+  // A stored response replayed: the Responses protocol, but its tokens were counted when it was generated.
+  if (route === 'responses_retrieve') return withoutUsage(classifyResponsesEvent(event.type, event.data, withParts));
   return classifyEventData(event.data, withParts);
+}
+
+function withoutUsage(facts: EventFacts): EventFacts {
+  if (facts.kind !== 'chunk' || (facts.usage === undefined && !facts.usageInvalid)) return facts;
+  return { ...facts, usage: undefined, usageInvalid: false };
+}
+
+/**
+ * A speech-to-text answer: `{"text": …}` (with `usage` in seconds of audio, which are not tokens, or `verbose_json`'s
+ * segments), one choice finished with `stop`; an error body is an error.
+ */
+export function classifyAudioBody(json: unknown): EventFacts {
+  if (!isRecord(json)) return { kind: 'malformed' };
+  if (isRecord(json['error']) || typeof json['error'] === 'string') return classifyJson(json);
+  const text = json['text'];
+  if (typeof text !== 'string') return { kind: 'malformed' };
+  const facts = answerFacts(undefined, undefined, undefined);
+  if (facts.kind !== 'chunk') return facts;
+  const answered = text.length > 0 ? [0] : [];
+  return { ...facts, output: answered, answers: answered, choices: [0], finishes: [{ index: 0, reason: 'stop' }] };
 }
 
 /** Classifies a whole non-stream body (or an error body) by the route's protocol. */
@@ -103,9 +126,19 @@ export function classifyWholeBody(route: Route, body: Buffer, contentType: strin
   try {
     json = JSON.parse(body.toString('utf8'));
   } catch {
-    return { kind: 'malformed' };
+    // A pass-through route may answer in anything; it is judged by its status alone.
+    return route === 'passthrough' ? answerFacts(undefined, undefined, undefined) : { kind: 'malformed' };
+  }
+  if (isAudioRoute(route)) return classifyAudioBody(json);
+  if (isWholeBodyRoute(route) || route === 'responses_retrieve') {
+    // The store routes and pass-through: an error object is an error, anything else an answer; no usage counted.
+    const facts = route === 'passthrough' && !isRecord(json) ? answerFacts(undefined, undefined, undefined) : classifyPoolingJson(json);
+    return withoutUsage(facts);
   }
   // An OpenAI-shaped error body (any status) is an error on every route.
-  if (isRecord(json) && isRecord(json['error']) && json['type'] !== 'message' && json['object'] !== 'response') return classifyJson(json);
+  // vLLM's auth middleware answers `{"error":"Unauthorized"}`: a string error is an error too.
+  if (isRecord(json) && (isRecord(json['error']) || typeof json['error'] === 'string') && json['type'] !== 'message' && json['object'] !== 'response') {
+    return classifyJson(json);
+  }
   return route === 'responses' ? classifyResponsesBody(json, withParts) : classifyMessagesBody(json, withParts);
 }

@@ -18,16 +18,16 @@ import type { PublishSettlement } from '../telemetry/settlement.js';
 import { isRecord } from '../util/json.js';
 import type { ParsedBody } from './body.js';
 
-/** The proxied routes and their API paths: one table. */
 /**
- * Every API path Waybill serves, with its `route` label; the upstream path is the same (docs/routes.md). Several
- * paths may share a route: vLLM serves scoring and reranking under aliases.
+ * Every JSON API path Waybill serves with POST, with its `route` label; the upstream path is the same
+ * (docs/routes.md). Several paths may share a route: vLLM serves scoring and reranking under aliases.
  */
 export const API_PATHS: ReadonlyArray<readonly [path: string, route: ProxiedRoute]> = [
   ['/v1/chat/completions', 'chat_completions'],
   ['/v1/completions', 'completions'],
   ['/v1/responses', 'responses'],
   ['/v1/messages', 'messages'],
+  ['/v1/messages/count_tokens', 'count_tokens'],
   ['/v1/embeddings', 'embeddings'],
   ['/pooling', 'pooling'],
   ['/classify', 'classify'],
@@ -40,11 +40,22 @@ export const API_PATHS: ReadonlyArray<readonly [path: string, route: ProxiedRout
   ['/detokenize', 'detokenize'],
 ];
 
-const ROUTE_BY_PATH: ReadonlyMap<string, ProxiedRoute> = new Map(API_PATHS);
+/** The multipart (audio) paths, POST. */
+export const FORM_PATHS: ReadonlyArray<readonly [path: string, route: 'transcriptions' | 'translations']> = [
+  ['/v1/audio/transcriptions', 'transcriptions'],
+  ['/v1/audio/translations', 'translations'],
+];
 
-/** The `route` label of a request: a proxied route when it matched one, else `_other`. */
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** The `route` label of every request this Fastify route serves. */
+    waybillRoute?: ProxiedRoute;
+  }
+}
+
+/** The `route` label of a request: the proxied route it matched (method and path), else `_other`. */
 export function routeOf(request: FastifyRequest): Route {
-  return request.method === 'POST' ? (ROUTE_BY_PATH.get(request.routeOptions.url ?? '') ?? '_other') : '_other';
+  return request.routeOptions.config.waybillRoute ?? '_other';
 }
 
 export interface AnsweredStart {

@@ -4,6 +4,7 @@
  * (or never sends) the body would hold a connection and its buffer for as long as it liked.
  */
 import type { IncomingMessage } from 'node:http';
+import { Busboy } from '@fastify/busboy';
 import type { ErrorCode } from '../delivery/errors.js';
 import { exceedsDepth } from './json-bytes.js';
 
@@ -16,7 +17,10 @@ export interface BodyLimits {
 
 export interface ParsedBody {
   raw: Buffer;
+  /** The JSON value; for a multipart form, its text fields (the first value of each name). */
   json: unknown;
+  /** A multipart/form-data body (the audio routes), not JSON. */
+  form?: true;
 }
 
 /** Why a body was refused; `close` when unread bytes may follow, so the connection cannot be reused. */
@@ -41,9 +45,52 @@ export class BodyAbandoned extends Error {
 
 /**
  * Reads the body of `request`, which arrived at `remainingMs` before its read deadline. Resolves to the bytes and
- * their JSON; rejects with a BodyError (answer it) or BodyAbandoned (the client left).
+ * their JSON (undefined for an empty body where `allowEmpty`: a route that needs none); rejects with a BodyError
+ * (answer it) or BodyAbandoned (the client left).
  */
-export function readJsonBody(request: IncomingMessage, limits: BodyLimits, remainingMs: number): Promise<ParsedBody> {
+export function readJsonBody(request: IncomingMessage, limits: BodyLimits, remainingMs: number, allowEmpty = false): Promise<ParsedBody> {
+  return readBody(request, limits, remainingMs, (raw) => ({ raw, json: allowEmpty && raw.length === 0 ? undefined : parseJson(raw, limits.maxDepth) }));
+}
+
+/**
+ * Reads a multipart/form-data body (the audio routes) under the same limits, and its text fields: what the gateway
+ * routes and accounts by (`model`, `stream`). The file parts are forwarded as they came, never decoded.
+ */
+export async function readFormBody(request: IncomingMessage, limits: BodyLimits, remainingMs: number): Promise<ParsedBody> {
+  const raw = await readBody(request, limits, remainingMs, (bytes) => bytes);
+  return { raw, json: await formFields(raw, request.headers['content-type'] ?? ''), form: true };
+}
+
+/** Text fields a form may carry before it is refused (vLLM's audio routes take about a dozen). */
+const MAX_FORM_FIELDS = 64;
+const MAX_FIELD_BYTES = 64 * 1024;
+
+/** The text fields of a multipart body (first value of each name); a malformed form is a 400. */
+export function formFields(raw: Buffer, contentType: string): Promise<Record<string, string>> {
+  return new Promise((resolve, reject) => {
+    const fields: Record<string, string> = Object.create(null) as Record<string, string>;
+    const refuse = (message: string) => reject(new BodyError('invalid_request', message, false));
+    let parser: ReturnType<typeof Busboy>;
+    try {
+      parser = Busboy({ headers: { 'content-type': contentType }, limits: { fields: MAX_FORM_FIELDS, fieldSize: MAX_FIELD_BYTES, parts: MAX_FORM_FIELDS + 8 } });
+    } catch {
+      refuse('the request body is not a valid multipart form (its Content-Type has no boundary)');
+      return;
+    }
+    parser.on('field', (name, value, _nameTruncated, valueTruncated) => {
+      if (valueTruncated) return;
+      if (!(name in fields)) fields[name] = value;
+    });
+    parser.on('file', (_name, stream) => stream.resume());
+    parser.on('fieldsLimit', () => refuse(`the form has more than ${MAX_FORM_FIELDS} fields`));
+    parser.on('partsLimit', () => refuse(`the form has more than ${MAX_FORM_FIELDS + 8} parts`));
+    parser.on('error', () => refuse('the request body is not a valid multipart form'));
+    parser.on('finish', () => resolve(fields));
+    parser.end(raw);
+  });
+}
+
+function readBody<T>(request: IncomingMessage, limits: BodyLimits, remainingMs: number, parse: (raw: Buffer) => T): Promise<T> {
   return new Promise((resolve, reject) => {
     const declared = Number(request.headers['content-length']);
     if (declared > limits.maxBytes) {
@@ -53,7 +100,7 @@ export function readJsonBody(request: IncomingMessage, limits: BodyLimits, remai
     const chunks: Buffer[] = [];
     let received = 0;
     let finished = false;
-    const finish = (error: Error | undefined, body?: ParsedBody) => {
+    const finish = (error: Error | undefined, body?: T) => {
       if (finished) return;
       finished = true;
       clearTimeout(timer);
@@ -66,8 +113,8 @@ export function readJsonBody(request: IncomingMessage, limits: BodyLimits, remai
         chunks.length = 0;
         request.resume();
         reject(error);
-      } else if (body !== undefined) {
-        resolve(body);
+      } else {
+        resolve(body as T);
       }
     };
     const onData = (chunk: Buffer) => {
@@ -82,7 +129,7 @@ export function readJsonBody(request: IncomingMessage, limits: BodyLimits, remai
       }
       const raw = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, received);
       try {
-        finish(undefined, { raw, json: parseJson(raw, limits.maxDepth) });
+        finish(undefined, parse(raw));
       } catch (error) {
         finish(error as Error);
       }

@@ -57,9 +57,12 @@ export function checkResponses(body: unknown, charsPerToken = 4): Checked {
   if (!base.ok) return base.checked;
   const { json, model, stream } = base;
   if (json['input'] === undefined && json['previous_response_id'] === undefined) return invalid('`input` is required', 'input', stream);
+  // A background request without a stream is answered at once with the queued response: an acknowledgement with no
+  // choice to finish (and nothing to check); its answer is fetched later from GET /v1/responses/{id}.
+  const acknowledgement = json['background'] === true && !stream;
   return {
     ok: true,
-    fields: { model, stream, expectedChoices: 1, clientAskedUsage: true, promptTokensEstimate: estimate(charsPerToken, json['instructions'], json['input']) },
+    fields: { model, stream, expectedChoices: acknowledgement ? 0 : 1, clientAskedUsage: true, promptTokensEstimate: estimate(charsPerToken, json['instructions'], json['input']) },
   };
 }
 

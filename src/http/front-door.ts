@@ -11,7 +11,7 @@ import type { Config } from '../config/load.js';
 import { errorBody, type ErrorCode } from '../delivery/errors.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { routeOf, type Answers } from './answers.js';
-import { BodyAbandoned, BodyError, readJsonBody } from './body.js';
+import { BodyAbandoned, BodyError, readFormBody, readJsonBody } from './body.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -21,6 +21,8 @@ declare module 'fastify' {
 
 /** A client request id we keep: a safe token, so it can go into logs and upstream headers as it is. */
 const SAFE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+const BODYLESS = new Set(['responses_retrieve', 'responses_cancel', 'passthrough']);
 
 const FASTIFY_ERRORS: Record<string, ErrorCode> = {
   FST_ERR_CTP_BODY_TOO_LARGE: 'body_too_large',
@@ -45,6 +47,9 @@ export function fastifyOptions(config: Config, logger: FastifyBaseLogger, answer
     },
     clientErrorHandler: (error: NodeJS.ErrnoException, socket: Socket) => answers.onClientError(error, socket),
     requestIdHeader: false,
+    // Fastify answers a path parameter longer than this itself (414, its own shape, uncounted): let the request line's
+    // own limit bound it, and the route refuse an id that is not a plain token (404, counted).
+    maxParamLength: config.server.max_header_bytes,
     genReqId: (req) => {
       const given = req.headers['x-request-id'];
       return typeof given === 'string' && SAFE_REQUEST_ID.test(given) ? given : randomUUID();
@@ -101,6 +106,16 @@ export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): voi
     readJsonBody(
       request.raw,
       { maxBytes: config.server.body_limit_bytes, readTimeoutMs: config.server.read_timeout, maxDepth: config.server.max_json_depth },
+      config.server.read_timeout - (now() - request.arrivalAt),
+      // Routes that need no body accept an empty one labelled JSON (a client's POST …/cancel).
+      BODYLESS.has(request.routeOptions.config.waybillRoute ?? '_other'),
+    ),
+  );
+  // The audio routes' uploads: their own size limit; any other route refuses a form (415).
+  app.addContentTypeParser('multipart/form-data', async (request: FastifyRequest) =>
+    readFormBody(
+      request.raw,
+      { maxBytes: config.server.max_upload_bytes, readTimeoutMs: config.server.read_timeout, maxDepth: config.server.max_json_depth },
       config.server.read_timeout - (now() - request.arrivalAt),
     ),
   );

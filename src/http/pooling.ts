@@ -20,27 +20,56 @@ const INPUT_FIELDS: Readonly<Record<PoolingRoute, readonly string[]>> = {
 };
 
 /**
- * `model` may be left out, as vLLM allows on these routes: the request then goes to the one model served, and is
- * refused when there are several (the gateway cannot tell which pool to ask).
+ * `model` may be left out, as vLLM allows on these routes: the request then goes to `fallback` (or the one model
+ * served), and is refused when there are several (the gateway cannot tell which pool to ask).
  */
+function modelOf(named: unknown, servedModels: readonly string[], fallback: string | undefined): { model: string } | { problem: string } {
+  if (typeof named === 'string' && named.length > 0) return { model: named };
+  if (named !== undefined && named !== null && named !== '') return { problem: '`model` must be a string' };
+  const only = fallback ?? (servedModels.length === 1 ? servedModels[0] : undefined);
+  return only === undefined ? { problem: 'you must provide a model parameter (several models are served)' } : { model: only };
+}
+
+function refused(message: string, param: string | null, stream = false): Checked {
+  return { ok: false, status: 400, body: errorBody('invalid_request', message, param), stream };
+}
+
 export function checkPooling(route: PoolingRoute, json: unknown, servedModels: readonly string[], charsPerToken = 4): Checked {
-  if (!isRecord(json)) return { ok: false, status: 400, body: errorBody('invalid_request', 'the request body must be a JSON object', null), stream: false };
-  const named = json['model'];
-  let model: string;
-  if (typeof named === 'string' && named.length > 0) model = named;
-  else if (named === undefined || named === null) {
-    const only = servedModels.length === 1 ? servedModels[0] : undefined;
-    if (only === undefined) {
-      return { ok: false, status: 400, body: errorBody('invalid_request', 'you must provide a model parameter (several models are served)', 'model'), stream: false };
-    }
-    model = only;
-  } else {
-    return { ok: false, status: 400, body: errorBody('invalid_request', '`model` must be a string', 'model'), stream: false };
-  }
+  if (!isRecord(json)) return refused('the request body must be a JSON object', null);
+  const named = modelOf(json['model'], servedModels, undefined);
+  if ('problem' in named) return refused(named.problem, 'model');
   return {
     ok: true,
-    fields: { model, stream: false, expectedChoices: 0, clientAskedUsage: false, promptTokensEstimate: estimateInputTokens(route, json, charsPerToken) },
+    fields: { model: named.model, stream: false, expectedChoices: 0, clientAskedUsage: false, promptTokensEstimate: estimateInputTokens(route, json, charsPerToken) },
   };
+}
+
+/**
+ * A body the gateway only routes (count_tokens, pass-through): any JSON value, by its `model` when it names one
+ * served, else `fallback`'s (or the one served model's) pool.
+ */
+export function checkOpaque(json: unknown, servedModels: readonly string[], fallback: string | undefined): Checked {
+  const named = isRecord(json) && typeof json['model'] === 'string' && servedModels.includes(json['model']) ? json['model'] : undefined;
+  const routed = modelOf(named, servedModels, fallback ?? servedModels[0]);
+  if ('problem' in routed) return refused(routed.problem, 'model');
+  return { ok: true, fields: { model: routed.model, stream: false, expectedChoices: 0, clientAskedUsage: false, promptTokensEstimate: undefined } };
+}
+
+/** How pydantic reads a form field as a boolean (vLLM's `stream`). */
+const TRUE = new Set(['1', 'true', 't', 'yes', 'y', 'on']);
+const FALSE = new Set(['0', 'false', 'f', 'no', 'n', 'off']);
+
+/**
+ * The speech-to-text routes' form: routed by `model` (optional when one model is served), streamed when `stream` is
+ * true; one choice. The audio itself is the upstream's to judge.
+ */
+export function checkAudio(fields: Readonly<Record<string, string>>, servedModels: readonly string[]): Checked {
+  const flag = fields['stream']?.trim().toLowerCase();
+  if (flag !== undefined && !TRUE.has(flag) && !FALSE.has(flag)) return refused('`stream` must be a boolean', 'stream');
+  const stream = flag !== undefined && TRUE.has(flag);
+  const named = modelOf(fields['model'], servedModels, undefined);
+  if ('problem' in named) return refused(named.problem, 'model', stream);
+  return { ok: true, fields: { model: named.model, stream, expectedChoices: 1, clientAskedUsage: true, promptTokensEstimate: undefined } };
 }
 
 /**

@@ -3,21 +3,23 @@
  * to an Exchange (proxy/) that owns the raw response from then on. No accounting happens here.
  */
 import type { Tracer } from '@opentelemetry/api';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config/load.js';
 import { errorBody } from '../delivery/errors.js';
 import { Exchange, type CompletionRequest, type ExchangeDeps } from '../proxy/exchange.js';
 import { upstreamHeaders } from '../proxy/headers.js';
-import type { UpstreamRegistry } from '../proxy/upstreams.js';
+import { isResponseId, type ResponseHomes } from '../proxy/response-homes.js';
+import type { Upstream, UpstreamRegistry } from '../proxy/upstreams.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { NO_TRACE, startRequestTrace } from '../telemetry/request-trace.js';
-import { isGenerationRoute } from '../accounting/outcomes.js';
-import { answerRaw, API_PATHS, type Answers } from './answers.js';
+import { isGenerationRoute, OTHER, type PoolingRoute } from '../accounting/outcomes.js';
+import { isRecord } from '../util/json.js';
+import { answerRaw, API_PATHS, FORM_PATHS, type Answers } from './answers.js';
 import type { ParsedBody } from './body.js';
-import { checkCompletion, withUsageRequested } from './completions.js';
+import { checkCompletion, withUsageRequested, type CompletionFields } from './completions.js';
 import { readContract } from './contract.js';
 import { checkMessages, checkResponses, readMessagesContract, readResponsesContract } from './event-routes.js';
-import { checkPooling } from './pooling.js';
+import { checkAudio, checkOpaque, checkPooling } from './pooling.js';
 import type { OutputContract, SchemaCompiler } from '../accounting/output-contract.js';
 import type { ProxiedRoute } from '../accounting/outcomes.js';
 import type { SchemaCache } from '../accounting/schemas.js';
@@ -34,73 +36,129 @@ export interface RoutesDeps {
   readonly onExchange: (exchange: Exchange) => void;
   /** Compiled JSON Schemas of output contracts, shared by all requests. */
   readonly schemas: SchemaCache;
+  /** Where stored responses live. */
+  readonly homes: ResponseHomes;
 }
 
 export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void {
-  const { config, upstreams, tracer, guard, answers } = deps;
+  const { config, upstreams, answers } = deps;
+  const charsPerToken = config.metrics.charsPerToken;
 
   for (const [apiPath, route] of API_PATHS) {
-    app.post(apiPath, (request, reply) => {
+    app.post(apiPath, { config: { waybillRoute: route } }, (request, reply) => {
       const parsed = request.body as ParsedBody | undefined;
-      if (parsed === undefined) {
+      if (parsed === undefined || parsed.form === true) {
         answers.reject(request, reply, route, false, errorBody('unsupported_media_type', 'send the request as application/json'));
         return;
       }
-      const charsPerToken = config.metrics.charsPerToken;
       const checked = isGenerationRoute(route)
         ? checkCompletion(route, parsed.json, config.server.max_choices, charsPerToken)
         : route === 'responses'
           ? checkResponses(parsed.json, charsPerToken)
           : route === 'messages'
             ? checkMessages(parsed.json, charsPerToken)
-            : checkPooling(route, parsed.json, upstreams.models(), charsPerToken);
+            : route === 'count_tokens'
+              ? checkOpaque(parsed.json, upstreams.models(), undefined)
+              : checkPooling(route as PoolingRoute, parsed.json, upstreams.models(), charsPerToken);
       if (!checked.ok) {
         answers.reject(request, reply, route, checked.stream, checked.body, (parsed.json as { model?: unknown } | null)?.model);
         return;
       }
+      const json = parsed.json as Record<string, unknown>;
       const fields = checked.fields;
-      if (upstreams.poolFor(fields.model) === undefined) {
-        answers.reject(request, reply, route, fields.stream, errorBody('model_not_found', `The model \`${fields.model}\` does not exist.`, 'model'));
+      const withUsage = fields.stream && config.streaming.injectUsage && !fields.clientAskedUsage ? withUsageRequested(parsed.raw, json) : undefined;
+      proxy(deps, request, reply, { route, apiPath, fields, json, body: withUsage ?? parsed.raw, dropUsageChunk: withUsage !== undefined });
+    });
+  }
+
+  for (const [apiPath, route] of FORM_PATHS) {
+    app.post(apiPath, { config: { waybillRoute: route } }, (request, reply) => {
+      const parsed = request.body as ParsedBody | undefined;
+      if (parsed?.form !== true) {
+        answers.reject(request, reply, route, false, errorBody('unsupported_media_type', 'send the request as multipart/form-data'));
         return;
       }
-      const json = parsed.json as Record<string, unknown>;
-      const withUsage = fields.stream && config.streaming.injectUsage && !fields.clientAskedUsage ? withUsageRequested(parsed.raw, json) : undefined;
-      const start = { route, path: apiPath, model: fields.model, stream: fields.stream, requestId: request.id, arrivalAt: request.arrivalAt, body: json };
-      const evaluation = config.evaluation;
-      const evaluatorHeader = evaluation.evaluatorHeader;
-      const evaluatorValue = evaluatorHeader === undefined ? undefined : request.headers[evaluatorHeader];
-      const trace = guard.trace(guard.run('tracing', () => startRequestTrace(tracer, request.headers, start, config.tracing.captureContent), NO_TRACE));
-      const completion: CompletionRequest = {
+      const checked = checkAudio(parsed.json as Record<string, string>, upstreams.models());
+      if (!checked.ok) {
+        answers.reject(request, reply, route, checked.stream, checked.body, (parsed.json as { model?: unknown }).model);
+        return;
+      }
+      proxy(deps, request, reply, {
         route,
         apiPath,
-        model: fields.model,
-        stream: fields.stream,
-        body: withUsage ?? parsed.raw,
-        expectedChoices: fields.expectedChoices,
-        promptTokensEstimate: fields.promptTokensEstimate,
-        contract: contractOf(route, json, deps.schemas.compile),
-        evaluator: evaluatorValue !== undefined && evaluatorValue !== '',
-        // The sample is decided from the request id alone: the same decision the settlement recorder makes.
-        captureAnswer: evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
-        dropUsageChunk: withUsage !== undefined,
-        requestId: request.id,
-        headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined),
-        arrivalAt: request.arrivalAt,
-        trace,
-      };
-      void reply.hijack();
-      let exchange: Exchange;
-      try {
-        exchange = new Exchange(deps.exchangeDeps, completion, reply.raw);
-      } catch (error) {
-        // Nothing was started: answered and counted here, once. (Once started, the machine guards itself.)
-        guard.report('exchange', error);
-        answerRaw(reply.raw, request.id, 500, errorBody('internal_error', 'internal error'));
-        answers.record(answers.startOf(request, route, fields.stream, fields.model), 500);
-        return;
-      }
-      deps.onExchange(exchange);
-      exchange.start();
+        fields: checked.fields,
+        json: {},
+        body: parsed.raw,
+        contentType: request.headers['content-type'] ?? null,
+      });
+    });
+  }
+
+  // Stored responses: read and cancelled where they live (proxy/response-homes.ts).
+  const storeRoute = (route: 'responses_retrieve' | 'responses_cancel', method: 'GET' | 'POST', suffix: string) => {
+    app.route({
+      method,
+      url: `/v1/responses/:id${suffix}`,
+      config: { waybillRoute: route },
+      handler: async (request, reply) => {
+        const id = (request.params as { id: string }).id;
+        const query = request.url.indexOf('?');
+        const search = query < 0 ? '' : request.url.slice(query);
+        const stream = route === 'responses_retrieve' && /(?:^|[?&])stream=(?:true|1)(?:&|$)/i.test(search);
+        if (!isResponseId(id)) {
+          answers.reject(request, reply, route, stream, errorBody('not_found', 'no stored response has this id', 'response_id'));
+          return;
+        }
+        const home = await deps.homes.find(id, upstreams);
+        if (home === undefined) {
+          answers.reject(request, reply, route, stream, errorBody('not_found', `Response with id '${id}' not found.`, 'response_id'));
+          return;
+        }
+        const model = upstreams.pools.find((pool) => pool.upstreams.includes(home))?.models[0] ?? OTHER;
+        proxy(deps, request, reply, {
+          route,
+          apiPath: `/v1/responses/${encodeURIComponent(id)}${suffix}${search}`,
+          method,
+          pinned: home,
+          fields: { model, stream, expectedChoices: stream ? 1 : 0, clientAskedUsage: true, promptTokensEstimate: undefined },
+          json: {},
+          body: EMPTY,
+          contentType: null,
+        });
+      },
+    });
+  };
+  storeRoute('responses_retrieve', 'GET', '');
+  storeRoute('responses_cancel', 'POST', '/cancel');
+
+  // The operator's pass-through allow-list: proxied as they are, answered as one body.
+  for (const entry of config.passthrough) {
+    app.route({
+      method: [...entry.methods],
+      url: entry.path,
+      config: { waybillRoute: 'passthrough' },
+      handler: (request, reply) => {
+        const parsed = request.body as ParsedBody | undefined;
+        if (parsed?.form === true) {
+          answers.reject(request, reply, 'passthrough', false, errorBody('unsupported_media_type', 'send the request as application/json'));
+          return;
+        }
+        const checked = checkOpaque(parsed?.json ?? {}, upstreams.models(), entry.model);
+        if (!checked.ok) {
+          answers.reject(request, reply, 'passthrough', false, checked.body);
+          return;
+        }
+        const query = request.url.indexOf('?');
+        proxy(deps, request, reply, {
+          route: 'passthrough',
+          apiPath: `${entry.path}${query < 0 ? '' : request.url.slice(query)}`,
+          method: request.method as 'GET' | 'POST' | 'PUT' | 'DELETE',
+          fields: checked.fields,
+          json: isRecord(parsed?.json) ? parsed.json : {},
+          body: parsed?.raw ?? EMPTY,
+          contentType: parsed === undefined || parsed.raw.length === 0 ? null : 'application/json',
+        });
+      },
     });
   }
 
@@ -111,6 +169,72 @@ export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void 
       data: upstreams.models().map((id) => ({ id, object: 'model', created, owned_by: 'waybill' })),
     });
   });
+}
+
+const EMPTY = Buffer.alloc(0);
+
+interface Proxied {
+  readonly route: ProxiedRoute;
+  /** The upstream path (and query). */
+  readonly apiPath: string;
+  readonly method?: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  readonly pinned?: Upstream;
+  readonly fields: CompletionFields;
+  /** The JSON body (for the span and the output contract); {} for a form or no body. */
+  readonly json: Record<string, unknown>;
+  readonly body: Buffer;
+  readonly dropUsageChunk?: boolean;
+  /** The upstream request's Content-Type (JSON unless given; null: no body). */
+  readonly contentType?: string | null;
+}
+
+/** Hands a checked request to an Exchange, which owns the raw response from then on. */
+function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied): void {
+  const { config, upstreams, tracer, guard, answers } = deps;
+  const { fields, route } = p;
+  if (p.pinned === undefined && upstreams.poolFor(fields.model) === undefined) {
+    answers.reject(request, reply, route, fields.stream, errorBody('model_not_found', `The model \`${fields.model}\` does not exist.`, 'model'));
+    return;
+  }
+  const path = request.routeOptions.url ?? p.apiPath;
+  const start = { route, path, model: fields.model, stream: fields.stream, requestId: request.id, arrivalAt: request.arrivalAt, body: p.json };
+  const evaluation = config.evaluation;
+  const evaluatorHeader = evaluation.evaluatorHeader;
+  const evaluatorValue = evaluatorHeader === undefined ? undefined : request.headers[evaluatorHeader];
+  const trace = guard.trace(guard.run('tracing', () => startRequestTrace(tracer, request.headers, start, config.tracing.captureContent), NO_TRACE));
+  const completion: CompletionRequest = {
+    route,
+    apiPath: p.apiPath,
+    ...(p.method !== undefined && { method: p.method }),
+    ...(p.pinned !== undefined && { pinned: p.pinned }),
+    model: fields.model,
+    stream: fields.stream,
+    body: p.body,
+    expectedChoices: fields.expectedChoices,
+    promptTokensEstimate: fields.promptTokensEstimate,
+    contract: fields.expectedChoices > 0 ? contractOf(route, p.json, deps.schemas.compile) : undefined,
+    evaluator: evaluatorValue !== undefined && evaluatorValue !== '',
+    // The sample is decided from the request id alone: the same decision the settlement recorder makes.
+    captureAnswer: evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
+    dropUsageChunk: p.dropUsageChunk === true,
+    requestId: request.id,
+    headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined, p.contentType === undefined ? 'application/json' : p.contentType),
+    arrivalAt: request.arrivalAt,
+    trace,
+  };
+  void reply.hijack();
+  let exchange: Exchange;
+  try {
+    exchange = new Exchange(deps.exchangeDeps, completion, reply.raw);
+  } catch (error) {
+    // Nothing was started: answered and counted here, once. (Once started, the machine guards itself.)
+    guard.report('exchange', error);
+    answerRaw(reply.raw, request.id, 500, errorBody('internal_error', 'internal error'));
+    answers.record(answers.startOf(request, route, fields.stream, fields.model), 500);
+    return;
+  }
+  deps.onExchange(exchange);
+  exchange.start();
 }
 
 /** The output contract the request asks for, read by its route's protocol; pooling routes have none. */

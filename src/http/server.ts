@@ -21,6 +21,7 @@ import { createAnswers } from './answers.js';
 import { fastifyOptions, installFrontDoor } from './front-door.js';
 import { createLifecycle } from './lifecycle.js';
 import { registerApiRoutes } from './routes.js';
+import { ResponseHomes } from '../proxy/response-homes.js';
 
 export interface GatewayOptions {
   logger?: Logger;
@@ -87,6 +88,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   const fastifyLogger: FastifyBaseLogger = logger;
   const app = Fastify(fastifyOptions(config, fastifyLogger, answers));
   const lifecycle = createLifecycle({ app, config, upstreams, metrics, logger, now });
+  const homes = new ResponseHomes(config.responses.maxRememberedIds, config.responses.lookupTimeoutMs);
   const exchangeDeps: ExchangeDeps = {
     config,
     upstreams,
@@ -98,9 +100,10 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     publish,
     guard,
     onDone: (exchange) => lifecycle.done(exchange),
+    homes,
   };
   installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing });
-  registerApiRoutes(app, { config, upstreams, tracer, guard, answers, exchangeDeps, onExchange: (exchange) => lifecycle.track(exchange), schemas });
+  registerApiRoutes(app, { config, upstreams, tracer, guard, answers, exchangeDeps, onExchange: (exchange) => lifecycle.track(exchange), schemas, homes });
 
   return {
     app,

@@ -21,7 +21,8 @@ import type { RequestTrace } from '../telemetry/request-trace.js';
 import type { PublishSettlement } from '../telemetry/settlement.js';
 import type { Admission } from './admission.js';
 import { Attempt } from './attempt.js';
-import type { ModelControls, UpstreamRegistry } from './upstreams.js';
+import type { ResponseHomes } from './response-homes.js';
+import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
 
 export interface ExchangeDeps {
   readonly config: Config;
@@ -39,12 +40,18 @@ export interface ExchangeDeps {
   readonly guard: ObserverGuard;
   /** Called once the exchange holds nothing any more (for the shutdown drain). */
   readonly onDone?: (exchange: Exchange) => void;
+  /** Which upstream holds each stored response: learned from every /v1/responses answer. */
+  readonly homes?: ResponseHomes;
 }
 
 export interface CompletionRequest {
   readonly route: ProxiedRoute;
-  /** Upstream API path, e.g. /v1/chat/completions. */
+  /** Upstream API path, e.g. /v1/chat/completions (with the query, if any). */
   readonly apiPath: string;
+  /** POST unless given; a GET or DELETE has no body. */
+  readonly method?: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  /** Every attempt goes to this upstream (it alone holds what the request reads: a stored response). */
+  readonly pinned?: Upstream;
   /** The served model name (a key of the upstream registry). */
   readonly model: string;
   readonly stream: boolean;
@@ -198,6 +205,7 @@ export class Exchange {
       case 'observe':
         return this.observe(effect.observation);
       case 'settle': {
+        if (this.request.route === 'responses') this.learnHome(effect.settlement.responseId, effect.settlement.attempts);
         const at = this.deps.now();
         this.deps.publish(effect.settlement, this.request.requestId, this.request.trace, true, at);
         this.deps.onDone?.(this);
@@ -244,7 +252,7 @@ export class Exchange {
   private startAttempt(number: number, avoid: ReadonlySet<string>, retriedFor: RetryReason | undefined): void {
     const { upstreams, config, now } = this.deps;
     const at = now();
-    const upstream = upstreams.pick(this.request.model, avoid, at);
+    const upstream = this.request.pinned ?? upstreams.pick(this.request.model, avoid, at);
     if (upstream === undefined) {
       this.send({ type: 'no_upstream' });
       return;
@@ -263,9 +271,20 @@ export class Exchange {
     const traceHeaders = this.request.trace.attemptStarted(number, upstream, at, retriedFor);
     const headers = traceHeaders === undefined ? this.request.headers : { ...this.request.headers, ...traceHeaders };
     upstream.dispatcher.dispatch(
-      { method: 'POST', path: upstream.path(this.request.apiPath), headers: upstream.withCredentials(headers), body: this.request.body },
+      {
+        method: this.request.method ?? 'POST',
+        path: upstream.path(this.request.apiPath),
+        headers: upstream.withCredentials(headers),
+        body: this.request.method === undefined || this.request.method === 'POST' || this.request.method === 'PUT' ? this.request.body : null,
+      },
       attempt,
     );
+  }
+
+  /** A response id and the upstream whose answer carried it: where GET /v1/responses/{id} will find it. */
+  private learnHome(responseId: string | undefined, attempts: readonly { readonly upstream: string }[]): void {
+    const last = attempts[attempts.length - 1];
+    if (responseId !== undefined && last !== undefined) this.deps.homes?.learn(responseId, last.upstream);
   }
 
   private attemptOver(number: number, effect: Extract<Effect, { kind: 'attempt_over' }>): void {

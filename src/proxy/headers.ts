@@ -41,6 +41,8 @@ export function upstreamHeaders(
   requestId: string,
   stream: boolean,
   forwardTraceContext: boolean,
+  /** The body's type: JSON unless given (a multipart form keeps its boundary); null: no body. */
+  contentType: string | null = 'application/json',
 ): Record<string, string | string[]> {
   const headers: Record<string, string | string[]> = {};
   for (const [name, value] of Object.entries(client)) {
@@ -48,7 +50,7 @@ export function upstreamHeaders(
     if (!forwardTraceContext && (name === 'traceparent' || name === 'tracestate')) continue;
     headers[name] = value;
   }
-  headers['content-type'] = 'application/json';
+  if (contentType !== null) headers['content-type'] = contentType;
   headers['accept'] = stream ? 'text/event-stream' : 'application/json';
   // Waybill parses every byte; a compressed stream could be neither parsed nor forwarded event by event.
   headers['accept-encoding'] = 'identity';

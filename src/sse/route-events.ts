@@ -274,7 +274,8 @@ export function classifyResponsesBody(json: unknown, withParts = false): EventFa
   return chunk({
     output: answered ? [0] : [],
     answers: answered ? [0] : [],
-    finishes: finished ? [{ index: 0, reason: responsesFinishReason(json) }] : [{ index: 0, reason: NULL_STOP_REASON }],
+    // Not finished (a background request's `queued` acknowledgement): no choice finished here.
+    finishes: finished ? [{ index: 0, reason: responsesFinishReason(json) }] : [],
     ...withUsage(responsesUsage(json)),
     id: str(json['id']),
     model: str(json['model']),

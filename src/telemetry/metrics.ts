@@ -467,7 +467,8 @@ export class GatewayMetrics {
       if (usage.promptTokens !== undefined) this.promptTokens.inc({ model }, usage.promptTokens);
       if (usage.cachedTokens !== undefined) this.cachedPromptTokens.inc({ model }, usage.cachedTokens);
       if (usage.completionTokens !== undefined) this.completionTokens.inc({ model }, usage.completionTokens);
-    } else if (s.outcome === 'delivered' && reportsUsage(s.route)) {
+    } else if (s.outcome === 'delivered' && reportsUsage(s.route) && !(s.route === 'responses' && s.finishReasons.length === 0)) {
+      // (A background request's acknowledgement — Responses without a choice — has no usage yet: not missing.)
       this.usageMissing.inc({ model });
     }
   }

@@ -134,6 +134,12 @@ const OPERATION: Record<ProxiedRoute, string> = {
   rerank: 'rerank',
   tokenize: 'tokenize',
   detokenize: 'detokenize',
+  transcriptions: 'transcription',
+  translations: 'translation',
+  responses_retrieve: 'retrieve_response',
+  responses_cancel: 'cancel_response',
+  count_tokens: 'count_tokens',
+  passthrough: 'passthrough',
 };
 
 const PARAMS: Array<[string, string]> = [

@@ -1,0 +1,66 @@
+/**
+ * Where a stored response lives. vLLM keeps stored and background responses in the memory of the one process that
+ * generated them (docs/routes.md), so `GET /v1/responses/{id}` and `/cancel` must reach that process. Waybill
+ * remembers the upstream of every response id it relayed (a bounded map, least recent forgotten) and, for an id it
+ * does not know — another gateway replica relayed it, or this one restarted — asks every upstream at once; a 404
+ * from all of them is the answer.
+ */
+import type { Upstream, UpstreamRegistry } from './upstreams.js';
+
+/** A response id as vLLM makes them (`resp_<hex>`, or the client's `request_id`): a bounded, path-safe token. */
+const RESPONSE_ID = /^[A-Za-z0-9._:-]{1,256}$/;
+
+export function isResponseId(id: string): boolean {
+  return RESPONSE_ID.test(id);
+}
+
+export class ResponseHomes {
+  /** Response id → upstream name, in insertion (recency) order. */
+  private readonly homes = new Map<string, string>();
+
+  constructor(
+    private readonly capacity: number,
+    private readonly lookupTimeoutMs: number,
+  ) {}
+
+  get size(): number {
+    return this.homes.size;
+  }
+
+  learn(responseId: string, upstream: string): void {
+    if (this.capacity === 0 || !isResponseId(responseId)) return;
+    this.homes.delete(responseId);
+    this.homes.set(responseId, upstream);
+    if (this.homes.size > this.capacity) {
+      const oldest = this.homes.keys().next();
+      if (oldest.done !== true) this.homes.delete(oldest.value);
+    }
+  }
+
+  /** The upstream holding `responseId`: the remembered one, or the first that does not answer 404; undefined if none. */
+  async find(responseId: string, registry: UpstreamRegistry): Promise<Upstream | undefined> {
+    const all = distinct(registry.upstreams);
+    const known = this.homes.get(responseId);
+    const remembered = known === undefined ? undefined : all.find((upstream) => upstream.name === known);
+    if (remembered !== undefined) return remembered;
+    const path = `/v1/responses/${encodeURIComponent(responseId)}`;
+    const answers = await Promise.all(
+      all.map(async (upstream) => {
+        try {
+          const { status } = await upstream.get(path, this.lookupTimeoutMs);
+          return status === 404 ? undefined : upstream;
+        } catch {
+          return undefined;
+        }
+      }),
+    );
+    const home = answers.find((upstream) => upstream !== undefined);
+    if (home !== undefined) this.learn(responseId, home.name);
+    return home;
+  }
+}
+
+function distinct(upstreams: readonly Upstream[]): Upstream[] {
+  const seen = new Set<string>();
+  return upstreams.filter((upstream) => !seen.has(upstream.name) && seen.add(upstream.name) !== undefined);
+}

@@ -52,7 +52,7 @@ export default tseslint.config(
     rules: {
       'no-restricted-imports': ['error', {
         patterns: [
-          { group: ['**/src/sse/*', '**/src/accounting/*'],
+          { group: ['**/src/sse/*', '**/src/accounting/*', '**/src/delivery/*'],
             message: 'load/ is the oracle Waybill is reconciled against: read and judge responses independently (load/sse.ts, load/stats.ts).' },
         ],
       }],

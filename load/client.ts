@@ -1,20 +1,21 @@
 /**
- * One request as a client sees it: status, whether the answer was delivered complete (every finish_reason,
- * `[DONE]`, no error event), TTFT on the first output-bearing event, the gaps between output events, TPOT,
- * end-to-end time, usage, and what Waybill's own error events say. It reads the response with its own parser
- * (load/sse.ts), never Waybill's: it is the oracle the reconciliation checks Waybill against.
+ * One request as a client sees it: status, whether the answer was delivered complete (every finish reason, the
+ * route's end — `[DONE]`, `response.completed`, `message_stop` — no error event; a JSON answer on the routes that
+ * have no stream), TTFT on the first output-bearing event, the gaps between output events, TPOT, end-to-end time,
+ * usage, and what Waybill's own error events say. It reads the response with its own parser (load/sse.ts,
+ * load/load-routes.ts), never Waybill's: it is the oracle the reconciliation checks Waybill against.
  */
 import { subscribe } from 'node:diagnostics_channel';
 import { request, type Dispatcher } from 'undici';
-import { createEventReader, readEvent, readJson, type ClientEvent, type Usage } from './sse.js';
-import { promptText, type PlannedRequest } from './workload.js';
+import { readerOf, requestBody, ROUTE_PATHS, statusOutcome } from './load-routes.js';
+import { createEventReader, type ClientEvent, type FinishReason, type Outcome, type Usage } from './sse.js';
+import { choicesOf, type PlannedRequest } from './workload.js';
 
-export type { Usage } from './sse.js';
+export type { FinishReason, Outcome, Usage } from './sse.js';
+export { finishLabel } from './sse.js';
+export { statusOutcome } from './load-routes.js';
 
-/** The label values of docs/metrics.md, as the client can tell them. */
-export type Outcome = 'delivered' | 'rejected' | 'failed' | 'timeout' | 'stream_error' | 'incomplete' | 'client_cancelled';
 export type CancelPhase = 'queued' | 'before_first_token' | 'streaming';
-export type FinishReason = 'stop' | 'length' | 'tool_calls' | 'content_filter' | 'function_call' | 'abort' | 'repetition' | 'other' | 'none';
 
 export interface RequestResult {
   readonly plan: PlannedRequest;
@@ -55,51 +56,6 @@ export interface ClientOptions {
   readonly timeoutMs: number;
   /** The request's x-request-id is `<idPrefix>-<index>`. */
   readonly idPrefix: string;
-}
-
-function body(plan: PlannedRequest, model: string): string {
-  const prompt = promptText(plan.promptTokens, plan.index);
-  const common = { model, max_tokens: plan.maxTokens, n: plan.n, stream: plan.stream };
-  const options = plan.includeUsage ? { stream_options: { include_usage: true } } : {};
-  return JSON.stringify(
-    plan.route === 'chat_completions'
-      ? { ...common, ...options, messages: [{ role: 'user', content: prompt }] }
-      : { ...common, ...options, prompt },
-  );
-}
-
-const PATHS = { chat_completions: '/v1/chat/completions', completions: '/v1/completions' } as const;
-
-/**
- * docs/errors.md: the error events Waybill itself writes on a committed stream carry a string `code`; the
- * outcome each is counted as (docs/metrics.md). An upstream's error event (a numeric code) is `stream_error`.
- */
-const GATEWAY_STREAM_ERRORS: Readonly<Record<string, Outcome>> = {
-  stream_truncated: 'incomplete',
-  stream_timeout: 'timeout',
-  internal_error: 'incomplete',
-};
-
-const FINISH_LABELS: ReadonlySet<string> = new Set(['stop', 'length', 'tool_calls', 'content_filter', 'function_call', 'abort', 'repetition']);
-
-/** docs/metrics.md `finish_reason`: the closed set, `other` for any other value, `none` for a choice without one. */
-export function finishLabel(reason: string | undefined): FinishReason {
-  if (reason === undefined) return 'none';
-  return FINISH_LABELS.has(reason) ? (reason as FinishReason) : 'other';
-}
-
-/**
- * The outcome of an error status, as Waybill counts it: a 504 is `timeout` only when Waybill's own deadline fired
- * (its body says `upstream_timeout`); an upstream's error event with code 504, passed through, is `failed`.
- */
-export function statusOutcome(status: number, body: string): Outcome {
-  if (status < 500) return 'rejected';
-  if (status !== 504) return 'failed';
-  try {
-    return (JSON.parse(body) as { error?: { code?: unknown } }).error?.code === 'upstream_timeout' ? 'timeout' : 'failed';
-  } catch {
-    return 'failed';
-  }
 }
 
 // When each request's first byte is written: undici publishes it on a diagnostics channel, with the request's
@@ -151,24 +107,201 @@ export function watchEmptyConnections(baseUrl: string): () => number {
   };
 }
 
+/** What the client makes of one answer's bytes, and the outcome it judges from them (docs/metrics.md). */
+export interface Verdict {
+  readonly outcome: Outcome;
+  readonly code: number;
+  readonly cancelPhase: CancelPhase | undefined;
+  /** One per expected choice, when a response was committed (status 200). */
+  readonly finishReasons: readonly FinishReason[];
+  readonly cancelRacedEnd: boolean;
+  readonly anomaly: string | undefined;
+}
+
+/**
+ * Follows one answer as its events (or its whole body) arrive: finish reasons, usage, output events and their
+ * times, how it ended. Pure apart from the clock values it is handed, so a literal wire transcript can be judged.
+ */
+export class AnswerObserver {
+  /** Answers (choices) the request expects: n for chat and completions, 1 for Responses and Messages, else 0. */
+  readonly expected: number;
+  readonly finishes = new Map<number, FinishReason>();
+  readonly itl: number[] = [];
+  firstOutputAt: number | undefined;
+  lastOutputAt: number | undefined;
+  outputEvents = 0;
+  /** How the response ended, when the client saw it end: the route's end (`done`) or an error event. */
+  ending: Extract<ClientEvent, { kind: 'done' | 'error' }> | undefined;
+  endedAt: number | undefined;
+  usage: Usage | undefined;
+  anomaly: string | undefined;
+  /** The last Responses `sequence_number` seen (-1: none yet). */
+  private lastSequence = -1;
+  private readonly reader;
+
+  constructor(
+    readonly plan: PlannedRequest,
+    /** Called after each output-bearing event, with how many there were so far. */
+    private readonly onOutput: (outputEvents: number) => void = () => {},
+  ) {
+    this.expected = plan.route === 'chat_completions' || plan.route === 'completions' ? plan.n : choicesOf(plan.route);
+    this.reader = readerOf(plan.route);
+  }
+
+  allFinished(): boolean {
+    return this.finishes.size === this.expected;
+  }
+
+  private endName(): string {
+    switch (this.plan.route) {
+      case 'responses':
+        return 'response.completed';
+      case 'messages':
+        return 'message_stop';
+      case 'chat_completions':
+      case 'completions':
+      case 'embeddings':
+      case 'rerank':
+      case 'tokenize':
+        return '[DONE]';
+    }
+  }
+
+  event(event: ClientEvent, at: number): void {
+    if (this.ending !== undefined) {
+      // Waybill drops what follows the end, and the `[DONE]` vLLM sends after an error event.
+      this.anomaly ??= this.ending.kind === 'done' ? `an event after ${this.endName()} reached the client` : 'an event after an error event reached the client';
+      return;
+    }
+    if (event.kind !== 'malformed' && event.kind !== 'done' && this.plan.route === 'responses' && this.plan.stream) {
+      // docs/routes.md: sequence numbers start at 0 and rise by one per event; Waybill's own error event takes the
+      // next one.
+      if (event.sequence !== this.lastSequence + 1) this.anomaly ??= 'a Responses sequence_number out of order reached the client';
+      if (event.sequence !== undefined) this.lastSequence = event.sequence;
+    }
+    switch (event.kind) {
+      case 'done':
+      case 'error':
+        this.ending = event;
+        this.endedAt = at;
+        return;
+      case 'malformed':
+        this.anomaly ??= 'malformed event reached the client';
+        return;
+      case 'chunk':
+        for (const [index, reason] of event.finishes) {
+          if (Number.isInteger(index) && index >= 0 && index < this.expected && !this.finishes.has(index)) this.finishes.set(index, reason);
+        }
+        if (event.usage !== undefined) this.usage = event.usage;
+        if (event.output.length > 0) {
+          this.outputEvents++;
+          if (this.lastOutputAt !== undefined) this.itl.push(at - this.lastOutputAt);
+          this.firstOutputAt ??= at;
+          this.lastOutputAt = at;
+          this.onOutput(this.outputEvents);
+        }
+        if (event.terminal === true && this.ending === undefined) {
+          this.ending = { kind: 'done' };
+          this.endedAt = at;
+        }
+        return;
+    }
+  }
+
+  /** A reader for an event-stream body; each event is observed at `now()`. */
+  streamReader(now: () => number) {
+    return createEventReader(
+      (data, name) => this.event(this.reader.event(data, name), now()),
+      () => (this.anomaly ??= 'oversized event reached the client'),
+    );
+  }
+
+  /** A whole 200 body (a non-stream answer). */
+  wholeBody(text: string, at: number): void {
+    let event: ClientEvent;
+    try {
+      event = this.reader.body(JSON.parse(text));
+    } catch {
+      event = { kind: 'malformed' };
+    }
+    if (event.kind !== 'chunk') {
+      // Waybill answers an error body under 200 with a status of its own: one reaching the client is a bug.
+      this.anomaly ??= 'a 200 body that is not an answer reached the client';
+      return;
+    }
+    this.event(event, at);
+    this.ending = { kind: 'done' };
+    this.endedAt = at;
+  }
+
+  /**
+   * The outcome and code Waybill counts, as the client can tell them. `cancelled`: the client left (before it saw
+   * the end); `errorBody`: the body of a non-200 answer.
+   */
+  verdict(status: number | undefined, errorBody: string, cancelled: boolean, transportError?: string): Verdict {
+    let outcome: Outcome;
+    let code = status ?? 0;
+    let cancelPhase: CancelPhase | undefined;
+    const ending = this.ending;
+    // A response that ended (its end or error event arrived) before the client left was not cancelled: the bytes
+    // were written, and Waybill had ended the response, before the client's close reached it.
+    if (cancelled && ending === undefined) {
+      outcome = 'client_cancelled';
+      cancelPhase = this.firstOutputAt === undefined ? 'before_first_token' : 'streaming';
+      code = status ?? 499;
+    } else if (status === undefined) {
+      outcome = 'failed';
+      this.anomaly ??= `no response: ${transportError ?? 'unknown'}`;
+    } else if (status !== 200) {
+      outcome = statusOutcome(status, errorBody, this.plan.route);
+    } else if (!this.plan.stream) {
+      outcome = ending?.kind === 'done' && this.allFinished() ? 'delivered' : 'incomplete';
+    } else if (ending?.kind === 'done') {
+      outcome = 'delivered';
+      if (!this.allFinished()) this.anomaly ??= `${this.endName()} arrived without a finish reason for every choice`;
+    } else if (ending?.kind === 'error') {
+      outcome = ending.outcome;
+    } else {
+      outcome = 'incomplete';
+      this.anomaly ??= `the stream ended with neither ${this.endName()} nor an error event`;
+    }
+    return {
+      outcome,
+      code,
+      cancelPhase,
+      finishReasons: status === 200 ? Array.from({ length: this.expected }, (_, i) => this.finishes.get(i) ?? 'none') : [],
+      cancelRacedEnd: outcome === 'client_cancelled' && this.expected > 0 && this.allFinished(),
+      anomaly: this.anomaly,
+    };
+  }
+}
+
+/**
+ * Judges a whole answer from its wire transcript: status, content type and body bytes (for tests: the same
+ * observer the client runs, fed at once).
+ */
+export function judgeTranscript(plan: PlannedRequest, status: number, contentType: string, body: string | Uint8Array): Verdict & { usage: Usage | undefined; outputEvents: number } {
+  const observer = new AnswerObserver(plan);
+  const bytes = typeof body === 'string' ? Buffer.from(body) : body;
+  let errorBody = '';
+  if (status === 200 && contentType.startsWith('text/event-stream')) {
+    const reader = observer.streamReader(() => 0);
+    reader.feed(bytes);
+    reader.end();
+  } else if (status === 200) {
+    observer.wholeBody(Buffer.from(bytes).toString('utf8'), 0);
+  } else {
+    errorBody = Buffer.from(bytes).toString('utf8');
+  }
+  return { ...observer.verdict(status, errorBody, false), usage: observer.usage, outputEvents: observer.outputEvents };
+}
+
 export async function runRequest(plan: PlannedRequest, options: ClientOptions): Promise<RequestResult> {
   const started = performance.now();
   const abort = new AbortController();
-  // One prompt per request: n choices.
-  const expected = plan.n;
-  const finishes = new Map<number, string>();
-  const itl: number[] = [];
-  let firstOutputAt: number | undefined;
-  let lastOutputAt: number | undefined;
-  let outputEvents = 0;
-  /** How the response ended, when the client saw it end: `[DONE]` or an error event. */
-  let ending: Extract<ClientEvent, { kind: 'done' | 'error' }> | undefined;
-  let endedAt: number | undefined;
-  let usage: Usage | undefined;
   let status: number | undefined;
   let sentAt: number | undefined;
   let cancelledAt: number | undefined;
-  let anomaly: string | undefined;
   let error: string | undefined;
   let errorBody = '';
 
@@ -182,9 +315,12 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
     // Published just before the bytes are written: leave after the write, not inside it.
     if (cancelWhenSent) setImmediate(cancelOnceWritten);
   });
-  const allFinished = () => finishes.size === expected;
+  const plannedCancel = plan.cancel;
+  const observer = new AnswerObserver(plan, (outputEvents) => {
+    if (plannedCancel?.phase === 'streaming' && outputEvents >= plannedCancel.afterEvents) cancel();
+  });
   const cancel = () => {
-    if (cancelledAt !== undefined || ending !== undefined) return;
+    if (cancelledAt !== undefined || observer.ending !== undefined) return;
     cancelledAt = performance.now();
     abort.abort();
   };
@@ -198,78 +334,31 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
     if (socket === undefined || socket.writableLength === 0) cancel();
     else cancelTimer = setTimeout(cancelOnceWritten, 1);
   };
-  const plannedCancel = plan.cancel;
   if (plannedCancel?.phase === 'before_first_token') {
     cancelTimer = setTimeout(() => (sentAt === undefined ? (cancelWhenSent = true) : cancelOnceWritten()), plannedCancel.afterMs);
   }
   const deadline = setTimeout(() => abort.abort(), options.timeoutMs);
 
-  const onEvent = (event: ClientEvent, at: number) => {
-    if (ending !== undefined) {
-      // Waybill drops what follows `[DONE]`, and the `[DONE]` vLLM sends after an error event.
-      anomaly ??= ending.kind === 'done' ? 'an event after [DONE] reached the client' : 'an event after an error event reached the client';
-      return;
-    }
-    switch (event.kind) {
-      case 'done':
-      case 'error':
-        ending = event;
-        endedAt = at;
-        return;
-      case 'malformed':
-        anomaly ??= 'malformed event reached the client';
-        return;
-      case 'chunk':
-        for (const [index, reason] of event.finishes) {
-          if (Number.isInteger(index) && index >= 0 && index < expected && !finishes.has(index)) finishes.set(index, reason);
-        }
-        if (event.usage !== undefined) usage = event.usage;
-        if (event.output.length > 0) {
-          outputEvents++;
-          if (lastOutputAt !== undefined) itl.push(at - lastOutputAt);
-          firstOutputAt ??= at;
-          lastOutputAt = at;
-          if (plannedCancel?.phase === 'streaming' && outputEvents >= plannedCancel.afterEvents) cancel();
-        }
-        return;
-    }
-  };
-
   try {
     const headers: Record<string, string> = { 'content-type': 'application/json', 'x-request-id': requestId };
     if (plan.simHeader !== undefined) headers['x-sim-fault'] = plan.simHeader;
     if (options.apiKey !== undefined) headers['authorization'] = `Bearer ${options.apiKey}`;
-    const response = await request(`${options.baseUrl}${PATHS[plan.route]}`, {
+    const response = await request(`${options.baseUrl}${ROUTE_PATHS[plan.route]}`, {
       method: 'POST',
       headers,
-      body: body(plan, options.model),
+      body: requestBody(plan, options.model),
       signal: abort.signal,
       dispatcher: options.dispatcher,
     });
     status = response.statusCode;
     const isStream = String(response.headers['content-type'] ?? '').startsWith('text/event-stream');
     if (status === 200 && isStream) {
-      const reader = createEventReader(
-        (data) => onEvent(readEvent(data), performance.now()),
-        () => (anomaly ??= 'oversized event reached the client'),
-      );
+      const reader = observer.streamReader(() => performance.now());
       for await (const chunk of response.body) reader.feed(chunk as Uint8Array);
       reader.end();
     } else {
       errorBody = await response.body.text();
-      if (status === 200) {
-        let event: ClientEvent;
-        try {
-          event = readJson(JSON.parse(errorBody));
-        } catch {
-          event = { kind: 'malformed' };
-        }
-        onEvent(event, performance.now());
-        if (event.kind === 'chunk') {
-          ending = { kind: 'done' };
-          endedAt = performance.now();
-        }
-      }
+      if (status === 200) observer.wholeBody(errorBody, performance.now());
     }
   } catch (err) {
     if (cancelledAt === undefined) error = (err as Error).message;
@@ -281,56 +370,27 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
   }
   const finished = performance.now();
 
-  let outcome: Outcome;
-  let code = status ?? 0;
-  let cancelPhase: CancelPhase | undefined;
-  // A response that ended (its `[DONE]` or error event arrived) before the client left was not cancelled: the
-  // bytes were written, and Waybill had ended the response, before the client's close reached it.
-  if (cancelledAt !== undefined && ending === undefined) {
-    outcome = 'client_cancelled';
-    cancelPhase = firstOutputAt === undefined ? 'before_first_token' : 'streaming';
-    code = status ?? 499;
-  } else if (status === undefined) {
-    outcome = 'failed';
-    anomaly ??= `no response: ${error ?? 'unknown'}`;
-  } else if (status !== 200) {
-    outcome = statusOutcome(status, errorBody);
-  } else if (!plan.stream) {
-    outcome = allFinished() ? 'delivered' : 'incomplete';
-  } else if (ending?.kind === 'done') {
-    outcome = 'delivered';
-    if (!allFinished()) anomaly ??= '[DONE] arrived without a finish_reason for every choice';
-  } else if (ending?.kind === 'error') {
-    outcome = (ending.code === undefined ? undefined : GATEWAY_STREAM_ERRORS[ending.code]) ?? 'stream_error';
-  } else {
-    outcome = 'incomplete';
-    anomaly ??= 'the stream ended with neither [DONE] nor an error event';
-  }
-
-  const perChoice = usage?.completionTokens !== undefined ? usage.completionTokens / Math.max(1, expected) : undefined;
+  const verdict = observer.verdict(status, errorBody, cancelledAt !== undefined, error);
+  const { outcome } = verdict;
+  const { usage, firstOutputAt, lastOutputAt } = observer;
+  const perChoice = usage?.completionTokens !== undefined ? usage.completionTokens / Math.max(1, observer.expected) : undefined;
   const tpotMs =
     outcome === 'delivered' && plan.stream && firstOutputAt !== undefined && lastOutputAt !== undefined && perChoice !== undefined && perChoice >= 2
       ? (lastOutputAt - firstOutputAt) / (perChoice - 1)
       : undefined;
-  const committed = status === 200;
   return {
     plan,
     startedAt: started - options.runStart,
     sentMs: sentAt === undefined ? undefined : sentAt - started,
     status,
-    outcome,
-    code,
-    cancelPhase,
+    ...verdict,
     ttftMs: plan.stream && firstOutputAt !== undefined ? firstOutputAt - started : undefined,
     tpotMs,
-    // A delivered answer ends at its `[DONE]` (or body), a cancellation when the client left.
-    e2eMs: ((outcome === 'client_cancelled' ? cancelledAt : endedAt) ?? finished) - started,
-    itlMs: itl,
-    outputEvents,
+    // A delivered answer ends at its end event (or body), a cancellation when the client left.
+    e2eMs: ((outcome === 'client_cancelled' ? cancelledAt : observer.endedAt) ?? finished) - started,
+    itlMs: observer.itl,
+    outputEvents: observer.outputEvents,
     usage,
-    finishReasons: committed ? Array.from({ length: expected }, (_, i) => finishLabel(finishes.get(i))) : [],
-    cancelRacedEnd: outcome === 'client_cancelled' && allFinished(),
-    anomaly,
     error,
   };
 }

@@ -13,7 +13,7 @@ import { reconcile, settledSnapshot, snapshot, type Reconciliation } from './rec
 import { htmlReport, jsonReport, reconciliationText, summaryTable } from './report.js';
 import { runWorkload, type Progress } from './runner.js';
 import { summarize, type SloThresholds } from './stats.js';
-import { FAULT_KINDS, parseRange, type FaultKind, type Range, type Workload } from './workload.js';
+import { chatShareMix, FAULT_KINDS, parseRange, parseRouteMix, type FaultKind, type Range, type RouteShares, type Workload } from './workload.js';
 
 export const USAGE = `usage: waybill load --url URL (--concurrency N | --rate R) (--requests N | --duration D) [options]
 
@@ -30,8 +30,11 @@ target and shape
 workload
   --prompt-tokens A[-B]       prompt length in tokens, fixed or uniform (default 64-512)
   --output-tokens A[-B]       max_tokens (default 32-128)
-  --stream-share X            share of streamed requests (default 1)
+  --stream-share X            share of streamed requests, on the routes that stream (default 1)
   --chat-share X              share of chat completions; the rest legacy completions (default 1)
+  --route-mix R=X,...         instead of --chat-share (YAML: route_shares): each route's share, summing to 1, e.g.
+                              chat=0.6,completions=0.1,responses=0.1,messages=0.1,embeddings=0.1 (routes: chat or
+                              chat_completions, completions, responses, messages, embeddings, rerank, tokenize)
   --n A[-B]                   choices per request (default 1)
   --usage-share X             share of streams asking stream_options.include_usage (default 0)
   --cancel-share X            share of streams the client abandons (default 0)
@@ -89,6 +92,7 @@ const OPTIONS = {
   'output-tokens': { type: 'string' },
   'stream-share': { type: 'string' },
   'chat-share': { type: 'string' },
+  'route-mix': { type: 'string' },
   n: { type: 'string' },
   'usage-share': { type: 'string' },
   'cancel-share': { type: 'string' },
@@ -175,12 +179,22 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
   const faultKinds = kindsText === undefined ? [...FAULT_KINDS] : kindsText.split(',').map((k) => k.trim()).filter(Boolean);
   for (const kind of faultKinds) if (!(FAULT_KINDS as readonly string[]).includes(kind)) problems.push(`--fault-kinds: unknown kind "${kind}" (one of ${FAULT_KINDS.join(', ')})`);
   const reconcileRun = values.reconcile === true || file['reconcile'] === true;
+  // The route mix: `--route-mix` (or the YAML key `route_shares`, a mapping or the flag's text), else `chat_share`.
+  const mixInput: unknown = values['route-mix'] ?? file['route_shares'];
+  const chatShare = share('chat-share', 1);
+  let routeShares: RouteShares = chatShareMix(chatShare);
+  if (mixInput !== undefined && mixInput !== null) {
+    if (flag('chat-share') !== undefined) problems.push('--route-mix / --chat-share: give one (a mix names the chat share itself)');
+    const mix = parseRouteMix(mixInput);
+    if ('problems' in mix) problems.push(...mix.problems.map((p) => `--route-mix: ${p}`));
+    else routeShares = mix;
+  }
   const workload: Workload = {
     model: flag('model'),
     promptTokens: range('prompt-tokens', { min: 64, max: 512 }),
     outputTokens: range('output-tokens', { min: 32, max: 128 }),
     streamShare: share('stream-share', 1),
-    chatShare: share('chat-share', 1),
+    routeShares,
     n: range('n', { min: 1, max: 1 }),
     // Reconciling compares token totals: the client must see usage on every stream.
     usageShare: reconcileRun ? 1 : share('usage-share', 0),

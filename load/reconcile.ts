@@ -1,12 +1,13 @@
 /**
  * Reconciliation: Waybill's ledger must be exact. Compares, count by count, what the clients saw and what the
- * simulators counted and injected with what Waybill's /metrics says changed over the run. The load tool must be
- * the only traffic. Every mismatch is reported; any makes the run fail.
+ * simulators counted and injected with what Waybill's /metrics says changed over the run, on every route the load
+ * tool sends (chat and legacy completions, Responses, Messages, embeddings, rerank, tokenize). The load tool must
+ * be the only traffic. Every mismatch is reported; any makes the run fail.
  *
  * Most counts are exact. A few things a client cannot observe exactly are compared as bounded intervals instead
  * (docs/load.md, "Borderline requests and races"): SLO results whose client-side timing lies within the margin of
- * a threshold, a cancellation that raced the end of its answer, and events Waybill reads after a response ended
- * (within its drain grace). Each such request may add to one of a few known alternatives; Waybill's count must lie
+ * a threshold, a cancellation that raced the end of its answer, events Waybill reads after a response ended
+ * (within its drain grace), and the attempts of a request Waybill may have retried. Each such request may add to one of a few known alternatives; Waybill's count must lie
  * between the fewest and the most the alternatives allow, and every other request counts exactly.
  */
 import { request } from 'undici';
@@ -205,36 +206,76 @@ function single(value: number): Map<string, number> {
   return new Map(value === 0 ? [] : [['', value]]);
 }
 
-/** Anomalies Waybill must count for each fault (one attempt carries it: all are after commit, or a 400). */
-const ANOMALIES_OF_FAULT: Readonly<Record<string, readonly string[]>> = {
-  error_before_output: ['error_payload', 'done_after_error'],
-  error_after: ['error_payload', 'done_after_error'],
-  end_after: ['missing_done', 'missing_finish_reason'],
-  no_done: ['missing_done'],
-  drop_finish: ['missing_finish_reason'],
-  malformed_after: ['malformed_event'],
-  oversized_after: ['oversized_event'],
-  data_after_done: ['data_after_done'],
+/** How a fault shows on a route: the anomalies Waybill counts for it, and the outcome it causes (the client sees). */
+interface FaultEffect {
+  readonly anomalies: readonly string[];
+  readonly outcome: string;
+}
+
+/**
+ * Per route family, the faults that make Waybill count anomalies (docs/simulator.md for what the simulator sends on
+ * each route, docs/metrics.md for what each anomaly means). Every one rides on one attempt: after commit, or not
+ * retried. Faults not listed cause none: statuses, resets and stalls, and on Responses an engine error (a cut
+ * connection) and `drop_finish` (its `response.completed` still comes).
+ */
+const FAULT_EFFECTS: Readonly<Record<'chat' | 'responses' | 'messages', Readonly<Record<string, FaultEffect>>>> = {
+  chat: {
+    // vLLM's error event, then its `[DONE]`.
+    error_before_output: { anomalies: ['error_payload', 'done_after_error'], outcome: 'rejected' },
+    error_after: { anomalies: ['error_payload', 'done_after_error'], outcome: 'stream_error' },
+    end_after: { anomalies: ['missing_done', 'missing_finish_reason'], outcome: 'incomplete' },
+    no_done: { anomalies: ['missing_done'], outcome: 'incomplete' },
+    drop_finish: { anomalies: ['missing_finish_reason'], outcome: 'incomplete' },
+    malformed_after: { anomalies: ['malformed_event'], outcome: 'delivered' },
+    oversized_after: { anomalies: ['oversized_event'], outcome: 'incomplete' },
+    data_after_done: { anomalies: ['data_after_done'], outcome: 'delivered' },
+  },
+  responses: {
+    // The finish reason comes only with `response.completed`: a clean end without it leaves the answer unfinished.
+    end_after: { anomalies: ['missing_done', 'missing_finish_reason'], outcome: 'incomplete' },
+    no_done: { anomalies: ['missing_done', 'missing_finish_reason'], outcome: 'incomplete' },
+    malformed_after: { anomalies: ['malformed_event'], outcome: 'delivered' },
+    oversized_after: { anomalies: ['oversized_event'], outcome: 'incomplete' },
+    data_after_done: { anomalies: ['data_after_done'], outcome: 'delivered' },
+  },
+  messages: {
+    // `event: error` and a clean end, no `message_stop`: before output a 502 (no code, so not retried).
+    error_before_output: { anomalies: ['error_payload'], outcome: 'failed' },
+    error_after: { anomalies: ['error_payload'], outcome: 'stream_error' },
+    end_after: { anomalies: ['missing_done', 'missing_finish_reason'], outcome: 'incomplete' },
+    no_done: { anomalies: ['missing_done'], outcome: 'incomplete' },
+    // No `message_delta` (no stop reason), `message_stop` still comes.
+    drop_finish: { anomalies: ['missing_finish_reason'], outcome: 'incomplete' },
+    malformed_after: { anomalies: ['malformed_event'], outcome: 'delivered' },
+    oversized_after: { anomalies: ['oversized_event'], outcome: 'incomplete' },
+    data_after_done: { anomalies: ['data_after_done'], outcome: 'delivered' },
+  },
 };
+
+function faultEffect(r: RequestResult): FaultEffect | undefined {
+  const fault = r.plan.fault;
+  if (fault === undefined || !r.plan.stream) return undefined;
+  switch (r.plan.route) {
+    case 'chat_completions':
+    case 'completions':
+      return FAULT_EFFECTS.chat[fault];
+    case 'responses':
+      return FAULT_EFFECTS.responses[fault];
+    case 'messages':
+      return FAULT_EFFECTS.messages[fault];
+    case 'embeddings':
+    case 'rerank':
+    case 'tokenize':
+      return undefined;
+  }
+}
 
 /**
  * Anomalies Waybill counts from what an upstream sends after the response ended: the `[DONE]` after an error event
- * and data after `[DONE]`. Waybill reads them only within its drain grace after the end; whether they arrived in
+ * and data after the end. Waybill reads them only within its drain grace after the end; whether they arrived in
  * time is invisible to a client, so each may or may not be counted.
  */
 const AFTER_THE_END: ReadonlySet<string> = new Set(['done_after_error', 'data_after_done']);
-
-/** The outcome a fault's effect shows to the client, when it takes effect. */
-const OUTCOME_OF_FAULT: Readonly<Record<string, string>> = {
-  error_before_output: 'rejected',
-  error_after: 'stream_error',
-  end_after: 'incomplete',
-  no_done: 'incomplete',
-  drop_finish: 'incomplete',
-  oversized_after: 'incomplete',
-  malformed_after: 'delivered',
-  data_after_done: 'delivered',
-};
 
 /**
  * The anomalies this request's fault makes Waybill count. A fault takes effect at a point of the answer, and the
@@ -245,9 +286,10 @@ const OUTCOME_OF_FAULT: Readonly<Record<string, string>> = {
  */
 function anomalyAlternatives(r: RequestResult): Alternatives {
   const fault = r.plan.fault;
-  const kinds = fault === undefined ? undefined : ANOMALIES_OF_FAULT[fault];
-  if (fault === undefined || kinds === undefined) return [NOTHING];
-  let reached: boolean | undefined = r.outcome === OUTCOME_OF_FAULT[fault];
+  const effect = faultEffect(r);
+  if (fault === undefined || effect === undefined) return [NOTHING];
+  const kinds = effect.anomalies;
+  let reached: boolean | undefined = r.outcome === effect.outcome;
   if (!reached && fault === 'malformed_after') {
     // The malformed event follows the k-th output event, before the (k+1)-th.
     const k = Number(/malformed_after=(\d+)/.exec(r.plan.simHeader ?? '')?.[1] ?? Number.NaN);
@@ -261,6 +303,29 @@ function anomalyAlternatives(r: RequestResult): Alternatives {
   for (const kind of maybe) alternatives = alternatives.flatMap((a) => [a, [...a, kind]]);
   return alternatives.map(each);
 }
+
+/**
+ * How many attempts (requests to a simulator) a request made, as far as the client can tell (docs/metrics.md,
+ * "Retries"): one, except that a request answered with a failure status before any output (5xx, 429, 408) may have
+ * been retried any number of times, and one the client left before its first token may have left before Waybill
+ * sent it upstream. An upper bound of Infinity: any number.
+ */
+function attemptRange(r: RequestResult): readonly [number, number] {
+  if (r.cancelPhase === 'before_first_token') return [0, 1];
+  if (r.status === undefined && r.outcome !== 'client_cancelled') return [0, Number.POSITIVE_INFINITY];
+  if (r.status !== 200 && (r.code >= 500 || r.code === 429 || r.code === 408)) return [1, Number.POSITIVE_INFINITY];
+  return [1, 1];
+}
+
+/** The request's attempts, added to `key`. */
+function attemptsAs(r: RequestResult, key: string | undefined): Alternatives {
+  const [lo, hi] = attemptRange(r);
+  if (key === undefined) return [NOTHING];
+  return lo === hi ? [one(key, lo)] : [one(key, lo), one(key, hi)];
+}
+
+/** Routes that report usage (docs/metrics.md `waybill_usage_missing_total`: not tokenize, detokenize). */
+const WITHOUT_USAGE: ReadonlySet<string> = new Set(['tokenize']);
 
 export interface Reconciliation {
   readonly mismatches: Mismatch[];
@@ -342,9 +407,40 @@ export function reconcile(
   check('prompt tokens', 'prompt_tokens', tokens((r) => r.usage?.promptTokens), one0('waybill_prompt_tokens_total'));
   check('completion tokens', 'completion_tokens', tokens((r) => r.usage?.completionTokens), one0('waybill_completion_tokens_total'));
   check('cached prompt tokens', 'cached_tokens', tokens((r) => r.usage?.cachedTokens), one0('waybill_cached_prompt_tokens_total'));
+  check(
+    'delivered without usage',
+    'usage_missing',
+    (r) =>
+      WITHOUT_USAGE.has(r.plan.route)
+        ? [NOTHING]
+        : outcomesOf(r).map((o) => (o === 'delivered' && (r.usage === undefined || racedUsageUnseen(r)) ? one('') : NOTHING)),
+    one0('waybill_usage_missing_total'),
+  );
+  // The histograms' counts: one duration per request (by route and outcome), one TTFT per stream whose first output
+  // reached the client (by prompt_len; none on the routes without a stream), one TPOT per delivered stream with
+  // usage and at least 2 tokens per choice.
+  check(
+    'request durations by route, outcome',
+    'durations',
+    (r) => outcomesOf(r).map((o) => one(`${r.plan.route}|${o}`)),
+    d('waybill_request_duration_seconds_count', ['route', 'outcome']),
+    one('_other|rejected'),
+  );
+  check(
+    'TTFT observations by prompt_len',
+    'ttft',
+    (r) => (r.ttftMs === undefined ? [NOTHING] : (racedUsageUnseen(r) ? PROMPT_LENS : [promptLenOf(r)]).map((len) => one(len))),
+    d('waybill_time_to_first_token_seconds_count', ['prompt_len']),
+  );
+  check(
+    'TPOT observations',
+    'tpot',
+    (r) => (r.cancelRacedEnd ? [NOTHING, one('')] : [one(r.tpotMs === undefined ? undefined : '')]),
+    one0('waybill_time_per_output_token_seconds_count'),
+  );
 
-  // The simulators' side: every attempt reached one of them, and every fault they injected on an attempt of its
-  // own is one the clients planned.
+  // The simulators' side: every attempt reached one of them, on its request's route, and every fault they injected
+  // rode on an attempt of a request the clients planned it for.
   const simDelta = (pick: (s: SimStatsSnapshot) => Record<string, number>) => {
     const out = new Map<string, number>();
     after.sims.forEach((stats, i) => {
@@ -357,15 +453,22 @@ export function reconcile(
     return out;
   };
   const simRequests = simDelta((s) => s.byRoute);
-  const attemptsSeen = (simRequests.get('chat_completions') ?? 0) + (simRequests.get('completions') ?? 0);
+  const attemptsSeen = [...simRequests.values()].reduce((a, b) => a + b, 0);
   const injected = simDelta((s) => s.faultsInjected);
   if (after.sims.length > 0) {
     compare('attempts (simulators counted, Waybill counted)', exactly(single(attemptsSeen)), one0('waybill_upstream_attempts_total'), mismatches);
-    const planned = bounds(results, (r) => [one(r.plan.fault !== undefined && r.plan.fault in ANOMALIES_OF_FAULT ? r.plan.fault : undefined)]);
-    const injectedOnce = new Map([...injected].filter(([fault]) => fault in ANOMALIES_OF_FAULT));
-    compare('faults injected (simulators injected, clients planned)', planned, injectedOnce, mismatches);
+    // Per route: what each request's attempts add to the simulators' byRoute (no other route, no `other`).
+    check('attempts by route (clients allow, simulators counted)', 'attempts_by_route', (r) => attemptsAs(r, r.plan.route), simRequests);
+    // Every attempt of a request carrying a fault makes the simulator inject it once.
+    check('faults injected (clients planned, simulators injected)', 'faults_injected', (r) => attemptsAs(r, r.plan.fault), injected);
   }
   compare('attempts per request (histogram sum vs counter)', exactly(one0('waybill_upstream_attempts_total')), one0('waybill_request_attempts_sum'), mismatches);
+  check(
+    'requests with attempts',
+    'requests_with_attempts',
+    (r) => (attemptRange(r)[0] === 0 ? [NOTHING, one('')] : [one('')]),
+    one0('waybill_request_attempts_count'),
+  );
   check('anomalies (faults the clients saw take effect, Waybill counted)', 'anomalies', anomalyAlternatives, d('waybill_stream_anomalies_total', ['kind']));
   check('client-side anomalies (should be none)', 'client_anomalies', (r) => [one(r.anomaly)], new Map());
 

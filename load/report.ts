@@ -18,6 +18,7 @@ export function summaryTable(summary: RunSummary, slo: SloThresholds): string {
     `requests        ${summary.requests} in ${summary.durationS.toFixed(1)} s  (${summary.requestsPerS.toFixed(1)} req/s, ${summary.outputEventsPerS.toFixed(0)} output events/s)`,
     `delivered       ${summary.delivered}  (${pct(summary.deliveredRatio)} delivered vs ${pct(summary.http2xxRatio)} HTTP 2xx)`,
     `outcomes        ${Object.entries(summary.byOutcome).map(([k, v]) => `${k}=${v}`).join('  ')}`,
+    `routes          ${Object.entries(summary.byRoute).map(([k, v]) => `${k}=${v}`).join('  ')}`,
     `status codes    ${Object.entries(summary.byCode).map(([k, v]) => `${k}=${v}`).join('  ')}`,
     `SLO (TTFT ${slo.ttftMs} ms, TPOT ${slo.tpotMs} ms, e2e ${slo.e2eMs} ms)`,
     `  attainment    ${pct(summary.sloAttainment)}   goodput ${summary.goodputPerS.toFixed(2)} req/s`,

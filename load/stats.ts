@@ -5,7 +5,7 @@
  * ledger.
  */
 import type { Outcome, RequestResult } from './client.js';
-import { promptText } from './workload.js';
+import { inputTexts } from './load-routes.js';
 
 export interface SloThresholds {
   readonly ttftMs: number;
@@ -29,6 +29,9 @@ export interface RunSummary {
   readonly requestsPerS: number;
   readonly outputEventsPerS: number;
   readonly byOutcome: Record<string, number>;
+  /** Requests per route, and per route and outcome (`route|outcome`). */
+  readonly byRoute: Record<string, number>;
+  readonly byRouteOutcome: Record<string, number>;
   readonly byCode: Record<string, number>;
   readonly delivered: number;
   readonly deliveredRatio: number | undefined;
@@ -58,10 +61,12 @@ const CHARS_PER_TOKEN = 4;
 
 /**
  * The request's class: from usage `prompt_tokens` when the answer reported it, otherwise from the estimate Waybill
- * makes of the prompt it was sent (its characters / chars_per_token, rounded up).
+ * makes of the input it was sent (the characters of its texts — a rerank's query and documents — / chars_per_token,
+ * rounded up).
  */
 export function promptLenOf(result: RequestResult): string {
-  const tokens = result.usage?.promptTokens ?? Math.ceil(promptText(result.plan.promptTokens, result.plan.index).length / CHARS_PER_TOKEN);
+  const chars = inputTexts(result.plan).reduce((sum, text) => sum + text.length, 0);
+  const tokens = result.usage?.promptTokens ?? Math.ceil(chars / CHARS_PER_TOKEN);
   return PROMPT_LEN_CLASSES.find(([upper]) => tokens < upper)?.[1] ?? 'unknown';
 }
 
@@ -169,6 +174,8 @@ function increment(map: Record<string, number>, key: string, by = 1): void {
 
 export function summarize(results: readonly RequestResult[], durationS: number, slo: SloThresholds): RunSummary {
   const byOutcome: Record<string, number> = {};
+  const byRoute: Record<string, number> = {};
+  const byRouteOutcome: Record<string, number> = {};
   const byCode: Record<string, number> = {};
   const sloCounts: Record<string, number> = {};
   const clientAnomalies: Record<string, number> = {};
@@ -179,6 +186,8 @@ export function summarize(results: readonly RequestResult[], durationS: number, 
   let events = 0;
   for (const r of results) {
     increment(byOutcome, r.outcome);
+    increment(byRoute, r.plan.route);
+    increment(byRouteOutcome, `${r.plan.route}|${r.outcome}`);
     increment(byCode, String(r.code));
     increment(sloCounts, sloOf(r, slo));
     if (r.anomaly !== undefined) increment(clientAnomalies, r.anomaly);
@@ -199,6 +208,8 @@ export function summarize(results: readonly RequestResult[], durationS: number, 
     requestsPerS: n / durationS,
     outputEventsPerS: events / durationS,
     byOutcome,
+    byRoute,
+    byRouteOutcome,
     byCode,
     delivered,
     // Undefined, not 0, without traffic: no requests is not a failed SLO.

@@ -9,14 +9,88 @@ export interface Range {
   readonly max: number;
 }
 
+/**
+ * The routes the load tool sends, by their `route` label (docs/metrics.md): two generation routes with choices,
+ * two with protocols of their own (named SSE events, one answer), and three of vLLM's non-generation routes (one
+ * JSON answer, never streamed).
+ */
+export const LOAD_ROUTES = ['chat_completions', 'completions', 'responses', 'messages', 'embeddings', 'rerank', 'tokenize'] as const;
+export type LoadRoute = (typeof LOAD_ROUTES)[number];
+
+/** Short names `--route-mix` also takes. */
+const ROUTE_ALIASES: Readonly<Record<string, LoadRoute>> = { chat: 'chat_completions' };
+
+/** Routes that can stream; the others are always sent with `stream` absent. */
+export const STREAMING_ROUTES: ReadonlySet<LoadRoute> = new Set(['chat_completions', 'completions', 'responses', 'messages']);
+
+/** The share of requests per route, in LOAD_ROUTES order (a route left out has none); they sum to 1. */
+export type RouteShares = ReadonlyArray<readonly [LoadRoute, number]>;
+
+/** `chat_share` as a route mix: chat completions, the rest legacy completions (the mix before there was one). */
+export function chatShareMix(chatShare: number): RouteShares {
+  return [
+    ['chat_completions', chatShare],
+    ['completions', 1 - chatShare],
+  ];
+}
+
+/**
+ * Reads a route mix: `chat=0.6,responses=0.2,embeddings=0.2` (a flag) or a mapping of the same (a YAML key). Every
+ * share in [0, 1], every route known, and they must sum to 1 (within 1e-6). Returns the problems otherwise.
+ */
+export function parseRouteMix(input: unknown): RouteShares | { problems: string[] } {
+  const problems: string[] = [];
+  let entries: Array<[string, unknown]>;
+  if (typeof input === 'string') {
+    entries = input
+      .split(',')
+      .map((part) => part.trim())
+      .filter((part) => part !== '')
+      .map((part) => {
+        const eq = part.indexOf('=');
+        return eq === -1 ? [part, undefined] : [part.slice(0, eq).trim(), part.slice(eq + 1).trim()];
+      });
+  } else if (input !== null && typeof input === 'object' && !Array.isArray(input)) {
+    entries = Object.entries(input);
+  } else {
+    return { problems: ['must be route=share pairs (e.g. chat=0.6,responses=0.2,embeddings=0.2) or a mapping'] };
+  }
+  const shares = new Map<LoadRoute, number>();
+  for (const [name, raw] of entries) {
+    const route = ROUTE_ALIASES[name] ?? (LOAD_ROUTES as readonly string[]).find((r) => r === name);
+    const value = typeof raw === 'number' ? raw : typeof raw === 'string' && raw !== '' ? Number(raw) : Number.NaN;
+    if (route === undefined) problems.push(`unknown route "${name}" (one of chat, ${LOAD_ROUTES.join(', ')})`);
+    else if (shares.has(route as LoadRoute)) problems.push(`route "${name}" given twice`);
+    else if (!(value >= 0 && value <= 1)) problems.push(`"${name}": "${String(raw)}" is not a share between 0 and 1`);
+    else shares.set(route as LoadRoute, value);
+  }
+  if (problems.length > 0) return { problems };
+  const total = [...shares.values()].reduce((a, b) => a + b, 0);
+  if (Math.abs(total - 1) > 1e-6) return { problems: [`the shares sum to ${Number(total.toFixed(6))}, not 1`] };
+  return LOAD_ROUTES.filter((route) => shares.has(route)).map((route) => [route, shares.get(route) ?? 0] as const);
+}
+
+/** The route a uniform draw in [0, 1) falls on: cumulative shares in order; the last route with a share takes the rest. */
+function pickRoute(shares: RouteShares, roll: number): LoadRoute {
+  let cumulative = 0;
+  let last: LoadRoute = 'chat_completions';
+  for (const [route, share] of shares) {
+    if (share <= 0) continue;
+    cumulative += share;
+    last = route;
+    if (roll < cumulative) return route;
+  }
+  return last;
+}
+
 export interface Workload {
   readonly model: string | undefined;
   readonly promptTokens: Range;
   readonly outputTokens: Range;
-  /** Share of requests that stream. */
+  /** Share of requests that stream (on the routes that can). */
   readonly streamShare: number;
-  /** Share of requests to /v1/chat/completions (the rest: /v1/completions). */
-  readonly chatShare: number;
+  /** Share of requests per route (`route_shares`, or `chat_share` as chat vs legacy completions). */
+  readonly routeShares: RouteShares;
   readonly n: Range;
   /** Share of requests that ask for stream_options.include_usage. */
   readonly usageShare: number;
@@ -47,8 +121,9 @@ export type CancelPlan =
 
 export interface PlannedRequest {
   readonly index: number;
-  readonly route: 'chat_completions' | 'completions';
+  readonly route: LoadRoute;
   readonly stream: boolean;
+  /** Choices asked for (`n`): chat and legacy completions only; 1 on the routes with one answer, 0 on the others. */
   readonly n: number;
   readonly promptTokens: number;
   readonly maxTokens: number;
@@ -77,6 +152,11 @@ function draw(random: () => number, range: Range): number {
   return range.min + Math.floor(random() * (range.max - range.min + 1));
 }
 
+/** Answers a request on `route` expects: Responses and Messages one, the non-generation routes none (no choices). */
+export function choicesOf(route: LoadRoute): number {
+  return route === 'responses' || route === 'messages' ? 1 : 0;
+}
+
 /** Timing of the stretched requests, far enough from usual thresholds that client and gateway clocks agree. */
 export const SLOW_TTFT_MS = 3000;
 export const SLOW_ITL_MS = 120;
@@ -88,12 +168,16 @@ const CANCEL_HOLD_MS = 5000;
  * observes has one cause. `simulator` says the target is the simulator (faults and modifiers only reach it there).
  */
 export function planRequest(workload: Workload, random: () => number, index: number, simulator: boolean): PlannedRequest {
-  const route = random() < workload.chatShare ? 'chat_completions' : 'completions';
-  const stream = random() < workload.streamShare;
-  const n = draw(random, workload.n);
+  // The draws are taken in the same order on every route, so a workload of chat and legacy completions only (a
+  // `chat_share`) plans exactly what it planned before there was a route mix.
+  const route = pickRoute(workload.routeShares, random());
+  const stream = random() < workload.streamShare && STREAMING_ROUTES.has(route);
+  const drawnN = draw(random, workload.n);
+  const n = route === 'chat_completions' || route === 'completions' ? drawnN : choicesOf(route);
   const promptTokens = draw(random, workload.promptTokens);
   const maxTokens = Math.max(1, draw(random, workload.outputTokens));
-  const includeUsage = stream && random() < workload.usageShare;
+  // Responses and Messages always report usage; only chat and legacy completions ask for it on a stream.
+  const includeUsage = stream && random() < workload.usageShare && (route === 'chat_completions' || route === 'completions');
   const roll = random();
   let fault: FaultKind | undefined;
   let cancel: CancelPlan | undefined;

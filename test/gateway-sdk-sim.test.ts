@@ -480,8 +480,8 @@ describe('anthropic messages against the simulator', () => {
           attempts: { [attempt]: 1 },
           anomalies,
           finishReasons: { [finish]: 1 },
-          promptTokens: PROMPT_TOKENS,
-          // message_delta (the only usage with output_tokens) arrives only on no_done.
+          // Usage counts from message_delta only (message_start's input_tokens is not taken): it arrives on no_done alone.
+          promptTokens: directive === 'no_done' ? PROMPT_TOKENS : 0,
           completionTokens: directive === 'no_done' ? OUTPUT_TOKENS : 0,
           ttft: 1,
         }),
@@ -697,7 +697,8 @@ describe('cancellation at socket level', () => {
         attempts: { cancelled: 2 },
         cancellations: { streaming: 2 },
         finishReasons: { none: 2 },
-        promptTokens: 2 * PROMPT_TOKENS,
+        // Cut before message_delta: no usage counted (message_start's is not taken, as on chat).
+        promptTokens: 0,
         ttft: 2,
       }),
     );

@@ -95,9 +95,10 @@ export function classifyMessagesEvent(eventType: string, data: string, withParts
     case 'message_stop':
       return { kind: 'done' };
     case 'message_start': {
+      // Its usage (the prompt's input_tokens) is not taken: usage counts from message_delta only, as the final usage
+      // chunk on chat — a stream broken before it counts no tokens on any route (docs/routes.md).
       const message = isRecord(json['message']) ? json['message'] : {};
-      const usage = isRecord(message['usage']) ? message['usage'] : {};
-      return chunk({ ...withUsage(usageOf(usage['input_tokens'], undefined, undefined)), id: str(message['id']), model: str(message['model']) });
+      return chunk({ id: str(message['id']), model: str(message['model']) });
     }
     case 'content_block_start': {
       const block = isRecord(json['content_block']) ? json['content_block'] : {};
@@ -165,7 +166,7 @@ export function classifyMessagesBody(json: unknown, withParts = false): EventFac
 
 // --- OpenAI Responses --------------------------------------------------------------------------------------------
 
-/** A Responses status onto Waybill's finish reasons; `tool_calls` when the output ends in function calls. */
+/** A Responses status onto Waybill's finish reasons; `tool_calls` when the output holds a function call. */
 function responsesFinishReason(response: Record<string, unknown>): string {
   switch (response['status']) {
     case 'completed': {

@@ -31,9 +31,11 @@ COPY config.example.yaml ./
 USER node
 EXPOSE 8080
 # No curl in the slim image: node itself asks /healthz (liveness, not readiness: /readyz is 503 whenever every
-# upstream is down, and a container runtime must not restart the gateway for that). Assumes server.port 8080.
+# upstream is down, and a container runtime must not restart the gateway for that). Assumes server.port 8080 and
+# no server.admin_port; with an admin listener /healthz is served there only, so point the check at it:
+#   docker run -e WAYBILL_HEALTHCHECK_URL=http://127.0.0.1:9090/healthz ...
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-  CMD ["node", "-e", "fetch('http://127.0.0.1:8080/healthz',{signal:AbortSignal.timeout(2000)}).then((r)=>process.exit(r.ok?0:1),()=>process.exit(1))"]
+  CMD ["node", "-e", "fetch(process.env.WAYBILL_HEALTHCHECK_URL||'http://127.0.0.1:8080/healthz',{signal:AbortSignal.timeout(2000)}).then((r)=>process.exit(r.ok?0:1),()=>process.exit(1))"]
 # Exec form: node is PID 1 and receives SIGTERM itself, so Waybill drains (docs/operations.md, Shutdown) instead
 # of being killed by a shell that ignores the signal.
 ENTRYPOINT ["node", "bin/waybill.js"]

@@ -90,7 +90,10 @@ async function serve(argv: string[]): Promise<number> {
     'configuration loaded',
   );
   const url = await gateway.listen();
-  log.info({ url, models: gateway.upstreams.models() }, 'waybill listening');
+  const admin = gateway.adminUrl;
+  // With server.admin_port, the API port serves only the API: say where the operational endpoints went.
+  const operations = admin === undefined ? {} : { metrics: `${admin}/metrics`, healthz: `${admin}/healthz`, readyz: `${admin}/readyz` };
+  log.info({ url, models: gateway.upstreams.models(), ...operations }, 'waybill listening');
   const signal = await waitForSignal();
   log.info({ signal, inflight: gateway.inflight }, 'shutting down');
   await gateway.drain();

@@ -103,7 +103,7 @@ describe('waybill serve', () => {
       });
       expect((await completion.body.text()).endsWith('data: [DONE]\n\n')).toBe(true);
       const metrics = await (await request(`${listening.url}/metrics`)).body.text();
-      expect(metrics).toContain('waybill_requests_total{model="tiny",route="chat_completions",stream="true",code="200",outcome="delivered"} 1');
+      expect(metrics).toContain('waybill_requests_total{model="tiny",tenant="_anonymous",route="chat_completions",stream="true",code="200",outcome="delivered"} 1');
       expect(metrics).toMatch(/^nodejs_eventloop_lag_seconds \d/m);
       expect(metrics).toMatch(/^process_cpu_seconds_total \d/m);
       child.kill('SIGTERM');

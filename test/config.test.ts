@@ -165,6 +165,7 @@ describe('configuration', () => {
     const doc = readFileSync(new URL('../docs/configuration.md', import.meta.url), 'utf8');
     const documented = [...doc.matchAll(/^\| `([^`]+)` \|/gm)].map((m) => m[1] ?? '');
     const parsed = configSchema.parse({
+      server: { admin_port: 9090, admin_host: '127.0.0.1' },
       pools: [
         {
           name: 'p',

@@ -156,6 +156,9 @@ describe('Dockerfile', () => {
     try {
       expect(await run(`http://127.0.0.1:${port}/healthz`)).toBe(0);
       expect(await run(`http://127.0.0.1:${port}/readyz`)).toBe(1);
+      // With server.admin_port, WAYBILL_HEALTHCHECK_URL points the check at the admin listener.
+      const admin = spawn(process.execPath, ['-e', script], { stdio: 'ignore', env: { ...process.env, WAYBILL_HEALTHCHECK_URL: `http://127.0.0.1:${port}/healthz` } });
+      expect(((await once(admin, 'exit')) as [number | null])[0]).toBe(0);
     } finally {
       server.close();
     }
@@ -272,6 +275,12 @@ function mountedConfig(): Config {
   return parseConfig(doc?.toJS(), 'deploy/kubernetes/configmap.yaml', containerEnv());
 }
 
+/** Where the mounted config serves /healthz, /readyz and /metrics: the admin listener if it has one. */
+function operationsPort(): number {
+  const { server } = mountedConfig();
+  return server.admin_port ?? server.port;
+}
+
 function probePort(probe: Probe | undefined): number | undefined {
   const port = probe?.httpGet?.port;
   return typeof port === 'number' ? port : container.ports.find((p) => p.name === port)?.containerPort;
@@ -314,9 +323,16 @@ describe('Kubernetes manifests', () => {
     expect(item === undefined || item.path === 'config.yaml').toBe(true);
   });
 
-  it('probes readiness on /readyz, liveness and start-up on /healthz, on the port Waybill listens on', () => {
-    const port = mountedConfig().server.port;
-    expect(container.ports.map((p) => p.containerPort)).toContain(port);
+  it('probes readiness on /readyz, liveness and start-up on /healthz, on the port Waybill serves them on', () => {
+    const { server } = mountedConfig();
+    expect(container.ports.map((p) => p.containerPort)).toContain(server.port);
+    const port = operationsPort();
+    if (server.admin_port !== undefined) {
+      // The admin listener: a named container port of its own, reachable from the kubelet (not loopback-only).
+      expect(container.ports.find((p) => p.name === 'admin')?.containerPort).toBe(server.admin_port);
+      expect(server.admin_port).not.toBe(server.port);
+      expect(server.admin_host ?? server.host).not.toMatch(/^(127\.|localhost$|::1$)/);
+    }
     expect(container.readinessProbe?.httpGet?.path).toBe('/readyz');
     expect(container.livenessProbe?.httpGet?.path).toBe('/healthz');
     expect(container.startupProbe?.httpGet?.path).toBe('/healthz');
@@ -347,6 +363,7 @@ describe('Kubernetes manifests', () => {
     const service = only('Service').spec as { selector: Labels; ports: Array<{ port: number; targetPort: string | number }> };
     expect(matches(service.selector, podLabels)).toBe(true);
     const port = mountedConfig().server.port;
+    // The API only: with an admin listener, metrics and probes stay off the Service.
     for (const p of service.ports) {
       const target = typeof p.targetPort === 'number' ? p.targetPort : container.ports.find((c) => c.name === p.targetPort)?.containerPort;
       expect(target).toBe(port);
@@ -360,7 +377,7 @@ describe('Kubernetes manifests', () => {
     expect(matches(monitor.selector.matchLabels, podLabels)).toBe(true);
     for (const endpoint of monitor.podMetricsEndpoints) {
       expect(endpoint.path).toBe('/metrics');
-      expect(container.ports.find((p) => p.name === endpoint.port)?.containerPort).toBe(port);
+      expect(container.ports.find((p) => p.name === endpoint.port)?.containerPort).toBe(operationsPort());
     }
     // The job label the Prometheus rules select on.
     expect(podLabels[monitor.jobLabel ?? '']).toBe('waybill');

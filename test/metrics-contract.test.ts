@@ -156,10 +156,10 @@ describe('the exported text carries exactly the contracted label names', () => {
       }
     }
     // Values, not just presence.
-    expect(text).toContain('waybill_requests_total{model="m",route="chat_completions",stream="true",code="200",outcome="delivered"} 1');
-    expect(text).toContain('waybill_requests_total{model="m",route="chat_completions",stream="true",code="499",outcome="client_cancelled"} 1');
+    expect(text).toContain('waybill_requests_total{model="m",tenant="_anonymous",route="chat_completions",stream="true",code="200",outcome="delivered"} 1');
+    expect(text).toContain('waybill_requests_total{model="m",tenant="_anonymous",route="chat_completions",stream="true",code="499",outcome="client_cancelled"} 1');
     expect(text).toContain('waybill_stream_anomalies_total{model="m",upstream="u0",kind="malformed_event"} 1');
-    expect(text).toContain('waybill_cached_prompt_tokens_total{model="m"} 3');
+    expect(text).toContain('waybill_cached_prompt_tokens_total{model="m",tenant="_anonymous"} 3');
     expect(text).toContain('waybill_usage_missing_total{model="m"} 1');
     expect(text).toContain('waybill_inflight_requests{model="m"} 0');
     expect(text).toContain('waybill_inter_token_latency_seconds_count{model="m"} 1');
@@ -177,8 +177,8 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_output_checks_total{model="m",check="answer_present",result="pass"} 2');
     expect(text).toContain('waybill_output_checks_total{model="m",check="not_truncated",result="pass"} 2');
     expect(text).toContain('waybill_output_checks_total{model="m",check="format_valid",result="unevaluated"} 2');
-    expect(text).toContain('waybill_requests_accepted_total{model="m",route="chat_completions",stream="true"} 1');
-    expect(text).toContain('waybill_requests_accepted_total{model="m",route="chat_completions",stream="false"} 1');
+    expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="true"} 1');
+    expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="false"} 1');
     expect(text).toContain('waybill_evaluation_samples_total{model="m"} 1');
   });
 });

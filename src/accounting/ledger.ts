@@ -21,7 +21,7 @@ import {
 } from './outcomes.js';
 import { classifyPromptLen } from './prompt-len.js';
 import { contractNeedsText, notTruncated, OutputAssembly, type ChoiceChecks, type OutputContract } from './output-contract.js';
-import { OUTPUT_CHECKS, type OutputCheck } from './outcomes.js';
+import { ANONYMOUS, OUTPUT_CHECKS, type OutputCheck } from './outcomes.js';
 
 export interface SloThresholds {
   readonly ttftMs: number;
@@ -34,6 +34,8 @@ export interface SloThresholds {
 export interface RequestInfo {
   /** Label value for the model (already mapped to the closed set). */
   readonly model: string;
+  /** Label value for the client's tenant (configured, `_anonymous` or `_unauthenticated`); `_anonymous` if absent. */
+  readonly tenant?: string | undefined;
   readonly route: Route;
   readonly stream: boolean;
   /** Choice indices the response must finish: n × prompts. */
@@ -129,6 +131,8 @@ export interface Anomaly {
 
 export interface Settlement {
   readonly model: string;
+  /** The client's tenant: a configured name, `_anonymous` or `_unauthenticated`. */
+  readonly tenant: string;
   readonly route: Route;
   readonly stream: boolean;
   /** HTTP status the client received (200 for a stream that failed after commit; 499 if it left before any). */
@@ -544,6 +548,7 @@ export class RequestLedger {
     const failedChecks = failedCheckNames(checks);
     return {
       model: this.info.model,
+      tenant: this.info.tenant ?? ANONYMOUS,
       route: this.info.route,
       stream: this.info.stream,
       code,
@@ -759,6 +764,7 @@ export class RequestLedger {
 export function crashSettlement(info: RequestInfo, arrivalAt: number, committed: boolean, at: number): Settlement {
   return {
     model: info.model,
+    tenant: info.tenant ?? ANONYMOUS,
     route: info.route,
     stream: info.stream,
     code: committed ? 200 : 500,

@@ -132,6 +132,11 @@ export type EjectionReason = (typeof EJECTION_REASONS)[number];
 /** Label value for a model (or upstream) name outside the configured and discovered set. */
 export const OTHER = '_other';
 
+/** `tenant` of a request served without a client key (no keys configured, or keys optional and none given). */
+export const ANONYMOUS = '_anonymous';
+/** `tenant` of a request refused for a missing or wrong client key (or answered before any key was read). */
+export const UNAUTHENTICATED = '_unauthenticated';
+
 const KNOWN_FINISH = new Set<string>(FINISH_REASONS);
 
 /** Maps an upstream finish_reason to the closed set; `none` is for a choice that never got one, or a null one. */

@@ -1,7 +1,9 @@
+import { createHash } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { parseDocument } from 'yaml';
 import { z } from 'zod';
 import { promptLenClasses } from '../accounting/prompt-len.js';
+import { ANONYMOUS } from '../accounting/outcomes.js';
 import type { RequestInfo, SloThresholds } from '../accounting/ledger.js';
 import type { MachineSettings } from '../delivery/machine.js';
 import { configSchema, type ConfigInput, type RawConfig } from './schema.js';
@@ -33,6 +35,36 @@ const RESERVED_PATHS = [
   '/healthz',
   '/readyz',
 ];
+
+/** A client key as the gateway keeps it: the SHA-256 of its value, never the value. */
+export interface ClientKey {
+  readonly tenant: string;
+  /** 64 hex digits. */
+  readonly sha256: string;
+}
+
+function resolveAuth(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
+  const keys: ClientKey[] = [];
+  raw.auth.keys.forEach((key, i) => {
+    if (key.key_sha256 !== undefined) {
+      keys.push({ tenant: key.tenant, sha256: key.key_sha256.toLowerCase() });
+      return;
+    }
+    const value = env[key.key_env ?? ''];
+    if (value === undefined || value === '') problems.push(`auth.keys.${i}.key_env: environment variable ${key.key_env ?? ''} is not set`);
+    else keys.push({ tenant: key.tenant, sha256: createHash('sha256').update(value).digest('hex') });
+  });
+  const seen = new Set<string>();
+  for (const key of keys) {
+    if (seen.has(key.sha256)) problems.push(`auth.keys: the same key is configured twice (tenant ${key.tenant})`);
+    seen.add(key.sha256);
+  }
+  const required = raw.auth.required ?? raw.auth.keys.length > 0;
+  if (required && raw.auth.keys.length === 0) problems.push('auth.required: true, but no auth.keys are configured: every request would be refused');
+  // The tenant label's values: configured tenants, plus `_anonymous` where a request may come without a key.
+  const named = [...new Set([...raw.auth.keys.map((key) => key.tenant), ...Object.keys(raw.tenants)])];
+  return { keys, required, servedTenants: required ? named : [...named, ANONYMOUS] };
+}
 
 export type Config = DeepReadonly<ReturnType<typeof resolve>>;
 
@@ -146,6 +178,12 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
   for (const model of Object.keys(raw.evaluation.models)) {
     if (pools.every((pool) => pool.models !== undefined) && !modelPools.has(model)) problems.push(`evaluation.models.${model}: no pool serves model "${model}"`);
   }
+  const auth = resolveAuth(raw, problems, env);
+  for (const [tenant, rules] of Object.entries(raw.tenants)) {
+    for (const model of rules.models ?? []) {
+      if (pools.every((pool) => pool.models !== undefined) && !modelPools.has(model)) problems.push(`tenants.${tenant}.models: no pool serves model "${model}"`);
+    }
+  }
   raw.passthrough.paths.forEach((entry, i) => {
     if (entry.model !== undefined && pools.every((pool) => pool.models !== undefined) && !modelPools.has(entry.model)) {
       problems.push(`passthrough.paths.${i}.model: no pool serves model "${entry.model}"`);
@@ -154,6 +192,10 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
       problems.push(`passthrough.paths.${i}.path: ${entry.path} is one of Waybill's own routes`);
     }
   });
+  if (raw.server.admin_port !== undefined && raw.server.admin_port !== 0 && raw.server.admin_port === raw.server.port) {
+    problems.push(`server.admin_port: must differ from server.port (${raw.server.port}): the admin listener is a second port`);
+  }
+  if (raw.server.admin_host !== undefined && raw.server.admin_port === undefined) problems.push('server.admin_host: set server.admin_port too (without it, one port serves everything)');
   if (raw.health.ejection_base > raw.health.ejection_max) problems.push('health.ejection_base: must not exceed health.ejection_max');
   if (raw.retries.backoff_base > raw.retries.backoff_max) problems.push('retries.backoff_base: must not exceed retries.backoff_max');
 
@@ -231,6 +273,8 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
       evaluatorHeader: raw.evaluation.evaluator_header?.toLowerCase(),
       captureContent: raw.evaluation.capture_content,
     },
+    auth,
+    tenants: Object.fromEntries(Object.entries(raw.tenants).map(([name, rules]) => [name, { models: rules.models === undefined ? undefined : [...rules.models] }])),
     responses: { maxRememberedIds: raw.responses.max_remembered_ids, lookupTimeoutMs: raw.responses.lookup_timeout },
     passthrough: Object.freeze(raw.passthrough.paths.map((entry) => Object.freeze({ ...entry, methods: [...entry.methods] }))),
     logging: Object.freeze(raw.logging),
@@ -273,9 +317,10 @@ function deepFreeze<T>(value: T): T {
 export function requestInfo(
   config: Config,
   request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'> &
-    Partial<Pick<RequestInfo, 'promptTokensEstimate' | 'contract' | 'evaluator' | 'captureAnswer'>>,
+    Partial<Pick<RequestInfo, 'tenant' | 'promptTokensEstimate' | 'contract' | 'evaluator' | 'captureAnswer'>>,
 ): RequestInfo {
   return {
+    tenant: request.tenant,
     contract: request.contract,
     evaluator: request.evaluator,
     captureAnswer: request.captureAnswer,

@@ -27,6 +27,9 @@ const positiveDuration = duration.refine((ms) => ms > 0, 'must be greater than 0
 /** Names that become metric label values must be short, printable and closed-set. */
 const labelName = z.string().regex(/^[A-Za-z0-9._:/-]{1,128}$/, 'must be 1-128 characters of [A-Za-z0-9._:/-]');
 
+/** A tenant becomes a label value: like any name, and never one of the reserved `_anonymous`, `_unauthenticated`. */
+const tenantName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$/, 'must be 1-64 characters of [A-Za-z0-9._:-], starting with a letter or digit');
+
 const httpUrl = z.string().refine((value) => {
   try {
     const url = new URL(value);
@@ -83,6 +86,13 @@ export const configSchema = z.strictObject({
     .strictObject({
       host: z.string().min(1).default('0.0.0.0'),
       port: z.number().int().min(0).max(65535).default(8080),
+      /**
+       * A second listener for /metrics, /healthz and /readyz; when set, the port above serves only the API (those
+       * paths answer 404 there). Absent: one port serves everything. 0: an ephemeral port.
+       */
+      admin_port: z.number().int().min(0).max(65535).optional(),
+      /** The admin listener's address. Absent: `host`, so kubelet probes and Prometheus reach it as they reach the API. */
+      admin_host: z.string().min(1).optional(),
       body_limit_bytes: z.number().int().positive().default(16 * 1024 * 1024),
       /** Arrival → the whole request body received; slower clients get 408 and their connection closed. */
       read_timeout: positiveDuration.prefault(30),
@@ -112,6 +122,37 @@ export const configSchema = z.strictObject({
       lookup_timeout: positiveDuration.prefault(2),
     })
     .prefault({}),
+  auth: z
+    .strictObject({
+      /**
+       * Client keys, each naming its tenant. A key is given as the SHA-256 (hex) of its value, or read from an
+       * environment variable (`key_env`) at start-up; keys themselves never appear in the file.
+       */
+      keys: z
+        .array(
+          z
+            .strictObject({
+              tenant: tenantName,
+              key_sha256: z.string().regex(/^[0-9a-fA-F]{64}$/, 'must be 64 hex digits (the SHA-256 of the key)').optional(),
+              key_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name').optional(),
+            })
+            .refine((key) => (key.key_sha256 === undefined) !== (key.key_env === undefined), 'give exactly one of key_sha256 and key_env'),
+        )
+        .default([]),
+      /** Refuse requests without a valid key (401). Null (the default): true as soon as any key is configured. */
+      required: z.boolean().nullable().default(null),
+    })
+    .prefault({}),
+  /** Per-tenant rules; a tenant with keys but no entry here may use every model. */
+  tenants: z
+    .record(
+      tenantName,
+      z.strictObject({
+        /** The served models this tenant may use; others get 403 model_not_allowed. Absent: all. */
+        models: z.array(z.string().min(1)).optional(),
+      }),
+    )
+    .default({}),
   passthrough: z
     .strictObject({
       /**

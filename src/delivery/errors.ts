@@ -28,6 +28,10 @@ export const ERRORS = {
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   body_too_large: { status: 413, type: 'invalid_request_error' },
   model_not_found: { status: 404, type: 'invalid_request_error' },
+  /** No client key, or one that matches no configured key (auth.keys). */
+  invalid_api_key: { status: 401, type: 'invalid_request_error' },
+  /** The tenant's `tenants.<name>.models` does not list the model. */
+  model_not_allowed: { status: 403, type: 'permission_error' },
   not_found: { status: 404, type: 'invalid_request_error' },
   upstream_error: { status: 502, type: 'upstream_error' },
   upstream_unreachable: { status: 502, type: 'upstream_error' },

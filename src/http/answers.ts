@@ -8,7 +8,7 @@ import type { Socket } from 'node:net';
 import type { Tracer } from '@opentelemetry/api';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { RequestLedger } from '../accounting/ledger.js';
-import { OTHER, type ProxiedRoute, type Route } from '../accounting/outcomes.js';
+import { ANONYMOUS, OTHER, UNAUTHENTICATED, type ProxiedRoute, type Route } from '../accounting/outcomes.js';
 import { requestInfo, type Config } from '../config/load.js';
 import { ERRORS, errorBody, errorBodyFor, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
 import type { UpstreamRegistry } from '../proxy/upstreams.js';
@@ -60,6 +60,8 @@ export function routeOf(request: FastifyRequest): Route {
 
 export interface AnsweredStart {
   readonly route: Route;
+  /** The client's tenant label value. */
+  readonly tenant: string;
   readonly stream: boolean;
   readonly requestId: string;
   readonly arrivalAt: number;
@@ -127,7 +129,10 @@ export function createAnswers(deps: AnswersDeps): Answers {
       trace = guard.trace(started);
     }
     // A rejection's SLO result (excluded, or failed for 429/503) does not depend on thresholds.
-    const ledger = new RequestLedger(requestInfo(config, { model, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false }), start.arrivalAt);
+    const ledger = new RequestLedger(
+      requestInfo(config, { model, tenant: start.tenant, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false }),
+      start.arrivalAt,
+    );
     const at = now();
     if (status === 'cancelled') ledger.clientCancelled(at);
     else ledger.reject(status);
@@ -136,6 +141,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
 
   const startOf = (request: FastifyRequest, route: Route, stream: boolean, model?: unknown): AnsweredStart => ({
     route,
+    tenant: request.tenant,
     stream,
     model,
     requestId: request.id,
@@ -188,7 +194,10 @@ export function createAnswers(deps: AnswersDeps): Answers {
       if (inFlight !== undefined) return;
       const at = now();
       guard.run('http', () =>
-        record({ route: '_other', stream: false, requestId: randomUUID(), arrivalAt: at, path: '', headers: {}, body: undefined }, status),
+        record(
+          { route: '_other', tenant: config.auth.required ? UNAUTHENTICATED : ANONYMOUS, stream: false, requestId: randomUUID(), arrivalAt: at, path: '', headers: {}, body: undefined },
+          status,
+        ),
       );
     },
   };

@@ -12,10 +12,14 @@ import { errorBody, type ErrorCode } from '../delivery/errors.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { routeOf, type Answers } from './answers.js';
 import { BodyAbandoned, BodyError, readFormBody, readJsonBody } from './body.js';
+import type { Authenticate } from './auth.js';
+import { UNAUTHENTICATED } from '../accounting/outcomes.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
     arrivalAt: number;
+    /** The client's tenant (auth.ts): a configured name, `_anonymous`, or `_unauthenticated`. */
+    tenant: string;
   }
 }
 
@@ -63,6 +67,7 @@ export function fastifyOptions(config: Config, logger: FastifyBaseLogger, answer
 
 export interface FrontDoorDeps {
   readonly config: Config;
+  readonly authenticate: Authenticate;
   readonly answers: Answers;
   readonly guard: ObserverGuard;
   readonly now: () => number;
@@ -71,8 +76,9 @@ export interface FrontDoorDeps {
 }
 
 export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): void {
-  const { config, answers, guard, now, closing } = deps;
+  const { config, answers, guard, now, closing, authenticate } = deps;
   app.decorateRequest('arrivalAt', 0);
+  app.decorateRequest('tenant', UNAUTHENTICATED);
 
   // Connections past server.max_connections are answered (503, then closed) at their first request rather than
   // dropped unanswered at accept: every request gets an answer and a count.
@@ -86,6 +92,8 @@ export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): voi
 
   app.addHook('onRequest', (request, reply, done) => {
     request.arrivalAt = now();
+    const identity = authenticate(request.headers);
+    request.tenant = identity.tenant;
     if (overLimit.has(request.raw.socket)) {
       void reply.header('connection', 'close');
       const message = `more than ${config.server.max_connections} open connections; retry later`;
@@ -96,6 +104,12 @@ export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): voi
       // Fastify's own return503OnClosing would answer in its shape, uncounted.
       void reply.header('connection', 'close');
       answers.reject(request, reply, routeOf(request), false, errorBody('shutting_down', 'the gateway is shutting down; retry the request'));
+      return;
+    }
+    // The API needs a key (where keys are configured); operational endpoints and unknown paths do not.
+    if (!identity.ok && (request.routeOptions.config.waybillRoute !== undefined || request.routeOptions.url === '/v1/models')) {
+      void reply.header('www-authenticate', 'Bearer');
+      answers.reject(request, reply, routeOf(request), false, errorBody('invalid_api_key', identity.message));
       return;
     }
     done();

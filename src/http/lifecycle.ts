@@ -2,17 +2,24 @@
  * The gateway's life: the operational endpoints (alive, ready, metrics), start-up, and the graceful drain —
  * readiness turns 503 at once, new connections are refused after the grace, in-flight requests run to the drain
  * deadline, and whatever is left is ended and counted.
+ *
+ * The operational endpoints are served by the API's own app, or, with `server.admin_port`, by a second app on a
+ * port of their own (the admin listener): it shares the metrics registry, answers readiness (503, draining) all
+ * through the drain, and is closed last.
  */
-import type { FastifyInstance } from 'fastify';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import type { Config } from '../config/load.js';
 import type { Exchange } from '../proxy/exchange.js';
 import type { UpstreamRegistry } from '../proxy/upstreams.js';
 import type { GatewayMetrics } from '../telemetry/metrics.js';
+import { errorBody } from '../delivery/errors.js';
 import { within } from '../util/within.js';
 
 export interface LifecycleDeps {
   readonly app: FastifyInstance;
+  /** The admin listener's app (server.admin_port); absent, `app` serves the operational endpoints. */
+  readonly admin?: FastifyInstance | undefined;
   readonly config: Config;
   readonly upstreams: UpstreamRegistry;
   readonly metrics: GatewayMetrics;
@@ -21,8 +28,10 @@ export interface LifecycleDeps {
 }
 
 export interface Lifecycle {
-  /** Starts health checks and discovery, then listens; resolves to the base URL. */
+  /** Starts health checks and discovery, then listens (the admin listener first); resolves to the API's base URL. */
   listen(): Promise<string>;
+  /** The admin listener's base URL once listening; undefined without server.admin_port. */
+  readonly adminUrl: string | undefined;
   drain(): Promise<void>;
   close(): Promise<void>;
   /** Logical requests in progress. */
@@ -34,8 +43,23 @@ export interface Lifecycle {
   readonly closing: boolean;
 }
 
+/**
+ * The admin listener's app: the operational endpoints only, none of the API's front door (no client keys, no
+ * connection limit, no request accounting: a probe or a scrape is not a request of the API).
+ */
+export function createAdminApp(logger: FastifyBaseLogger): FastifyInstance {
+  const admin = Fastify({ loggerInstance: logger, logController: new LogController({ disableRequestLogging: true }), childLoggerFactory: (parent) => parent });
+  admin.setNotFoundHandler((request, reply) => {
+    void reply.code(404).send(errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0] ?? ''} on the admin listener (/metrics, /healthz, /readyz)`));
+  });
+  return admin;
+}
+
 export function createLifecycle(deps: LifecycleDeps): Lifecycle {
-  const { app, config, upstreams, metrics, logger, now } = deps;
+  const { app, admin, config, upstreams, metrics, logger, now } = deps;
+  /** Where /healthz, /readyz and /metrics are served. */
+  const ops = admin ?? app;
+  let adminUrl: string | undefined;
   const exchanges = new Set<Exchange>();
   let draining = false;
   let closing = false;
@@ -43,11 +67,11 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
   let stopping: Promise<void> | undefined;
   let allDone: (() => void) | undefined;
 
-  app.get('/healthz', (_request, reply) => {
+  ops.get('/healthz', (_request, reply) => {
     void reply.send({ status: 'ok' });
   });
 
-  app.get('/readyz', (_request, reply) => {
+  ops.get('/readyz', (_request, reply) => {
     const at = now();
     const ready = !draining && upstreams.isReady(at);
     void reply.code(ready ? 200 : 503).send({
@@ -60,7 +84,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     });
   });
 
-  app.get('/metrics', async (request, reply) => {
+  ops.get('/metrics', async (request, reply) => {
     const { contentType, body } = await metrics.scrape(request.headers.accept);
     void reply.type(contentType).send(body);
   });
@@ -84,13 +108,26 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     await within(closed, config.streaming.drainGraceMs + 1000);
     await upstreams.close();
     logger.info('drained');
+    // Last: probes and scrapes are answered (readiness 503, draining) until the API is closed.
+    await admin?.close();
   }
 
   return {
     async listen() {
       await upstreams.start();
-      metrics.declareModels(upstreams.models(), config.metrics.promptLenClasses);
-      return app.listen({ host: config.server.host, port: config.server.port });
+      metrics.declareModels(upstreams.models(), config.metrics.promptLenClasses, config.auth.servedTenants);
+      // The admin listener listens where the API does unless server.admin_host says otherwise.
+      if (admin !== undefined) adminUrl = await admin.listen({ host: config.server.admin_host ?? config.server.host, port: config.server.admin_port ?? 0 });
+      try {
+        return await app.listen({ host: config.server.host, port: config.server.port });
+      } catch (err) {
+        await admin?.close();
+        adminUrl = undefined;
+        throw err;
+      }
+    },
+    get adminUrl() {
+      return adminUrl;
     },
     drain() {
       stopping ??= drainAndClose();
@@ -100,6 +137,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
       stopping ??= (async () => {
         await app.close();
         await upstreams.close();
+        await admin?.close();
       })();
       return stopping;
     },

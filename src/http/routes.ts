@@ -162,16 +162,26 @@ export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void 
     });
   }
 
-  app.get('/v1/models', (_request, reply) => {
+  // Served models, as far as the caller's tenant may use them.
+  app.get('/v1/models', (request, reply) => {
     const created = Math.floor(Date.now() / 1000);
     void reply.send({
       object: 'list',
-      data: upstreams.models().map((id) => ({ id, object: 'model', created, owned_by: 'waybill' })),
+      data: upstreams
+        .models()
+        .filter((id) => mayUse(config, request.tenant, id))
+        .map((id) => ({ id, object: 'model', created, owned_by: 'waybill' })),
     });
   });
 }
 
 const EMPTY = Buffer.alloc(0);
+
+/** Whether `tenant` may use `model`: unless its `tenants.<name>.models` lists others only. */
+function mayUse(config: Config, tenant: string, model: string): boolean {
+  const allowed = config.tenants[tenant]?.models;
+  return allowed === undefined || allowed.includes(model);
+}
 
 interface Proxied {
   readonly route: ProxiedRoute;
@@ -196,6 +206,10 @@ function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p
     answers.reject(request, reply, route, fields.stream, errorBody('model_not_found', `The model \`${fields.model}\` does not exist.`, 'model'));
     return;
   }
+  if (!mayUse(config, request.tenant, fields.model)) {
+    answers.reject(request, reply, route, fields.stream, errorBody('model_not_allowed', `Your key may not use the model \`${fields.model}\`.`, 'model'), fields.model);
+    return;
+  }
   const path = request.routeOptions.url ?? p.apiPath;
   const start = { route, path, model: fields.model, stream: fields.stream, requestId: request.id, arrivalAt: request.arrivalAt, body: p.json };
   const evaluation = config.evaluation;
@@ -204,6 +218,7 @@ function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p
   const trace = guard.trace(guard.run('tracing', () => startRequestTrace(tracer, request.headers, start, config.tracing.captureContent), NO_TRACE));
   const completion: CompletionRequest = {
     route,
+    tenant: request.tenant,
     apiPath: p.apiPath,
     ...(p.method !== undefined && { method: p.method }),
     ...(p.pinned !== undefined && { pinned: p.pinned }),

@@ -19,8 +19,9 @@ import { disabledTracing, type Tracing } from '../telemetry/tracing.js';
 import { buildInfo } from '../util/build.js';
 import { createAnswers } from './answers.js';
 import { fastifyOptions, installFrontDoor } from './front-door.js';
-import { createLifecycle } from './lifecycle.js';
+import { createAdminApp, createLifecycle } from './lifecycle.js';
 import { registerApiRoutes } from './routes.js';
+import { createAuthenticator } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
 
 export interface GatewayOptions {
@@ -39,8 +40,12 @@ export interface Gateway {
   readonly app: FastifyInstance;
   readonly metrics: GatewayMetrics;
   readonly upstreams: UpstreamRegistry;
-  /** Starts health checks and discovery, then listens; resolves to the base URL. */
+  /** The admin listener's app (server.admin_port: /metrics, /healthz, /readyz); undefined without one. */
+  readonly admin: FastifyInstance | undefined;
+  /** Starts health checks and discovery, then listens; resolves to the API's base URL. */
   listen(): Promise<string>;
+  /** The admin listener's base URL once `listen` resolved; undefined without server.admin_port. */
+  readonly adminUrl: string | undefined;
   /**
    * Graceful shutdown: /readyz turns 503 at once; after `shutdown.grace` new connections are refused; in-flight
    * requests run up to `shutdown.drain_timeout`, then whatever is left is ended and counted; then everything closes.
@@ -87,7 +92,10 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   // Typed as fastify's logger so the instance keeps fastify's default generics.
   const fastifyLogger: FastifyBaseLogger = logger;
   const app = Fastify(fastifyOptions(config, fastifyLogger, answers));
-  const lifecycle = createLifecycle({ app, config, upstreams, metrics, logger, now });
+  // With server.admin_port, the operational endpoints get a listener of their own and the API port serves only the API.
+  const admin = config.server.admin_port === undefined ? undefined : createAdminApp(fastifyLogger);
+  const lifecycle = createLifecycle({ app, admin, config, upstreams, metrics, logger, now });
+  if (config.auth.keys.length === 0) logger.warn('no client keys are configured (auth.keys): every client is served, counted as tenant _anonymous');
   const homes = new ResponseHomes(config.responses.maxRememberedIds, config.responses.lookupTimeoutMs);
   const exchangeDeps: ExchangeDeps = {
     config,
@@ -102,14 +110,18 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     onDone: (exchange) => lifecycle.done(exchange),
     homes,
   };
-  installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing });
+  installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing, authenticate: createAuthenticator(config.auth) });
   registerApiRoutes(app, { config, upstreams, tracer, guard, answers, exchangeDeps, onExchange: (exchange) => lifecycle.track(exchange), schemas, homes });
 
   return {
     app,
+    admin,
     metrics,
     upstreams,
     listen: () => lifecycle.listen(),
+    get adminUrl() {
+      return lifecycle.adminUrl;
+    },
     drain: () => lifecycle.drain(),
     close: () => lifecycle.close(),
     get inflight() {

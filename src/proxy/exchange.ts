@@ -46,6 +46,8 @@ export interface ExchangeDeps {
 
 export interface CompletionRequest {
   readonly route: ProxiedRoute;
+  /** The client's tenant label value. */
+  readonly tenant?: string;
   /** Upstream API path, e.g. /v1/chat/completions (with the query, if any). */
   readonly apiPath: string;
   /** POST unless given; a GET or DELETE has no body. */

@@ -7,7 +7,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type Metric
 import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
-import { GENERATION_ROUTES, OUTPUT_CHECKS, reportsUsage, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
+import { ANONYMOUS, GENERATION_ROUTES, OUTPUT_CHECKS, reportsUsage, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -20,7 +20,7 @@ export const METRICS = {
   requests: {
     name: 'waybill_requests_total',
     type: 'counter',
-    labels: ['model', 'route', 'stream', 'code', 'outcome'],
+    labels: ['model', 'tenant', 'route', 'stream', 'code', 'outcome'],
     help: 'Logical requests, counted once when each ends, by the status the client received and the delivery outcome.',
   },
   attempts: {
@@ -50,7 +50,7 @@ export const METRICS = {
   cancellations: {
     name: 'waybill_client_cancellations_total',
     type: 'counter',
-    labels: ['model', 'phase'],
+    labels: ['model', 'tenant', 'phase'],
     help: 'Logical requests the client abandoned, by phase.',
   },
   ttft: {
@@ -80,25 +80,25 @@ export const METRICS = {
   slo: {
     name: 'waybill_slo_requests_total',
     type: 'counter',
-    labels: ['model', 'prompt_len', 'result'],
+    labels: ['model', 'tenant', 'prompt_len', 'result'],
     help: 'Logical requests by joint SLO result (TTFT and TPOT for streams, end-to-end for non-streams).',
   },
   promptTokens: {
     name: 'waybill_prompt_tokens_total',
     type: 'counter',
-    labels: ['model'],
+    labels: ['model', 'tenant'],
     help: 'Prompt tokens, from upstream usage.',
   },
   cachedPromptTokens: {
     name: 'waybill_cached_prompt_tokens_total',
     type: 'counter',
-    labels: ['model'],
+    labels: ['model', 'tenant'],
     help: 'Prompt tokens served from the prefix cache, from upstream usage (prompt_tokens_details.cached_tokens).',
   },
   completionTokens: {
     name: 'waybill_completion_tokens_total',
     type: 'counter',
-    labels: ['model'],
+    labels: ['model', 'tenant'],
     help: 'Completion tokens, from upstream usage.',
   },
   usageMissing: {
@@ -182,7 +182,7 @@ export const METRICS = {
   accepted: {
     name: 'waybill_requests_accepted_total',
     type: 'counter',
-    labels: ['model', 'route', 'stream'],
+    labels: ['model', 'tenant', 'route', 'stream'],
     help: 'Logical requests delivered with every applicable output check passed: a subset of waybill_requests_total{outcome="delivered"}.',
   },
   evaluationSamples: {
@@ -377,18 +377,20 @@ export class GatewayMetrics {
   }
 
   /** Pre-creates zero-valued series for the served models so dashboards and `rate()` see them from the start. */
-  declareModels(models: readonly string[], promptLenClasses: readonly string[]): void {
+  declareModels(models: readonly string[], promptLenClasses: readonly string[], tenants: readonly string[] = [ANONYMOUS]): void {
     for (const model of models) {
       this.inflight.set({ model }, 0);
       // The series the SLO rules divide by exist from the start: rate() then sees the first request, and an idle
-      // gateway is not mistaken for an absent one.
-      for (const route of GENERATION_ROUTES) {
-        for (const stream of ['true', 'false']) {
-          this.requests.inc({ model, route, stream, code: '200', outcome: 'delivered' }, 0);
-          this.accepted.inc({ model, route, stream }, 0);
+      // gateway is not mistaken for an absent one. Per tenant that may be served (configured, or anonymous).
+      for (const tenant of tenants) {
+        for (const route of GENERATION_ROUTES) {
+          for (const stream of ['true', 'false']) {
+            this.requests.inc({ model, tenant, route, stream, code: '200', outcome: 'delivered' }, 0);
+            this.accepted.inc({ model, tenant, route, stream }, 0);
+          }
         }
+        for (const promptLen of promptLenClasses) this.slo.inc({ model, tenant, prompt_len: promptLen, result: 'met' }, 0);
       }
-      for (const promptLen of promptLenClasses) this.slo.inc({ model, prompt_len: promptLen, result: 'met' }, 0);
     }
   }
 
@@ -444,7 +446,8 @@ export class GatewayMetrics {
     const exemplar = traceId === undefined ? undefined : { trace_id: traceId };
     const exemplarLabels = exemplar ?? NO_EXEMPLAR;
     if (started) this.inflight.dec({ model });
-    this.requests.inc({ model, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplar);
+    const tenant = s.tenant;
+    this.requests.inc({ model, tenant, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplar);
     for (const attempt of s.attempts) {
       this.attempts.inc({ model, upstream: attempt.upstream, result: attempt.result ?? 'cancelled' });
       // Per upstream, so one slow or overloaded replica stands out of the pool's TTFT.
@@ -455,18 +458,18 @@ export class GatewayMetrics {
     if (s.attempts.length > 0) this.requestAttempts.observe({ model }, s.attempts.length);
     for (const anomaly of s.anomalies) this.anomalies.inc({ model, upstream: anomaly.upstream, kind: anomaly.kind });
     for (const reason of s.finishReasons) this.finishReasons.inc({ model, finish_reason: reason });
-    if (s.cancelPhase !== undefined) this.cancellations.inc({ model, phase: s.cancelPhase });
+    if (s.cancelPhase !== undefined) this.cancellations.inc({ model, tenant, phase: s.cancelPhase });
     if (s.ttftMs !== undefined) this.ttft.observe({ labels: { model, prompt_len: s.promptLen }, value: s.ttftMs / 1000, exemplarLabels });
     if (s.tpotMs !== undefined) this.tpot.observe({ labels: { model }, value: s.tpotMs / 1000, exemplarLabels });
     this.duration.observe({ labels: { model, route: s.route, outcome: s.outcome }, value: s.durationMs / 1000, exemplarLabels });
-    this.slo.inc({ model, prompt_len: s.promptLen, result: s.slo });
+    this.slo.inc({ model, tenant, prompt_len: s.promptLen, result: s.slo });
     for (const choice of s.checks) for (const check of OUTPUT_CHECKS) this.outputChecks.inc({ model, check, result: choice[check] });
-    if (s.accepted) this.accepted.inc({ model, route: s.route, stream: String(s.stream) });
+    if (s.accepted) this.accepted.inc({ model, tenant, route: s.route, stream: String(s.stream) });
     const usage = s.usage;
     if (usage !== undefined) {
-      if (usage.promptTokens !== undefined) this.promptTokens.inc({ model }, usage.promptTokens);
-      if (usage.cachedTokens !== undefined) this.cachedPromptTokens.inc({ model }, usage.cachedTokens);
-      if (usage.completionTokens !== undefined) this.completionTokens.inc({ model }, usage.completionTokens);
+      if (usage.promptTokens !== undefined) this.promptTokens.inc({ model, tenant }, usage.promptTokens);
+      if (usage.cachedTokens !== undefined) this.cachedPromptTokens.inc({ model, tenant }, usage.cachedTokens);
+      if (usage.completionTokens !== undefined) this.completionTokens.inc({ model, tenant }, usage.completionTokens);
     } else if (s.outcome === 'delivered' && reportsUsage(s.route) && !(s.route === 'responses' && s.finishReasons.length === 0)) {
       // (A background request's acknowledgement — Responses without a choice — has no usage yet: not missing.)
       this.usageMissing.inc({ model });

@@ -8,6 +8,7 @@ export interface RequestLogLine {
   request_id: string;
   trace_id: string | undefined;
   model: string;
+  tenant: string;
   route: string;
   stream: boolean;
   code: number;
@@ -39,6 +40,7 @@ export function requestLogLine(s: Settlement, requestId: string, traceId: string
     request_id: requestId,
     trace_id: traceId,
     model: s.model,
+    tenant: s.tenant,
     route: s.route,
     stream: s.stream,
     code: s.code,

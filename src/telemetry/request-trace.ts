@@ -54,6 +54,7 @@ export const GEN_AI = {
 /** Waybill's own attributes. */
 export const WAYBILL = {
   requestId: 'waybill.request_id',
+  tenant: 'waybill.tenant',
   outcome: 'waybill.outcome',
   attempts: 'waybill.attempts',
   ttftMs: 'waybill.ttft_ms',
@@ -257,6 +258,7 @@ class SpanTrace implements RequestTrace {
     const attributes: Attributes = {
       [ATTR_HTTP_RESPONSE_STATUS_CODE]: s.code,
       [WAYBILL.outcome]: s.outcome,
+      [WAYBILL.tenant]: s.tenant,
       [WAYBILL.attempts]: s.attempts.length,
       [WAYBILL.slo]: s.slo,
       [WAYBILL.promptLen]: s.promptLen,

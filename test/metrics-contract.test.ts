@@ -19,6 +19,7 @@ import { classifyEventData } from '../src/sse/classify.js';
 import { requestInfo } from './helpers/ledger-info.js';
 import { INTERNAL_ERROR_COMPONENTS } from '../src/telemetry/guard.js';
 import { GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS } from '../src/telemetry/metrics.js';
+import { LIMIT_NAMES } from '../src/proxy/tenant-limits.js';
 
 const doc = readFileSync(new URL('../docs/metrics.md', import.meta.url), 'utf8');
 
@@ -85,6 +86,7 @@ describe('docs/metrics.md and the code agree', () => {
     expect(listedValues('reason', 1)).toEqual([...EJECTION_REASONS]);
     expect(listedValues('component')).toEqual([...INTERNAL_ERROR_COMPONENTS]);
     expect(listedValues('probe')).toEqual(['health', 'discovery']);
+    expect(listedValues('limit')).toEqual([...LIMIT_NAMES]);
     const outcomeItems = labelBullet('outcome')
       .split('\n')
       .filter((line) => /^\s+- `/.test(line))
@@ -139,6 +141,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.internalError('hook');
     metrics.probeFailed('u0', 'discovery');
     metrics.evaluationSampled('m');
+    metrics.rateLimited('team-a', 'tokens');
     metrics.observe({
       upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
       queues: () => [{ model: 'm', depth: 3 }],
@@ -180,5 +183,6 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="true"} 1');
     expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="false"} 1');
     expect(text).toContain('waybill_evaluation_samples_total{model="m"} 1');
+    expect(text).toContain('waybill_rate_limited_total{tenant="team-a",limit="tokens"} 1');
   });
 });

@@ -66,6 +66,12 @@ function resolveAuth(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv)
   return { keys, required, servedTenants: required ? named : [...named, ANONYMOUS] };
 }
 
+/** A tenant's limits in camelCase; undefined when none is set. */
+function tenantLimits(raw: RawConfig['limits']['anonymous'] | undefined) {
+  if (raw === undefined || (raw.requests_per_minute === undefined && raw.tokens_per_minute === undefined && raw.max_concurrent === undefined)) return undefined;
+  return { requestsPerMinute: raw.requests_per_minute, tokensPerMinute: raw.tokens_per_minute, maxConcurrent: raw.max_concurrent };
+}
+
 export type Config = DeepReadonly<ReturnType<typeof resolve>>;
 
 /** What deepFreeze makes of a value, as a type (a URL stays a URL). */
@@ -274,7 +280,10 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
       captureContent: raw.evaluation.capture_content,
     },
     auth,
-    tenants: Object.fromEntries(Object.entries(raw.tenants).map(([name, rules]) => [name, { models: rules.models === undefined ? undefined : [...rules.models] }])),
+    tenants: Object.fromEntries(
+      Object.entries(raw.tenants).map(([name, rules]) => [name, { models: rules.models === undefined ? undefined : [...rules.models], limits: tenantLimits(rules.limits) }]),
+    ),
+    limits: { defaultMaxTokens: raw.limits.default_max_tokens, anonymous: tenantLimits(raw.limits.anonymous) },
     responses: { maxRememberedIds: raw.responses.max_remembered_ids, lookupTimeoutMs: raw.responses.lookup_timeout },
     passthrough: Object.freeze(raw.passthrough.paths.map((entry) => Object.freeze({ ...entry, methods: [...entry.methods] }))),
     logging: Object.freeze(raw.logging),

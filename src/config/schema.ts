@@ -30,6 +30,16 @@ const labelName = z.string().regex(/^[A-Za-z0-9._:/-]{1,128}$/, 'must be 1-128 c
 /** A tenant becomes a label value: like any name, and never one of the reserved `_anonymous`, `_unauthenticated`. */
 const tenantName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$/, 'must be 1-64 characters of [A-Za-z0-9._:-], starting with a letter or digit');
 
+/** A tenant's limits (docs/security.md, "Limits per tenant"); each absent one is no limit. */
+const tenantLimitsSchema = z.strictObject({
+  /** Requests admitted per fixed 60 s window. */
+  requests_per_minute: z.number().int().positive().optional(),
+  /** Prompt + completion tokens per fixed 60 s window: reserved from an estimate at admission, settled from usage. */
+  tokens_per_minute: z.number().int().positive().optional(),
+  /** Requests in flight at once. */
+  max_concurrent: z.number().int().positive().optional(),
+});
+
 const httpUrl = z.string().refine((value) => {
   try {
     const url = new URL(value);
@@ -150,9 +160,19 @@ export const configSchema = z.strictObject({
       z.strictObject({
         /** The served models this tenant may use; others get 403 model_not_allowed. Absent: all. */
         models: z.array(z.string().min(1)).optional(),
+        /** Requests and tokens per minute, requests in flight; absent: not limited. */
+        limits: tenantLimitsSchema.optional(),
       }),
     )
     .default({}),
+  limits: z
+    .strictObject({
+      /** Output tokens reserved for a generating request whose body sets no max_tokens (or its route's equivalent). */
+      default_max_tokens: z.number().int().positive().default(1024),
+      /** The limits of requests served without a key (`_anonymous`): `tenants` cannot name it. */
+      anonymous: tenantLimitsSchema.prefault({}),
+    })
+    .prefault({}),
   passthrough: z
     .strictObject({
       /**

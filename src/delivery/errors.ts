@@ -42,6 +42,8 @@ export const ERRORS = {
   upstream_timeout: { status: 504, type: 'timeout_error' },
   no_upstream: { status: 503, type: 'upstream_error' },
   overloaded: { status: 429, type: 'rate_limit_error' },
+  /** The tenant is over one of its `tenants.<name>.limits` (or `limits.anonymous`). */
+  rate_limited: { status: 429, type: 'rate_limit_error' },
   shutting_down: { status: 503, type: 'unavailable_error' },
   internal_error: { status: 500, type: 'internal_error' },
   /** Written as an SSE error event when a committed stream breaks. */

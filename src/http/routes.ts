@@ -12,7 +12,8 @@ import { isResponseId, type ResponseHomes } from '../proxy/response-homes.js';
 import type { Upstream, UpstreamRegistry } from '../proxy/upstreams.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { NO_TRACE, startRequestTrace } from '../telemetry/request-trace.js';
-import { isGenerationRoute, OTHER, type PoolingRoute } from '../accounting/outcomes.js';
+import { ANONYMOUS, isGenerationRoute, OTHER, type PoolingRoute } from '../accounting/outcomes.js';
+import { reservedTokens, TenantLimiter, type Admission, type LimitTicket } from '../proxy/tenant-limits.js';
 import { isRecord } from '../util/json.js';
 import { answerRaw, API_PATHS, FORM_PATHS, type Answers } from './answers.js';
 import type { ParsedBody } from './body.js';
@@ -38,9 +39,12 @@ export interface RoutesDeps {
   readonly schemas: SchemaCache;
   /** Where stored responses live. */
   readonly homes: ResponseHomes;
+  /** Limits per tenant; absent: built from the configuration, counting in this process. */
+  readonly limiter?: TenantLimiter;
 }
 
-export function registerApiRoutes(app: FastifyInstance, deps: RoutesDeps): void {
+export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): void {
+  const deps: RoutesDeps = { ...routeDeps, limiter: routeDeps.limiter ?? createLimiter(routeDeps) };
   const { config, upstreams, answers } = deps;
   const charsPerToken = config.metrics.charsPerToken;
 
@@ -200,7 +204,7 @@ interface Proxied {
 
 /** Hands a checked request to an Exchange, which owns the raw response from then on. */
 function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied): void {
-  const { config, upstreams, tracer, guard, answers } = deps;
+  const { config, upstreams, guard, answers } = deps;
   const { fields, route } = p;
   if (p.pinned === undefined && upstreams.poolFor(fields.model) === undefined) {
     answers.reject(request, reply, route, fields.stream, errorBody('model_not_found', `The model \`${fields.model}\` does not exist.`, 'model'));
@@ -210,6 +214,39 @@ function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p
     answers.reject(request, reply, route, fields.stream, errorBody('model_not_allowed', `Your key may not use the model \`${fields.model}\`.`, 'model'), fields.model);
     return;
   }
+  // The tenant's limits: the last check, so only a request that would be sent upstream is counted against them.
+  const admission = deps.limiter?.admit(request.tenant, reservedTokens(route, p.json, fields, config.limits.defaultMaxTokens));
+  if (admission === undefined) {
+    dispatch(deps, request, reply, p, undefined);
+  } else if (admission instanceof Promise) {
+    // A shared store answers later; an in-process one at once.
+    void admission.then(
+      (admitted) => admitOrRefuse(deps, request, reply, p, admitted),
+      (error: unknown) => {
+        guard.report('http', error);
+        dispatch(deps, request, reply, p, undefined);
+      },
+    );
+  } else {
+    admitOrRefuse(deps, request, reply, p, admission);
+  }
+}
+
+function admitOrRefuse(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, admission: Admission): void {
+  if (admission.admitted) {
+    dispatch(deps, request, reply, p, admission.ticket);
+    return;
+  }
+  const { fields, route } = p;
+  void reply.headers(admission.headers);
+  if (admission.retryAfter !== undefined) void reply.header('retry-after', String(admission.retryAfter));
+  deps.answers.reject(request, reply, route, fields.stream, errorBody('rate_limited', admission.message), fields.model);
+}
+
+/** Starts the Exchange of an admitted request: from here on it owns the raw response. */
+function dispatch(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, limit: LimitTicket | undefined): void {
+  const { config, tracer, guard, answers } = deps;
+  const { fields, route } = p;
   const path = request.routeOptions.url ?? p.apiPath;
   const start = { route, path, model: fields.model, stream: fields.stream, requestId: request.id, arrivalAt: request.arrivalAt, body: p.json };
   const evaluation = config.evaluation;
@@ -233,23 +270,44 @@ function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p
     captureAnswer: evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
     dropUsageChunk: p.dropUsageChunk === true,
     requestId: request.id,
+    ...(limit !== undefined && { limit }),
     headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined, p.contentType === undefined ? 'application/json' : p.contentType),
     arrivalAt: request.arrivalAt,
     trace,
   };
   void reply.hijack();
+  // On every response of a limited tenant, the 200s too: Node merges headers set here into the Exchange's writeHead.
+  if (limit !== undefined) for (const [name, value] of Object.entries(limit.headers)) reply.raw.setHeader(name, value);
   let exchange: Exchange;
   try {
     exchange = new Exchange(deps.exchangeDeps, completion, reply.raw);
   } catch (error) {
     // Nothing was started: answered and counted here, once. (Once started, the machine guards itself.)
     guard.report('exchange', error);
+    limit?.settle(0);
     answerRaw(reply.raw, request.id, 500, errorBody('internal_error', 'internal error'));
     answers.record(answers.startOf(request, route, fields.stream, fields.model), 500);
     return;
   }
   deps.onExchange(exchange);
   exchange.start();
+}
+
+/** The limiter of the configured `tenants.<name>.limits` and `limits.anonymous`, counting in this process. */
+function createLimiter(deps: RoutesDeps): TenantLimiter {
+  const { config, guard } = deps;
+  const metrics = deps.exchangeDeps.metrics;
+  const limiter = new TenantLimiter(
+    { tenants: { ...Object.fromEntries(Object.entries(config.tenants).map(([tenant, rules]) => [tenant, rules.limits])), [ANONYMOUS]: config.limits.anonymous } },
+    {
+      now: deps.exchangeDeps.now,
+      onLimited: (tenant, limit) => guard.run('metrics', () => metrics.rateLimited(tenant, limit)),
+      onError: (error) => guard.report('http', error),
+    },
+  );
+  // Every limit's refusal series from the start, so an alert on any increase sees the first one.
+  for (const { tenant, limits } of limiter.limited()) for (const limit of limits) metrics.rateLimited(tenant, limit, 0);
+  return limiter;
 }
 
 /** The output contract the request asks for, read by its route's protocol; pooling routes have none. */

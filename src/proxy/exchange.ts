@@ -22,6 +22,7 @@ import type { PublishSettlement } from '../telemetry/settlement.js';
 import type { Admission } from './admission.js';
 import { Attempt } from './attempt.js';
 import type { ResponseHomes } from './response-homes.js';
+import { usedTokens, type LimitTicket } from './tenant-limits.js';
 import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
 
 export interface ExchangeDeps {
@@ -48,6 +49,8 @@ export interface CompletionRequest {
   readonly route: ProxiedRoute;
   /** The client's tenant label value. */
   readonly tenant?: string;
+  /** The request's hold on its tenant's limits (tenant-limits.ts): settled, and its slot freed, when the request settles. */
+  readonly limit?: LimitTicket;
   /** Upstream API path, e.g. /v1/chat/completions (with the query, if any). */
   readonly apiPath: string;
   /** POST unless given; a GET or DELETE has no body. */
@@ -207,6 +210,12 @@ export class Exchange {
       case 'observe':
         return this.observe(effect.observation);
       case 'settle': {
+        // Before anything observes the settlement: whoever learns the request ended finds its slot free. The machine
+        // settles exactly once, whatever ends the request (delivery, failure, the client leaving, shutdown).
+        if (this.request.limit !== undefined) {
+          const limit = this.request.limit;
+          this.deps.guard.run('exchange', () => limit.settle(usedTokens(effect.settlement.usage)));
+        }
         if (this.request.route === 'responses') this.learnHome(effect.settlement.responseId, effect.settlement.attempts);
         const at = this.deps.now();
         this.deps.publish(effect.settlement, this.request.requestId, this.request.trace, true, at);

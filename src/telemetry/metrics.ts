@@ -191,6 +191,12 @@ export const METRICS = {
     labels: ['model'],
     help: 'Delivered responses sampled for external evaluation (evaluation.sample_rate).',
   },
+  rateLimited: {
+    name: 'waybill_rate_limited_total',
+    type: 'counter',
+    labels: ['tenant', 'limit'],
+    help: 'Requests refused with 429 rate_limited because their tenant was over a limit (requests, tokens, concurrent): the first limit the request would have passed.',
+  },
   queueWait: {
     name: 'waybill_queue_wait_seconds',
     type: 'histogram',
@@ -331,6 +337,7 @@ export class GatewayMetrics {
   private readonly outputChecks = new CounterPair(this.registries, METRICS.outputChecks);
   private readonly accepted = new CounterPair(this.registries, METRICS.accepted);
   private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
+  private readonly rateLimitedRequests = new CounterPair(this.registries, METRICS.rateLimited);
   private readonly queueWait: Histogram<'model'>;
   private readonly upstreamFirstOutput: Histogram<'model' | 'upstream'>;
   private sources: GaugeSources | undefined;
@@ -421,6 +428,11 @@ export class GatewayMetrics {
 
   evaluationSampled(model: string): void {
     this.evaluationSamples.inc({ model });
+  }
+
+  /** A request refused for its tenant's `limit`; `count` 0 declares the series (at start-up, for each limit configured). */
+  rateLimited(tenant: string, limit: 'requests' | 'tokens' | 'concurrent', count = 1): void {
+    this.rateLimitedRequests.inc({ tenant, limit }, count);
   }
 
   queueWaited(model: string, ms: number): void {

@@ -134,7 +134,8 @@ describeWithTool(PROMTOOL, 'promtool', () => {
     expect(tests.sort()).toEqual(['vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-rules.test.yaml']);
     const output = promtool('test', 'rules', ...tests.map((f) => join(RULES_DIR, 'tests', f)));
     expect(output).not.toMatch(/FAILED/);
-  });
+    // promtool evaluates every group at every step: about 15 s on an idle 2-core machine, more on a busy one.
+  }, 120_000);
 
   it("parses every dashboard panel's query", () => {
     const dir = mkdtempSync(join(tmpdir(), 'waybill-dashboard-'));

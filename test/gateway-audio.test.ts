@@ -106,6 +106,29 @@ describe('/v1/audio/transcriptions and /translations', () => {
     expect(await s.metric('waybill_requests_total', { route: 'transcriptions', code: '400', outcome: 'rejected' })).toBe(1);
   });
 
+  it('a client that leaves mid-stream is counted client_cancelled, and the upstream sees the disconnect', async () => {
+    const s = await stack({ timeouts: { idle: '30s' } });
+    const ended = s.simEnded();
+    const controller = new AbortController();
+    const response = await request(`${s.base}/v1/audio/transcriptions`, {
+      method: 'POST',
+      body: form({ model: 'sim-model', stream: 'true' }),
+      headers: { 'x-sim-fault': 'stall_after=2' },
+      signal: controller.signal,
+    });
+    expect(response.statusCode).toBe(200);
+    // Leave on the first content the gateway relayed (the simulator then holds the stream open).
+    let received = '';
+    for await (const piece of response.body) {
+      received += String(piece);
+      if (received.includes('"content"')) break;
+    }
+    controller.abort();
+    expect(await ended).toMatchObject({ route: 'transcriptions', end: 'client_disconnect' });
+    expect(await settledAfter(s, 1)).toMatchObject({ route: 'transcriptions', outcome: 'client_cancelled', cancelPhase: 'streaming' });
+    expect(await s.metric('waybill_client_cancellations_total', { phase: 'streaming' })).toBe(1);
+  });
+
   it('the gateway’s own refusals: JSON instead of a form (415), an unknown model (404), a bad `stream` (400), an upload over server.max_upload_bytes (413)', async () => {
     const s = await stack({ server: { host: '127.0.0.1', port: 0, max_upload_bytes: 100_000 } });
     const json = await send(s, '/v1/audio/transcriptions', JSON.stringify({ model: 'sim-model' }), { 'content-type': 'application/json' });

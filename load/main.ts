@@ -54,6 +54,11 @@ SLO, reports, reconciliation
   --api-key KEY               sent as Authorization: Bearer
   --timeout D                 per-request limit (default 5m)
   --quiet                     no progress line
+  -h, --help                  this help
+examples
+  waybill load --url http://127.0.0.1:8080 --concurrency 64 --duration 30s --html report.html
+  waybill load --url http://vllm:8000 --rate 20 --requests 5000 --workload workload.yaml
+  (more, and what each number means: docs/load.md)
 `;
 
 interface LoadConfig {

@@ -1,37 +1,161 @@
 /**
- * `waybill` — serve, sim, demo, check-config.
+ * `waybill` — serve, sim, demo, load, check-config. Every command answers `--help` (`-h`); `waybill --version`.
+ * Exit status: 0 success; 2 a problem the operator fixes (a bad flag, an invalid or unreadable configuration, a port
+ * that cannot be listened on), as one message on stderr without a stack trace; 1 anything unexpected.
  */
 import { waitForSignal } from './util/signals.js';
 import { parseArgs } from 'node:util';
 import type { AddressInfo } from 'node:net';
-import { ConfigError, loadConfigFile, parseConfig, type Config } from './config/load.js';
+import type { Config } from './config/load.js';
 import type { ConfigInput } from './config/schema.js';
-import { createGateway } from './http/server.js';
-import { startTracing } from './telemetry/tracing.js';
-import { createSimulator } from './sim/server.js';
-import { runSim } from './sim/main.js';
-import { runLoad } from '../load/main.js';
+import { buildInfo } from './util/build.js';
+// Each command's modules are imported when it runs, so `--help` and `--version` answer at once, without loading the
+// gateway, the configuration schema or OpenTelemetry (half a second).
 
 const USAGE = `usage: waybill <command> [options]
 
-commands:
-  serve [--config FILE] [--upstream URL ...] [--model NAME ...] [--host H] [--port P]
-        run the gateway (default port 8080). --upstream/--model configure one pool without a file;
-        without --model the served models are discovered from the upstreams' GET /v1/models.
-  sim [--port P] [--model NAME] ...      run the simulated vLLM (default port 8000); see docs/simulator.md
-  demo [--port P]                        run the simulator and a gateway in front of it
-  load --url URL ...                     the streaming load generator; waybill load --help
-  check-config FILE                      validate a configuration file and exit
+commands
+  serve          run the gateway in front of vLLM upstreams (default port 8080)
+  demo           a simulated vLLM and a gateway in front of it, with curl commands to try
+  sim            the simulated vLLM alone (default port 8000)
+  load           the streaming load generator
+  check-config   validate a configuration file and exit
+
+  waybill <command> --help    a command's options and examples
+  waybill --version           the version (also -v)
+
+examples
+  waybill demo
+  waybill serve --upstream http://10.0.0.5:8000 --upstream http://10.0.0.6:8000
+  waybill serve --config waybill.yaml
+  waybill check-config waybill.yaml
+
+exit status: 0 success; 2 a bad flag, an invalid configuration or a port that cannot be listened on (one message
+on stderr); 1 anything else (waybill load: also mismatches found by --reconcile)
 `;
+
+const SERVE_USAGE = `usage: waybill serve [--config FILE] [--upstream URL ...] [--model NAME ...] [--host H] [--port P]
+
+Runs the gateway until SIGINT or SIGTERM, then drains (shutdown.grace, shutdown.drain_timeout) and exits 0.
+It logs JSON to stdout; its "waybill listening" line says where the API, /metrics, /healthz and /readyz are.
+
+options
+  --config FILE      YAML configuration (see config.example.yaml, docs/configuration.md); the flags below override it
+  --upstream URL     an OpenAI-compatible upstream (vLLM) base URL, repeatable: replaces the file's pools with one
+  --model NAME       a model that pool serves, repeatable (needs --upstream); without it the models are
+                     discovered from the upstreams' GET /v1/models
+  --host H           listen address (default server.host, 0.0.0.0)
+  --port P           API port (default server.port, 8080; 0 picks a free one)
+  -h, --help         this help
+
+examples
+  waybill serve --upstream http://10.0.0.5:8000 --upstream http://10.0.0.6:8000
+  waybill serve --upstream http://10.0.0.5:8000 --model llama-3.1-8b-instruct --port 9000
+  waybill serve --config waybill.yaml
+`;
+
+const DEMO_USAGE = `usage: waybill demo [--port P]
+
+Starts the simulated vLLM (model sim-model) and a gateway in front of it on 127.0.0.1, prints curl commands to try,
+and runs until Ctrl-C.
+
+options
+  --port P       the gateway's port (default 8080; 0 picks a free one); the simulator takes a free port
+  -h, --help     this help
+
+examples
+  waybill demo
+  waybill demo --port 9090
+`;
+
+const CHECK_CONFIG_USAGE = `usage: waybill check-config [--skip-env] FILE
+
+Validates FILE as \`waybill serve --config FILE\` would and exits: 0 when it is valid, 2 with the problems found
+(each naming its field) when it is not, or when it cannot be read.
+
+options
+  --skip-env     do not read the environment variables the file names (pools[].upstreams[].api_key_env,
+                 auth.keys[].key_env): check everything else, e.g. in CI where the secrets are not set
+  -h, --help     this help
+
+examples
+  waybill check-config waybill.yaml
+  waybill check-config --skip-env config.example.yaml   # in CI, without the API keys
+`;
+
+/** The commands whose help this module prints (sim and load print their own). */
+const COMMAND_USAGE: ReadonlyMap<string, string> = new Map([
+  ['serve', SERVE_USAGE],
+  ['demo', DEMO_USAGE],
+  ['check-config', CHECK_CONFIG_USAGE],
+]);
 
 function fail(message: string): number {
   console.error(message);
   return 2;
 }
 
+/** A bad command line: the problem, then where the command's options are. */
+function usageError(command: string, message: string): number {
+  return fail(`${message}\n(waybill ${command} --help: its options and examples)`);
+}
+
+/** `--help` or `-h` anywhere among a command's arguments: asking for help wins over every other flag. */
+function wantsHelp(argv: readonly string[]): boolean {
+  return argv.includes('--help') || argv.includes('-h');
+}
+
+function version(): string {
+  const { version, revision } = buildInfo();
+  return `waybill ${version}${revision === 'unknown' ? '' : ` (revision ${revision})`}`;
+}
+
+/** Why a listener could not be opened, by error code; `host` when the address is what to change, else the port. */
+const LISTEN_REASONS: Readonly<Record<string, { readonly reason: string; readonly change: 'port' | 'host' }>> = {
+  EADDRINUSE: { reason: 'the port is already in use', change: 'port' },
+  EACCES: { reason: 'permission denied (ports below 1024 need privileges)', change: 'port' },
+  EADDRNOTAVAIL: { reason: "the address is not one of this machine's", change: 'host' },
+  ENOTFOUND: { reason: 'the host name does not resolve', change: 'host' },
+  EAI_AGAIN: { reason: 'the host name does not resolve (yet)', change: 'host' },
+};
+
+/** What to change about a listener, e.g. 'choose another with --port' (the failed port, where known, as `port`). */
+type ListenHint = (change: 'port' | 'host', port: number | undefined) => string;
+
+/**
+ * One line for a listener that could not be opened (a busy port, no permission, an address not this machine's),
+ * naming the address and what to change; undefined for any other error.
+ */
+function listenProblem(err: unknown, command: string, hint: ListenHint): string | undefined {
+  if (!(err instanceof Error)) return undefined;
+  const { code, syscall, address, port, hostname } = err as NodeJS.ErrnoException & { address?: string; port?: number; hostname?: string };
+  const known = code === undefined ? undefined : LISTEN_REASONS[code];
+  if (known === undefined || !(syscall === 'listen' || (syscall === 'getaddrinfo' && hostname !== undefined))) return undefined;
+  const host = address ?? hostname;
+  const where = host === undefined ? `port ${port ?? '?'}` : `${host.includes(':') ? `[${host}]` : host}${port === undefined ? '' : `:${port}`}`;
+  return `waybill ${command}: cannot listen on ${where}: ${known.reason} (${code}); ${hint(known.change, port)}`;
+}
+
+/** sim and demo: their flags. */
+const flagHint: ListenHint = (change) => `choose another with --${change}`;
+
+/**
+ * An environment that has every variable: each name reads as a placeholder, and is recorded. For `check-config
+ * --skip-env`, through parseConfig's env parameter.
+ */
+function placeholderEnv(asked: Set<string>): NodeJS.ProcessEnv {
+  return new Proxy<NodeJS.ProcessEnv>({}, {
+    get(_target, name) {
+      if (typeof name !== 'string') return undefined;
+      asked.add(name);
+      return `(placeholder for ${name})`;
+    },
+  });
+}
 
 /** Builds the configuration for `serve` from a file and/or flags; flags override the file. */
 export async function configFromServeArgs(argv: string[]): Promise<Config> {
+  const { ConfigError, loadConfigFile, parseConfig } = await import('./config/load.js');
   const { values } = parseArgs({
     args: argv,
     options: {
@@ -74,6 +198,7 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
 
 async function serve(argv: string[]): Promise<number> {
   const config = await configFromServeArgs(argv);
+  const [{ startTracing }, { createGateway }] = await Promise.all([import('./telemetry/tracing.js'), import('./http/server.js')]);
   const tracing = startTracing(config.tracing);
   const gateway = createGateway(config, { tracing });
   const log = gateway.app.log;
@@ -89,11 +214,27 @@ async function serve(argv: string[]): Promise<number> {
     },
     'configuration loaded',
   );
-  const url = await gateway.listen();
-  const admin = gateway.adminUrl;
-  // With server.admin_port, the API port serves only the API: say where the operational endpoints went.
-  const operations = admin === undefined ? {} : { metrics: `${admin}/metrics`, healthz: `${admin}/healthz`, readyz: `${admin}/readyz` };
-  log.info({ url, models: gateway.upstreams.models(), ...operations }, 'waybill listening');
+  let url: string;
+  try {
+    url = await gateway.listen();
+  } catch (err) {
+    const adminPort = config.server.admin_port;
+    const problem = listenProblem(err, 'serve', (change, port) =>
+      adminPort !== undefined && adminPort !== 0 && port === adminPort
+        ? 'choose another server.admin_port (the admin listener)'
+        : `choose another with --${change} or server.${change}${change === 'host' && adminPort !== undefined ? ' (or server.admin_host)' : ''}`,
+    );
+    if (problem === undefined) throw err;
+    await gateway.close();
+    await tracing.shutdown();
+    return fail(problem);
+  }
+  // Where everything is, in one line: with server.admin_port the operational endpoints are on the admin listener.
+  const ops = gateway.adminUrl ?? url;
+  log.info(
+    { url, models: gateway.upstreams.models(), metrics: `${ops}/metrics`, healthz: `${ops}/healthz`, readyz: `${ops}/readyz`, docs: 'docs/operations.md' },
+    'waybill listening',
+  );
   const signal = await waitForSignal();
   log.info({ signal, inflight: gateway.inflight }, 'shutting down');
   await gateway.drain();
@@ -103,18 +244,27 @@ async function serve(argv: string[]): Promise<number> {
 }
 
 async function checkConfig(argv: string[]): Promise<number> {
-  const [file, ...rest] = argv;
-  if (file === undefined || rest.length > 0) return fail('usage: waybill check-config FILE');
-  const config = await loadConfigFile(file);
+  const { values, positionals } = parseArgs({ args: argv, options: { 'skip-env': { type: 'boolean', default: false } }, allowPositionals: true, strict: true });
+  const [file, ...rest] = positionals;
+  if (file === undefined || rest.length > 0) return usageError('check-config', file === undefined ? 'give the FILE to check' : `one FILE only, not ${positionals.length}`);
+  const { loadConfigFile } = await import('./config/load.js');
+  const skipped = new Set<string>();
+  const config = await loadConfigFile(file, undefined, values['skip-env'] ? placeholderEnv(skipped) : process.env);
   const models = config.pools.flatMap((pool) => pool.models ?? [`(discovered for pool ${pool.name})`]);
-  console.log(`${file}: OK — ${config.pools.length} pool(s), models: ${models.join(', ')}`);
+  const notRead = skipped.size === 0 ? '' : `; not read (--skip-env): ${[...skipped].join(', ')}`;
+  console.log(`${file}: OK — ${config.pools.length} pool(s), models: ${models.join(', ')}${notRead}`);
   return 0;
 }
 
 async function demo(argv: string[]): Promise<number> {
   const { values } = parseArgs({ args: argv, options: { port: { type: 'string', default: '8080' } }, strict: true });
-  const port = Number(values.port);
-  if (!Number.isInteger(port)) return fail(`--port: "${values.port}" is not a port number`);
+  const port = values.port.trim() === '' ? Number.NaN : Number(values.port);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) return fail(`--port: "${values.port}" is not a port number`);
+  const [{ parseConfig }, { createGateway }, { createSimulator }] = await Promise.all([
+    import('./config/load.js'),
+    import('./http/server.js'),
+    import('./sim/server.js'),
+  ]);
   const sim = createSimulator({ models: ['sim-model'] });
   const simAddress = await sim.listen(0, '127.0.0.1');
   const config = parseConfig(
@@ -127,7 +277,13 @@ async function demo(argv: string[]): Promise<number> {
     'demo',
   );
   const gateway = createGateway(config);
-  await gateway.listen();
+  try {
+    await gateway.listen();
+  } catch (err) {
+    await gateway.close();
+    await sim.close();
+    throw err;
+  }
   const address = gateway.app.server.address() as AddressInfo;
   const base = `http://127.0.0.1:${address.port}`;
   console.log(`Waybill demo: gateway ${base} -> simulated vLLM ${simAddress.url}
@@ -158,29 +314,51 @@ Ctrl-C to stop.`);
 export async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
   try {
+    const usage = command === undefined ? undefined : COMMAND_USAGE.get(command);
+    if (usage !== undefined && wantsHelp(rest)) {
+      console.log(usage);
+      return 0;
+    }
     switch (command) {
       case 'serve':
         return await serve(rest);
       case 'sim':
-        return await runSim(rest);
+        return await (await import('./sim/main.js')).runSim(rest);
       case 'demo':
         return await demo(rest);
       case 'load':
-        return await runLoad(rest);
+        return await (await import('../load/main.js')).runLoad(rest);
       case 'check-config':
         return await checkConfig(rest);
-      case undefined:
+      case '--version':
+      case '-v':
+      case 'version':
+        console.log(version());
+        return 0;
       case 'help':
+        // `waybill help serve` is `waybill serve --help`.
+        if (rest[0] !== undefined && rest[0] !== 'help') return await main([rest[0], '--help']);
+        console.log(USAGE);
+        return 0;
       case '--help':
       case '-h':
         console.log(USAGE);
-        return command === undefined ? 2 : 0;
+        return 0;
+      case undefined:
+        console.error(USAGE);
+        return 2;
       default:
         return fail(`unknown command "${command}"\n\n${USAGE}`);
     }
   } catch (err) {
+    const { ConfigError } = await import('./config/load.js');
     if (err instanceof ConfigError) return fail(err.message);
-    if (err instanceof TypeError && (err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) return fail(`${err.message}\n\n${USAGE}`);
+    if (err instanceof TypeError && (err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) {
+      return usageError(command ?? '', err.message);
+    }
+    // serve says which of its listeners failed itself; load does not listen.
+    const problem = command === 'sim' || command === 'demo' ? listenProblem(err, command, flagHint) : undefined;
+    if (problem !== undefined) return fail(problem);
     throw err;
   }
 }

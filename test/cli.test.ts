@@ -3,12 +3,14 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer, type AddressInfo, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
+import { FLAG_OF } from '../src/sim/main.js';
 import { createSimulator } from '../src/sim/server.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
@@ -42,15 +44,122 @@ function start(args: string[], ready: RegExp): { child: ChildProcess; line: Prom
   return { child, line };
 }
 
+/**
+ * stderr without Node's process warnings (`(node:PID) [CODE] …` and its `(Use \`node --trace-warnings …\`)` line):
+ * what Waybill itself wrote.
+ */
+function ownStderr(stderr: string): string[] {
+  return stderr.split('\n').filter((line) => line !== '' && !/^\(node:\d+\) /.test(line) && !line.startsWith('(Use `node --trace-warnings'));
+}
+
+/** A port something else already listens on. */
+async function busyPort(): Promise<{ port: number; server: Server }> {
+  const server = createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return { port: (server.address() as AddressInfo).port, server };
+}
+
 function tempFile(name: string, text: string): string {
   const path = join(mkdtempSync(join(tmpdir(), 'waybill-cli-')), name);
   writeFileSync(path, text);
   return path;
 }
 
+const EXAMPLE = new URL('../config.example.yaml', import.meta.url).pathname;
+
+describe('waybill --help and --version', () => {
+  const OPTIONS: Record<string, readonly string[]> = {
+    serve: ['--config', '--upstream', '--model', '--host', '--port'],
+    sim: ['--port', '--host', ...Object.values(FLAG_OF)],
+    demo: ['--port'],
+    load: ['--url', '--concurrency', '--rate', '--requests', '--duration', '--reconcile'],
+    'check-config': ['--skip-env'],
+  };
+
+  for (const [command, options] of Object.entries(OPTIONS)) {
+    it(`waybill ${command} --help (and -h) names its options and shows an example, exit 0`, async () => {
+      for (const flag of ['--help', '-h']) {
+        const result = await run([command, flag]);
+        expect(result.code).toBe(0);
+        expect(result.stderr).toBe('');
+        expect(result.stdout).toMatch(new RegExp(`^usage: waybill ${command} `));
+        for (const option of options) expect(result.stdout).toContain(option);
+        expect(result.stdout).toMatch(new RegExp(`\nexamples\n\\s+waybill ${command}\\b`));
+      }
+    });
+  }
+
+  it('asking for help wins over other flags, and `waybill help CMD` is `waybill CMD --help`', async () => {
+    const serve = await run(['serve', '--help']);
+    expect(await run(['serve', '--colour', 'blue', '--help'])).toEqual(serve);
+    expect(await run(['help', 'serve'])).toEqual(serve);
+    // Not a file named --help.
+    const check = await run(['check-config', '--help']);
+    expect(check.code).toBe(0);
+    expect(check.stdout).not.toContain('cannot read file');
+  });
+
+  it('waybill --help lists every command and how to get their help; no command is a usage error', async () => {
+    for (const args of [['--help'], ['-h'], ['help']]) {
+      const result = await run(args);
+      expect(result.code).toBe(0);
+      for (const command of Object.keys(OPTIONS)) expect(result.stdout).toMatch(new RegExp(`^  ${command} `, 'm'));
+      expect(result.stdout).toContain('waybill <command> --help');
+      expect(result.stdout).toContain('waybill --version');
+      expect(result.stdout).toMatch(/\nexamples\n\s+waybill /);
+    }
+    const none = await run([]);
+    expect(none.code).toBe(2);
+    expect(none.stderr).toContain('usage: waybill <command>');
+  });
+
+  it('waybill --version (and -v) prints the package version', async () => {
+    const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
+    for (const flag of ['--version', '-v']) {
+      const result = await run([flag], { WAYBILL_REVISION: undefined });
+      expect(result.code).toBe(0);
+      expect(result.stdout).toBe(`waybill ${version}\n`);
+    }
+    // The container build's revision, as waybill_build_info has it.
+    expect((await run(['--version'], { WAYBILL_REVISION: 'abc1234' })).stdout).toBe(`waybill ${version} (revision abc1234)\n`);
+  });
+});
+
+describe('a port that cannot be listened on', () => {
+  const servers: Server[] = [];
+  afterEach(async () => {
+    await Promise.all(servers.splice(0).map((server) => new Promise((resolve) => server.close(resolve))));
+  });
+
+  /** Exit 2 with one line on stderr naming the address and the cause, no stack trace. */
+  async function expectOneLine(args: string[], port: number, command: string, hint: string): Promise<void> {
+    const result = await run(args);
+    expect(result.code).toBe(2);
+    const lines = ownStderr(result.stderr);
+    expect(lines).toEqual([`waybill ${command}: cannot listen on 127.0.0.1:${port}: the port is already in use (EADDRINUSE); ${hint}`]);
+    expect(result.stderr).not.toMatch(/^\s+at /m);
+  }
+
+  it('serve, demo and sim say so in one line and exit 2', async () => {
+    const { port, server } = await busyPort();
+    servers.push(server);
+    await expectOneLine(['serve', '--upstream', 'http://127.0.0.1:1', '--host', '127.0.0.1', '--port', String(port)], port, 'serve', 'choose another with --port or server.port');
+    await expectOneLine(['demo', '--port', String(port)], port, 'demo', 'choose another with --port');
+    await expectOneLine(['sim', '--port', String(port)], port, 'sim', 'choose another with --port');
+  });
+
+  it("serve names the admin listener when server.admin_port is the busy one", async () => {
+    const { port, server } = await busyPort();
+    servers.push(server);
+    const file = tempFile('admin.yaml', `server: { host: 127.0.0.1, port: 0, admin_port: ${port} }\npools: [{ name: p, upstreams: [{ url: "http://127.0.0.1:1" }] }]\n`);
+    await expectOneLine(['serve', '--config', file], port, 'serve', 'choose another server.admin_port (the admin listener)');
+  });
+});
+
 describe('waybill check-config', () => {
   it('accepts a valid file', async () => {
-    const example = new URL('../config.example.yaml', import.meta.url).pathname;
+    const example = EXAMPLE;
     const result = await run(['check-config', example], { VLLM_API_KEY: 'k' });
     expect(result.code).toBe(0);
     // The example names an API key variable; without it the check fails and says which.
@@ -68,6 +177,45 @@ describe('waybill check-config', () => {
     expect(result.stderr).toContain('  - server.port: ');
     expect(result.stderr).toContain('  - pools[0].upstreams[0].url: must be an http(s) URL');
     expect(result.stderr).toContain('  - timeouts.idle: invalid duration "soon"');
+  });
+
+  it('with --skip-env, passes the shipped example without its environment variables, and still checks the rest', async () => {
+    const result = await run(['check-config', '--skip-env', EXAMPLE], { VLLM_API_KEY: undefined });
+    expect(result.code).toBe(0);
+    expect(result.stdout).toMatch(/OK — 2 pool\(s\), models: llama-3\.1-8b-instruct, \(discovered for pool qwen\); not read \(--skip-env\): VLLM_API_KEY\n$/);
+    // The example's header says how.
+    expect(readFileSync(EXAMPLE, 'utf8')).toContain('waybill check-config --skip-env config.example.yaml');
+
+    const file = tempFile('env.yaml', 'server: { port: 80, admin_port: 80 }\npools: [{ name: p, upstreams: [{ url: "http://127.0.0.1:1", api_key_env: NOT_SET_ANYWHERE }] }]\nauth: { keys: [{ tenant: a, key_env: A_KEY }, { tenant: b, key_env: B_KEY }] }\n');
+    const bad = await run(['check-config', '--skip-env', file]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('server.admin_port: must differ from server.port');
+    // No environment problem, and distinct variables are not taken for the same key.
+    expect(bad.stderr).not.toContain('environment variable');
+    expect(bad.stderr).not.toContain('configured twice');
+  });
+
+  it('a file that cannot be read is a one-message error, exit 2, for check-config and serve', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'waybill-cli-'));
+    for (const args of [
+      ['check-config', join(dir, 'missing.yaml')],
+      ['check-config', '--skip-env', join(dir, 'missing.yaml')],
+      ['check-config', dir],
+      ['serve', '--config', join(dir, 'missing.yaml')],
+    ]) {
+      const result = await run(args);
+      expect(result.code).toBe(2);
+      expect(result.stderr).toContain('cannot read file');
+      expect(result.stderr).not.toMatch(/^\s+at /m);
+    }
+  });
+
+  it('asks for exactly one FILE', async () => {
+    for (const args of [['check-config'], ['check-config', 'a.yaml', 'b.yaml']]) {
+      const result = await run(args);
+      expect(result.code).toBe(2);
+      expect(result.stderr).toContain('waybill check-config --help');
+    }
   });
 });
 
@@ -93,6 +241,8 @@ describe('waybill serve', () => {
       const { child, line } = start(['serve', '--config', file, '--upstream', url, '--host', '127.0.0.1', '--port', '0'], /waybill listening/);
       const listening = JSON.parse(await line) as { url: string; models: string[] };
       expect(listening.models).toEqual(['tiny']);
+      // One line says where everything is; without server.admin_port, on the API's port.
+      expect(listening).toMatchObject({ metrics: `${listening.url}/metrics`, healthz: `${listening.url}/healthz`, readyz: `${listening.url}/readyz` });
       const ready = await request(`${listening.url}/readyz`);
       expect(ready.statusCode).toBe(200);
       await ready.body.dump();

@@ -84,7 +84,8 @@ describe('backpressure', () => {
     // No event says "everything is blocked now", so poll (bounded) until the bytes the gateway has handed to the
     // client's socket stop growing while the client reads nothing.
     let written = -1;
-    for (let i = 0; i < 250; i++) {
+    // Up to 15 s: on a loaded 2-core machine the first bytes have been seen to take more than 5 s to go out.
+    for (let i = 0; i < 750; i++) {
       await new Promise((resolve) => setTimeout(resolve, 20));
       const clientResponse = responses[0];
       // What the gateway holds for this client stays near one socket buffer, never the whole answer.

@@ -302,7 +302,11 @@ export function parseConfig(input: unknown, source = 'configuration', env: NodeJ
 }
 
 /** Reads and validates a YAML configuration file. */
-export async function loadConfigFile(path: string, overrides: (input: ConfigInput) => ConfigInput = (c) => c): Promise<Config> {
+export async function loadConfigFile(
+  path: string,
+  overrides: (input: ConfigInput) => ConfigInput = (c) => c,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<Config> {
   let text: string;
   try {
     text = await readFile(path, 'utf8');
@@ -311,7 +315,7 @@ export async function loadConfigFile(path: string, overrides: (input: ConfigInpu
   }
   const doc = parseDocument(text, { prettyErrors: true, uniqueKeys: true });
   if (doc.errors.length > 0) throw new ConfigError(path, doc.errors.map((e) => `YAML: ${e.message.split('\n')[0] ?? ''}`));
-  return parseConfig(overrides((doc.toJS() ?? {}) as ConfigInput), path);
+  return parseConfig(overrides((doc.toJS() ?? {}) as ConfigInput), path, env);
 }
 
 function deepFreeze<T>(value: T): T {

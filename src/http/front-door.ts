@@ -53,7 +53,7 @@ export function fastifyOptions(config: Config, logger: FastifyBaseLogger, answer
     requestIdHeader: false,
     // Fastify answers a path parameter longer than this itself (414, its own shape, uncounted): let the request line's
     // own limit bound it, and the route refuse an id that is not a plain token (404, counted).
-    maxParamLength: config.server.max_header_bytes,
+    routerOptions: { maxParamLength: config.server.max_header_bytes },
     genReqId: (req) => {
       const given = req.headers['x-request-id'];
       return typeof given === 'string' && SAFE_REQUEST_ID.test(given) ? given : randomUUID();

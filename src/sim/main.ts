@@ -2,7 +2,7 @@
 import { waitForSignal } from '../util/signals.js';
 import { parseArgs } from 'node:util';
 import { FAULT_KINDS, isFaultKind, type FaultKind } from './faults.js';
-import { validateSimOptions, type SimOptions } from './options.js';
+import { DEFAULT_SIM_OPTIONS, validateSimOptions, type SimOptions } from './options.js';
 import { createSimulator } from './server.js';
 
 export interface SimArgs {
@@ -31,6 +31,55 @@ export const FLAG_OF: Readonly<Record<keyof SimOptions, string>> = {
   faultRate: '--fault-rate',
   faultKinds: '--fault-kinds',
 };
+
+const D = DEFAULT_SIM_OPTIONS;
+
+/** `text` in lines of at most `width` characters, each after `indent`, broken at spaces. */
+function wrap(text: string, width: number, indent: string): string {
+  const lines: string[] = [];
+  let line = '';
+  for (const word of text.split(' ')) {
+    if (line !== '' && indent.length + line.length + 1 + word.length > width) {
+      lines.push(indent + line);
+      line = word;
+    } else line = line === '' ? word : `${line} ${word}`;
+  }
+  if (line !== '') lines.push(indent + line);
+  return lines.join('\n');
+}
+
+/** `waybill sim --help`; every flag of FLAG_OF, with the defaults of DEFAULT_SIM_OPTIONS. */
+export const SIM_USAGE = `usage: waybill sim [--port 8000] [--host 127.0.0.1] [--model NAME ...] [options]
+
+The simulated vLLM: speaks vLLM's OpenAI-compatible API with generated text on a timer, and breaks answers on
+request (header x-sim-fault) or at random (--fault-rate). Prints its URL, runs until SIGINT or SIGTERM.
+Every flag, every fault: docs/simulator.md.
+
+options
+  --port P                         port (default 8000; 0 picks a free one)
+  --host H                         listen address (default 127.0.0.1)
+  --model NAME                     a served model, repeatable (default ${D.models.join(', ')}); the first labels /metrics
+  --ttft-ms MS                     request to first output event (default ${D.ttftMs})
+  --prefill-ms-per-1k-tokens MS    the first event waits this much longer per 1 000 prompt tokens (default ${D.prefillMsPer1kTokens})
+  --itl-ms MS                      delay between output events (default ${D.itlMs})
+  --output-tokens N                tokens per choice, capped by max_tokens (default ${D.outputTokens})
+  --jitter F                       each delay scaled by a seeded factor in [1 - F, 1 + F] (default ${D.jitter})
+  --tokens-per-event N             tokens carried by one output event (default ${D.tokensPerEvent})
+  --cached-tokens N                with --prompt-tokens-details: usage's cached_tokens (default ${D.cachedTokens})
+  --prompt-tokens-details          like vLLM's --enable-prompt-tokens-details
+  --force-include-usage            like vLLM's --enable-force-include-usage
+  --embedding-dimensions N         length of /v1/embeddings and /pooling vectors (default ${D.embeddingDimensions})
+  --api-key KEY                    require Authorization: Bearer KEY, like vLLM's --api-key (default none)
+  --seed N                         seeds jitter, interleaving and random faults (default ${D.seed})
+  --fault-rate F                   share of requests without x-sim-fault that get a random fault (default ${D.faultRate})
+  --fault-kinds a,b,...            kinds random faults are drawn from, comma-separated (default all):
+${wrap(FAULT_KINDS.join(', '), 100, ' '.repeat(35))}
+  -h, --help                       this help
+
+examples
+  waybill sim --port 8000 --model llama-3.1-8b-instruct
+  waybill sim --port 8001 --itl-ms 20 --fault-rate 0.05 --seed 7
+`;
 
 /** Parse `waybill sim` flags; every problem is reported, each naming its flag. */
 export function parseSimArgs(argv: string[]): SimArgsResult {
@@ -110,11 +159,18 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
 }
 
 
-/** Run the simulator until SIGINT/SIGTERM. 0 after a clean stop; 2 on bad flags (message on stderr). */
+/**
+ * Run the simulator until SIGINT/SIGTERM. 0 after a clean stop or `--help`; 2 on bad flags (message on stderr). A
+ * port that cannot be listened on rejects with the listen error (the CLI turns it into one line and status 2).
+ */
 export async function runSim(argv: string[]): Promise<number> {
+  if (argv.includes('--help') || argv.includes('-h')) {
+    console.log(SIM_USAGE);
+    return 0;
+  }
   const parsed = parseSimArgs(argv);
   if (!parsed.ok) {
-    console.error(parsed.message);
+    console.error(`${parsed.message}\n(waybill sim --help: its options and examples)`);
     return 2;
   }
   const { port, host, options } = parsed.args;

@@ -106,6 +106,32 @@ describe('/v1/audio/transcriptions and /translations', () => {
     expect(await s.metric('waybill_requests_total', { route: 'transcriptions', code: '400', outcome: 'rejected' })).toBe(1);
   });
 
+  it('hostile forms: a file part with no closing boundary is a 400, a form on a JSON route is refused unread; the gateway lives on', async () => {
+    const s = await stack({ server: { host: '127.0.0.1', port: 0, body_limit_bytes: 1024 } });
+    const cut = '--XyZ\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF....';
+    const refused = await send(s, '/v1/audio/transcriptions', cut, { 'content-type': 'multipart/form-data; boundary=XyZ' });
+    expect(refused.status).toBe(400);
+    // 5 MB of form to a JSON route: 415 without buffering it under the upload limit (the JSON limit is 1 KiB).
+    const big = `--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\n${'x'.repeat(5_000_000)}\r\n--XyZ--\r\n`;
+    const onChat = await send(s, '/v1/chat/completions', big, { 'content-type': 'multipart/form-data; boundary=XyZ' }).catch(() => ({ status: 415 }));
+    expect(onChat.status).toBe(415);
+    expect((await send(s, '/v1/audio/transcriptions', form({ model: 'sim-model' }))).status).toBe(200);
+    await s.settled(3);
+    expect(await s.metric('waybill_requests_total', { route: 'transcriptions', code: '400' })).toBe(1);
+    expect(await s.metric('waybill_requests_total', { route: 'chat_completions', code: '415' })).toBe(1);
+  });
+
+  it('a repeated field counts by its last value, as vLLM reads it', async () => {
+    const s = await stack();
+    const data = form({ model: 'nope' });
+    data.append('model', 'sim-model');
+    data.append('stream', 'false');
+    data.append('stream', 'true');
+    const answer = await send(s, '/v1/audio/transcriptions', data);
+    expect(answer.status).toBe(200);
+    expect(await settledAfter(s, 1)).toMatchObject({ model: 'sim-model', stream: true, outcome: 'delivered' });
+  });
+
   it('a client that leaves mid-stream is counted client_cancelled, and the upstream sees the disconnect', async () => {
     const s = await stack({ timeouts: { idle: '30s' } });
     const ended = s.simEnded();

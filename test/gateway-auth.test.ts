@@ -5,6 +5,8 @@
  * carries the tenant. The official SDKs send their keys as they always do.
  */
 import { createHash } from 'node:crypto';
+import { once } from 'node:events';
+import { connect } from 'node:net';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { request } from 'undici';
@@ -96,6 +98,22 @@ describe('client keys', () => {
     ]);
   });
 
+  it('a client that closes mid-body after its 401 is counted once, and the gateway lives on', async () => {
+    const stack = await gateway(KEYS);
+    const { port } = new URL(stack.base);
+    const socket = connect(Number(port), '127.0.0.1');
+    await once(socket, 'connect');
+    socket.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{');
+    const [head] = (await once(socket, 'data')) as [Buffer];
+    expect(head.toString()).toMatch(/^HTTP\/1.1 401/);
+    socket.end();
+    await once(socket, 'close');
+    expect((await request(`${stack.base}/healthz`)).statusCode).toBe(200);
+    await stack.settled(1);
+    expect(await stack.metric('waybill_requests_total')).toBe(1);
+    expect(await stack.metric('waybill_requests_total', { tenant: '_unauthenticated', code: '401' })).toBe(1);
+  });
+
   it('operational endpoints and unknown paths need no key; a 404 is not a 401', async () => {
     const stack = await gateway(KEYS);
     expect((await request(`${stack.base}/healthz`)).statusCode).toBe(200);
@@ -167,6 +185,7 @@ describe('configuration and key reading', () => {
     expect(presentedKey({ 'x-api-key': 'b', 'api-key': 'c' })).toBe('b');
     expect(presentedKey({ 'api-key': 'c' })).toBe('c');
     expect(presentedKey({ authorization: 'Basic Zm9vOmJhcg==' })).toBe('');
+    expect(presentedKey({ authorization: 'Basic Zm9vOmJhcg==', 'x-api-key': 'b' })).toBe('b');
     expect(presentedKey({})).toBeUndefined();
     const authenticate = createAuthenticator({ keys: [{ tenant: 't', sha256: sha('k') }], required: true });
     expect(authenticate({ authorization: 'Basic k' })).toMatchObject({ ok: false, tenant: '_unauthenticated' });

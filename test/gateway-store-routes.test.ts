@@ -41,6 +41,19 @@ function replay(id: string, hang: boolean): string {
   return text;
 }
 
+const gone = new Set<string>();
+const slow = (() => {
+  let seen = () => {};
+  let release = () => {};
+  const state = {
+    seenOnce: new Promise<void>((resolve) => (seen = resolve)),
+    released: new Promise<void>((resolve) => (release = resolve)),
+    seen: () => seen(),
+    release: () => release(),
+  };
+  return state;
+})();
+
 interface Seen {
   method: string;
   url: string;
@@ -61,6 +74,31 @@ async function storeUpstream(name: string, seen: Seen[]): Promise<Scripted> {
     }
     if (match !== null) {
       const id = decodeURIComponent(match[1] ?? '');
+      // Upstream a is failing for these ids: an error, which says nothing about where the response lives.
+      if (id.startsWith('resp_err') && name === 'a') {
+        res.writeHead(503, JSON_TYPE);
+        res.end('{"error":"Service Unavailable"}');
+        return;
+      }
+      // Held until the test releases it: a lookup the client does not wait for.
+      if (id.startsWith('resp_slow')) {
+        slow.seen();
+        void slow.released.then(() => {
+          res.writeHead(404, JSON_TYPE);
+          res.end('{"error":{"message":"not found","type":"NotFoundError","param":null,"code":404}}');
+        });
+        return;
+      }
+      // Answered once, then gone (the process restarted): 404 from then on.
+      if (id.startsWith('resp_gone') && id.endsWith(`_${name}`)) {
+        const first = !gone.has(id);
+        gone.add(id);
+        if (!first || url.includes('probe-done')) {
+          res.writeHead(404, JSON_TYPE);
+          res.end('{"error":{"message":"not found","type":"NotFoundError","param":null,"code":404}}');
+          return;
+        }
+      }
       if (!id.endsWith(`_${name}`)) {
         res.writeHead(404, JSON_TYPE);
         res.end(JSON.stringify({ error: { message: `Response with id '${id}' not found.`, type: 'NotFoundError', param: null, code: 404 } }));
@@ -225,6 +263,47 @@ describe('stored responses: GET /v1/responses/{id} and /cancel', () => {
     expect(await stack.metric('waybill_requests_total', { route: 'responses_cancel', code: '400', outcome: 'rejected' })).toBe(1);
   });
 
+  it('an upstream answering an error is no home: the one answering 2xx is, and a home that later answers 404 is forgotten', async () => {
+    const { stack, seenA, seenB } = await gateway();
+    const read = await get(stack.base, '/v1/responses/resp_err_b');
+    expect(read.status).toBe(200);
+    expect(seenB.at(-1)).toEqual({ method: 'GET', url: '/v1/responses/resp_err_b' });
+
+    // Found at b by the lookup (which b answers once), then the request itself finds it gone: 404, and forgotten.
+    expect((await get(stack.base, '/v1/responses/resp_gone_b')).status).toBe(404);
+    const before = seenA.length;
+    expect((await get(stack.base, '/v1/responses/resp_gone_b')).status).toBe(404);
+    // Asked everywhere again, not sent straight to the old home.
+    expect(seenA.length).toBe(before + 1);
+    await stack.settled(3);
+    expect(await stack.metric('waybill_requests_total', { route: 'responses_retrieve', code: '404' })).toBe(2);
+  });
+
+  it('a client that leaves during the lookup is counted once as cancelled and never proxied', async () => {
+    const { stack, seenA, seenB } = await gateway({ responses: { lookup_timeout: '300ms' } });
+    const controller = new AbortController();
+    const pending = request(`${stack.base}/v1/responses/resp_slow_b`, { signal: controller.signal }).catch((error: unknown) => error);
+    await slow.seenOnce;
+    controller.abort();
+    const [settlement] = await stack.settled(1);
+    expect(settlement).toMatchObject({ route: 'responses_retrieve', outcome: 'client_cancelled', code: 499 });
+    slow.release();
+    await pending;
+    // Only the lookups (one per upstream) reached the upstreams.
+    await new Promise((resolve) => setImmediate(resolve));
+    expect([...seenA, ...seenB].filter((s) => s.url === '/v1/responses/resp_slow_b')).toHaveLength(2);
+    expect(await stack.metric('waybill_inflight_requests')).toBe(0);
+    expect(await stack.metric('waybill_requests_total', { route: 'responses_retrieve' })).toBe(1);
+  });
+
+  it('?stream is read as FastAPI reads it: the last value, as a pydantic boolean', async () => {
+    const { stack } = await gateway();
+    await get(stack.base, '/v1/responses/resp_s_b?stream=yes');
+    await get(stack.base, '/v1/responses/resp_s_b?stream=true&stream=false');
+    const settled = await stack.settled(2);
+    expect(settled.map((s) => s.stream)).toEqual([true, false]);
+  });
+
   it('an id that is not a plain token never reaches an upstream', async () => {
     const { stack, seenA, seenB } = await gateway();
     const read = await get(stack.base, `/v1/responses/${'x'.repeat(300)}`);
@@ -232,9 +311,11 @@ describe('stored responses: GET /v1/responses/{id} and /cancel', () => {
     expect(JSON.parse(read.body)).toMatchObject({ error: { code: 'not_found' } });
     const spaced = await get(stack.base, '/v1/responses/resp%20a');
     expect(spaced.status).toBe(404);
+    const dots = await get(stack.base, '/v1/responses/..%2E');
+    expect(dots.status).toBe(404);
     expect(seenA.length + seenB.length).toBe(0);
-    await stack.settled(2);
-    expect(await stack.metric('waybill_requests_total', { route: 'responses_retrieve', code: '404', outcome: 'rejected' })).toBe(2);
+    await stack.settled(3);
+    expect(await stack.metric('waybill_requests_total', { route: 'responses_retrieve', code: '404', outcome: 'rejected' })).toBe(3);
   });
 });
 

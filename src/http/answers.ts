@@ -178,7 +178,8 @@ export function createAnswers(deps: AnswersDeps): Answers {
       refused.set(socket, status);
       const inFlight = (socket as SocketWithResponse)._httpMessage;
       // Node's own rule: answer only where no response of an earlier request has started on this socket.
-      if (socket.writable && (inFlight === undefined || !inFlight.headersSent)) {
+      // (Node sets it to null, not undefined, once the response on the socket is done.)
+      if (socket.writable && (inFlight == null || !inFlight.headersSent)) {
         const message =
           code === 'request_timeout'
             ? `the request headers did not arrive within ${config.server.headers_timeout} ms`
@@ -191,7 +192,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
         socket.destroy();
       }
       // A request in flight on this socket (its body was being read) is counted by its own path, with this status.
-      if (inFlight !== undefined) return;
+      if (inFlight != null) return;
       const at = now();
       guard.run('http', () =>
         record(
@@ -233,4 +234,4 @@ function rawErrorResponse(code: ErrorCode, message: string): string {
 }
 
 /** What Node's HTTP server keeps of the response in flight on a socket (undocumented, stable since Node 0.x). */
-type SocketWithResponse = Socket & { _httpMessage?: ServerResponse };
+type SocketWithResponse = Socket & { _httpMessage?: ServerResponse | null };

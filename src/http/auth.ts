@@ -17,18 +17,17 @@ export interface AuthSettings {
 
 export type Authenticate = (headers: IncomingHttpHeaders) => Identity;
 
-/** The key a request presents, if any: the first of Authorization (Bearer), x-api-key, api-key. */
+/** The key a request presents, if any: Authorization's Bearer token, else x-api-key, else api-key. */
 export function presentedKey(headers: IncomingHttpHeaders): string | undefined {
   const authorization = headers.authorization;
-  if (authorization !== undefined) {
-    const match = /^bearer[ \t]+(.+)$/i.exec(authorization.trim());
-    return match?.[1]?.trim() ?? '';
-  }
+  const bearer = authorization === undefined ? undefined : /^bearer[ \t]+(.+)$/i.exec(authorization.trim())?.[1]?.trim();
+  if (bearer !== undefined) return bearer;
   for (const name of ['x-api-key', 'api-key']) {
     const value = headers[name];
     if (typeof value === 'string') return value.trim();
   }
-  return undefined;
+  // An Authorization header of another scheme (Basic, or a bare key) is a key that cannot match: refused, not ignored.
+  return authorization === undefined ? undefined : '';
 }
 
 export function createAuthenticator(settings: AuthSettings): Authenticate {

@@ -26,7 +26,7 @@ export interface ParsedBody {
 /** Why a body was refused; `close` when unread bytes may follow, so the connection cannot be reused. */
 export class BodyError extends Error {
   constructor(
-    readonly code: Extract<ErrorCode, 'body_too_large' | 'request_timeout' | 'invalid_json' | 'json_too_deep' | 'invalid_request'>,
+    readonly code: Extract<ErrorCode, 'body_too_large' | 'request_timeout' | 'invalid_json' | 'json_too_deep' | 'invalid_request' | 'unsupported_media_type'>,
     message: string,
     readonly close: boolean,
   ) {
@@ -72,16 +72,27 @@ export function formFields(raw: Buffer, contentType: string): Promise<Record<str
     const refuse = (message: string) => reject(new BodyError('invalid_request', message, false));
     let parser: ReturnType<typeof Busboy>;
     try {
-      parser = Busboy({ headers: { 'content-type': contentType }, limits: { fields: MAX_FORM_FIELDS, fieldSize: MAX_FIELD_BYTES, parts: MAX_FORM_FIELDS + 8 } });
+      parser = Busboy({
+        headers: { 'content-type': contentType },
+        limits: { fields: MAX_FORM_FIELDS, fieldSize: MAX_FIELD_BYTES, parts: MAX_FORM_FIELDS + 8 },
+        // Starlette's rule, which vLLM reads the form with: a part is a file when it has a filename, whatever its type.
+        isPartAFile: (_field, _type, filename) => filename !== undefined,
+      });
     } catch {
       refuse('the request body is not a valid multipart form (its Content-Type has no boundary)');
       return;
     }
     parser.on('field', (name, value, _nameTruncated, valueTruncated) => {
-      if (valueTruncated) return;
-      if (!(name in fields)) fields[name] = value;
+      // The last value of a repeated name wins, as in Starlette's FormData.get: the gateway must route and check the
+      // model the upstream will use. A value cut at the field limit is not a value.
+      if (valueTruncated) delete fields[name];
+      else fields[name] = value;
     });
-    parser.on('file', (_name, stream) => stream.resume());
+    parser.on('file', (_name, stream) => {
+      // A file part cut short (no closing boundary) errors on its own stream: without a listener, the process.
+      stream.on('error', () => refuse('the request body is not a valid multipart form'));
+      stream.resume();
+    });
     parser.on('fieldsLimit', () => refuse(`the form has more than ${MAX_FORM_FIELDS} fields`));
     parser.on('partsLimit', () => refuse(`the form has more than ${MAX_FORM_FIELDS + 8} parts`));
     parser.on('error', () => refuse('the request body is not a valid multipart form'));

@@ -108,7 +108,8 @@ export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): voi
     }
     // The API needs a key (where keys are configured); operational endpoints and unknown paths do not.
     if (!identity.ok && (request.routeOptions.config.waybillRoute !== undefined || request.routeOptions.url === '/v1/models')) {
-      void reply.header('www-authenticate', 'Bearer');
+      // Answered before the body is read: the connection closes after the answer, so the unread body is no request.
+      void reply.header('www-authenticate', 'Bearer').header('connection', 'close');
       answers.reject(request, reply, routeOf(request), false, errorBody('invalid_api_key', identity.message));
       return;
     }
@@ -126,13 +127,19 @@ export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): voi
     ),
   );
   // The audio routes' uploads: their own size limit; any other route refuses a form (415).
-  app.addContentTypeParser('multipart/form-data', async (request: FastifyRequest) =>
-    readFormBody(
+  app.addContentTypeParser('multipart/form-data', async (request: FastifyRequest) => {
+    // Only the audio routes take a form: any other route refuses it before a byte is read (its body limit is not
+    // the upload limit), and the connection is closed, since the unread body follows.
+    const route = request.routeOptions.config.waybillRoute;
+    if (route !== 'transcriptions' && route !== 'translations') {
+      throw new BodyError('unsupported_media_type', 'send the request as application/json', true);
+    }
+    return readFormBody(
       request.raw,
       { maxBytes: config.server.max_upload_bytes, readTimeoutMs: config.server.read_timeout, maxDepth: config.server.max_json_depth },
       config.server.read_timeout - (now() - request.arrivalAt),
-    ),
-  );
+    );
+  });
 
   app.setErrorHandler((error: FastifyError, request, reply) => {
     const route = routeOf(request);

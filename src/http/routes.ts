@@ -108,12 +108,27 @@ export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): 
         const id = (request.params as { id: string }).id;
         const query = request.url.indexOf('?');
         const search = query < 0 ? '' : request.url.slice(query);
-        const stream = route === 'responses_retrieve' && /(?:^|[?&])stream=(?:true|1)(?:&|$)/i.test(search);
+        // FastAPI's reading of `stream`: the last value, as a pydantic boolean (vLLM answers a value it cannot read).
+        const stream = route === 'responses_retrieve' && queryFlag(search, 'stream') === true;
         if (!isResponseId(id)) {
           answers.reject(request, reply, route, stream, errorBody('not_found', 'no stored response has this id', 'response_id'));
           return;
         }
-        const home = await deps.homes.find(id, upstreams);
+        const found = await deps.homes.find(id, upstreams);
+        // (The request stream itself is destroyed once its body is read: its socket tells whether the client left.)
+        if (request.raw.socket === null || request.raw.socket.destroyed || reply.raw.destroyed) {
+          // The client left during the lookup: nobody to answer, counted once as a cancellation.
+          void reply.hijack();
+          answers.record(answers.startOf(request, route, stream), 'cancelled');
+          return;
+        }
+        if (found === 'busy') {
+          const message = 'too many stored-response lookups are in flight; retry shortly';
+          void reply.header('retry-after', '1');
+          answers.reject(request, reply, route, stream, errorBody('overloaded', message));
+          return;
+        }
+        const home = found;
         if (home === undefined) {
           answers.reject(request, reply, route, stream, errorBody('not_found', `Response with id '${id}' not found.`, 'response_id'));
           return;
@@ -124,6 +139,7 @@ export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): 
           apiPath: `/v1/responses/${encodeURIComponent(id)}${suffix}${search}`,
           method,
           pinned: home,
+          storedId: id,
           fields: { model, stream, expectedChoices: stream ? 1 : 0, clientAskedUsage: true, promptTokensEstimate: undefined },
           json: {},
           body: EMPTY,
@@ -181,6 +197,17 @@ export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): 
 
 const EMPTY = Buffer.alloc(0);
 
+const TRUE = new Set(['1', 'true', 't', 'yes', 'y', 'on']);
+const FALSE = new Set(['0', 'false', 'f', 'no', 'n', 'off']);
+
+/** A query flag as FastAPI reads it: its last value, as a pydantic boolean; undefined when absent or unreadable. */
+function queryFlag(search: string, name: string): boolean | undefined {
+  const value = new URLSearchParams(search).getAll(name).at(-1)?.trim().toLowerCase();
+  if (value === undefined) return undefined;
+  return TRUE.has(value) ? true : FALSE.has(value) ? false : undefined;
+}
+
+
 /** Whether `tenant` may use `model`: unless its `tenants.<name>.models` lists others only. */
 function mayUse(config: Config, tenant: string, model: string): boolean {
   const allowed = config.tenants[tenant]?.models;
@@ -193,6 +220,8 @@ interface Proxied {
   readonly apiPath: string;
   readonly method?: 'GET' | 'POST' | 'PUT' | 'DELETE';
   readonly pinned?: Upstream;
+  /** The stored response the request reads or cancels: forgotten by the homes map if its home answers 404. */
+  readonly storedId?: string;
   readonly fields: CompletionFields;
   /** The JSON body (for the span and the output contract); {} for a form or no body. */
   readonly json: Record<string, unknown>;
@@ -259,6 +288,7 @@ function dispatch(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply
     apiPath: p.apiPath,
     ...(p.method !== undefined && { method: p.method }),
     ...(p.pinned !== undefined && { pinned: p.pinned }),
+    ...(p.storedId !== undefined && { storedId: p.storedId }),
     model: fields.model,
     stream: fields.stream,
     body: p.body,

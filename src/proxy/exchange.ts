@@ -57,6 +57,8 @@ export interface CompletionRequest {
   readonly method?: 'GET' | 'POST' | 'PUT' | 'DELETE';
   /** Every attempt goes to this upstream (it alone holds what the request reads: a stored response). */
   readonly pinned?: Upstream;
+  /** The stored response id the request reads or cancels: its remembered home is forgotten on a 404. */
+  readonly storedId?: string;
   /** The served model name (a key of the upstream registry). */
   readonly model: string;
   readonly stream: boolean;
@@ -133,6 +135,9 @@ export class Exchange {
     this.res.on('finish', () => this.send({ type: 'client_finish', socketDestroyed: this.socket?.destroyed === true }));
     this.res.on('drain', () => this.send({ type: 'client_drain' }));
     this.send({ type: 'start' });
+    // The client may have left before the exchange began (while a stored response was looked up, or an admission
+    // waited on a shared store): its 'close' has already fired, so it is told here, once.
+    if (this.res.destroyed || this.socket?.destroyed === true) this.send({ type: 'client_close' });
   }
 
   /** The gateway is shutting down and its drain deadline passed: end this request now, and count it. */
@@ -217,6 +222,8 @@ export class Exchange {
           this.deps.guard.run('exchange', () => limit.settle(usedTokens(effect.settlement.usage)));
         }
         if (this.request.route === 'responses') this.learnHome(effect.settlement.responseId, effect.settlement.attempts);
+        // The home it was sent to no longer holds it (restarted, or a lookup long ago): ask everyone next time.
+        if (this.request.storedId !== undefined && effect.settlement.code === 404) this.deps.homes?.forget(this.request.storedId);
         const at = this.deps.now();
         this.deps.publish(effect.settlement, this.request.requestId, this.request.trace, true, at);
         this.deps.onDone?.(this);

@@ -11,12 +11,17 @@ import type { Upstream, UpstreamRegistry } from './upstreams.js';
 const RESPONSE_ID = /^[A-Za-z0-9._:-]{1,256}$/;
 
 export function isResponseId(id: string): boolean {
-  return RESPONSE_ID.test(id);
+  // Not `.` or `..`: a proxy on the way that normalises paths would turn them into another path.
+  return RESPONSE_ID.test(id) && !/^\.+$/.test(id);
 }
 
+/** Lookups (a GET to every upstream each) in flight at once; past it a request is refused, not queued. */
+export const MAX_LOOKUPS = 32;
+
 export class ResponseHomes {
-  /** Response id → upstream name, in insertion (recency) order. */
+  /** Response id → upstream name, least recently used first. */
   private readonly homes = new Map<string, string>();
+  private lookups = 0;
 
   constructor(
     private readonly capacity: number,
@@ -37,26 +42,44 @@ export class ResponseHomes {
     }
   }
 
-  /** The upstream holding `responseId`: the remembered one, or the first that does not answer 404; undefined if none. */
-  async find(responseId: string, registry: UpstreamRegistry): Promise<Upstream | undefined> {
+  /** Its home no longer holds it (a 404 there): the next request asks every upstream again. */
+  forget(responseId: string): void {
+    this.homes.delete(responseId);
+  }
+
+  /**
+   * The upstream holding `responseId`: the remembered one, or the first that answers it with a 2xx (an error is no
+   * answer: a 503 or a 401 says nothing about where the response lives); undefined if none does; 'busy' when
+   * MAX_LOOKUPS are already in flight.
+   */
+  async find(responseId: string, registry: UpstreamRegistry): Promise<Upstream | undefined | 'busy'> {
     const all = distinct(registry.upstreams);
     const known = this.homes.get(responseId);
     const remembered = known === undefined ? undefined : all.find((upstream) => upstream.name === known);
-    if (remembered !== undefined) return remembered;
-    const path = `/v1/responses/${encodeURIComponent(responseId)}`;
-    const answers = await Promise.all(
-      all.map(async (upstream) => {
-        try {
-          const { status } = await upstream.get(path, this.lookupTimeoutMs);
-          return status === 404 ? undefined : upstream;
-        } catch {
-          return undefined;
-        }
-      }),
-    );
-    const home = answers.find((upstream) => upstream !== undefined);
-    if (home !== undefined) this.learn(responseId, home.name);
-    return home;
+    if (remembered !== undefined) {
+      this.learn(responseId, remembered.name);
+      return remembered;
+    }
+    if (this.lookups >= MAX_LOOKUPS) return 'busy';
+    this.lookups++;
+    try {
+      const path = `/v1/responses/${encodeURIComponent(responseId)}`;
+      const answers = await Promise.all(
+        all.map(async (upstream) => {
+          try {
+            const status = await upstream.lookup(path, this.lookupTimeoutMs);
+            return status >= 200 && status < 300 ? upstream : undefined;
+          } catch {
+            return undefined;
+          }
+        }),
+      );
+      const home = answers.find((upstream) => upstream !== undefined);
+      if (home !== undefined) this.learn(responseId, home.name);
+      return home;
+    } finally {
+      this.lookups--;
+    }
   }
 }
 

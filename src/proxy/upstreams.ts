@@ -101,6 +101,23 @@ export class Upstream {
     return { status: response.statusCode, body };
   }
 
+  /**
+   * A GET on the traffic connections (not the probe's single one: a burst of lookups must not queue health checks
+   * behind it), failing after `timeoutMs`. Answers the status only; the body is read and dropped.
+   */
+  async lookup(apiPath: string, timeoutMs: number): Promise<number> {
+    const response = await this.dispatcher.request({
+      method: 'GET',
+      path: this.path(apiPath),
+      ...(this.authorization === undefined ? {} : { headers: { authorization: this.authorization } }),
+      signal: AbortSignal.timeout(timeoutMs),
+      headersTimeout: timeoutMs,
+      bodyTimeout: timeoutMs,
+    });
+    await response.body.dump();
+    return response.statusCode;
+  }
+
   async close(): Promise<void> {
     await Promise.all([this.dispatcher.destroy(), this.probe.destroy()]);
   }

@@ -176,6 +176,7 @@ describe('configuration', () => {
       ],
       tracing: { endpoint: 'http://collector:4318/v1/traces' },
       evaluation: { evaluator_header: 'x-waybill-evaluator' },
+      limits: { redis_url: 'redis://r:6379', redis_password_env: 'P' },
     });
     const { all, leaves } = keyPaths(parsed);
     for (const leaf of leaves) expect(documented, `undocumented key ${leaf}`).toContain(leaf);

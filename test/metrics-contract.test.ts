@@ -20,6 +20,7 @@ import { requestInfo } from './helpers/ledger-info.js';
 import { INTERNAL_ERROR_COMPONENTS } from '../src/telemetry/guard.js';
 import { GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS } from '../src/telemetry/metrics.js';
 import { LIMIT_NAMES } from '../src/proxy/tenant-limits.js';
+import { LIMIT_STORE_OPS } from '../src/proxy/redis-limit-store.js';
 
 const doc = readFileSync(new URL('../docs/metrics.md', import.meta.url), 'utf8');
 
@@ -87,6 +88,8 @@ describe('docs/metrics.md and the code agree', () => {
     expect(listedValues('component')).toEqual([...INTERNAL_ERROR_COMPONENTS]);
     expect(listedValues('probe')).toEqual(['health', 'discovery']);
     expect(listedValues('limit')).toEqual([...LIMIT_NAMES]);
+    expect(listedValues('op')).toEqual([...LIMIT_STORE_OPS]);
+    expect(listedValues('store')).toEqual(['redis']);
     const outcomeItems = labelBullet('outcome')
       .split('\n')
       .filter((line) => /^\s+- `/.test(line))
@@ -142,6 +145,8 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.probeFailed('u0', 'discovery');
     metrics.evaluationSampled('m');
     metrics.rateLimited('team-a', 'tokens');
+    metrics.limitStoreError('reserve');
+    metrics.limitStoreUp('redis', false);
     metrics.observe({
       upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
       queues: () => [{ model: 'm', depth: 3 }],
@@ -184,5 +189,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="false"} 1');
     expect(text).toContain('waybill_evaluation_samples_total{model="m"} 1');
     expect(text).toContain('waybill_rate_limited_total{tenant="team-a",limit="tokens"} 1');
+    expect(text).toContain('waybill_limit_store_errors_total{op="reserve"} 1');
+    expect(text).toContain('waybill_limit_store_up{store="redis"} 0');
   });
 });

@@ -72,6 +72,31 @@ function tenantLimits(raw: RawConfig['limits']['anonymous'] | undefined) {
   return { requestsPerMinute: raw.requests_per_minute, tokensPerMinute: raw.tokens_per_minute, maxConcurrent: raw.max_concurrent };
 }
 
+/**
+ * The shared store of the limits (`limits.redis_*`); undefined without `limits.redis_url` (counts in each process).
+ * The password comes from the URL or from `redis_password_env`, never both, and is never logged.
+ */
+function resolveRedis(raw: RawConfig['limits'], problems: string[], env: NodeJS.ProcessEnv) {
+  if (raw.redis_url === undefined) {
+    if (raw.redis_password_env !== undefined) problems.push('limits.redis_password_env: set limits.redis_url too');
+    return undefined;
+  }
+  let password: string | undefined;
+  if (raw.redis_password_env !== undefined) {
+    password = env[raw.redis_password_env];
+    if (new URL(raw.redis_url).password !== '') problems.push('limits.redis_password_env: redis_url already has a password; give it in one place');
+    else if (password === undefined || password === '') problems.push(`limits.redis_password_env: environment variable ${raw.redis_password_env} is not set`);
+  }
+  return {
+    url: raw.redis_url,
+    /** From redis_password_env; undefined: the URL's own (or none). */
+    password,
+    failOpen: raw.redis_fail_open,
+    timeoutMs: raw.redis_timeout,
+    keyPrefix: raw.redis_key_prefix,
+  };
+}
+
 export type Config = DeepReadonly<ReturnType<typeof resolve>>;
 
 /** What deepFreeze makes of a value, as a type (a URL stays a URL). */
@@ -283,7 +308,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
     tenants: Object.fromEntries(
       Object.entries(raw.tenants).map(([name, rules]) => [name, { models: rules.models === undefined ? undefined : [...rules.models], limits: tenantLimits(rules.limits) }]),
     ),
-    limits: { defaultMaxTokens: raw.limits.default_max_tokens, anonymous: tenantLimits(raw.limits.anonymous) },
+    limits: { defaultMaxTokens: raw.limits.default_max_tokens, anonymous: tenantLimits(raw.limits.anonymous), redis: resolveRedis(raw.limits, problems, env) },
     responses: { maxRememberedIds: raw.responses.max_remembered_ids, lookupTimeoutMs: raw.responses.lookup_timeout },
     passthrough: Object.freeze(raw.passthrough.paths.map((entry) => Object.freeze({ ...entry, methods: [...entry.methods] }))),
     logging: Object.freeze(raw.logging),

@@ -40,6 +40,16 @@ const tenantLimitsSchema = z.strictObject({
   max_concurrent: z.number().int().positive().optional(),
 });
 
+/** A Redis URL: redis:// or rediss:// (TLS), with an optional user, password and database number (`/2`). */
+const redisUrl = z.string().refine((value) => {
+  try {
+    const url = new URL(value);
+    return (url.protocol === 'redis:' || url.protocol === 'rediss:') && url.hostname !== '' && url.search === '' && url.hash === '' && /^\/?\d*$/.test(url.pathname);
+  } catch {
+    return false;
+  }
+}, 'must be a redis:// or rediss:// URL without query or fragment, e.g. redis://10.0.0.7:6379 or redis://10.0.0.7:6379/2');
+
 const httpUrl = z.string().refine((value) => {
   try {
     const url = new URL(value);
@@ -171,6 +181,19 @@ export const configSchema = z.strictObject({
       default_max_tokens: z.number().int().positive().default(1024),
       /** The limits of requests served without a key (`_anonymous`): `tenants` cannot name it. */
       anonymous: tenantLimitsSchema.prefault({}),
+      /** Where the counts live when several replicas share the limits: a Redis (`redis://` or `rediss://`). Absent: in each process. */
+      redis_url: redisUrl.optional(),
+      /** Name of an environment variable holding the Redis password (instead of one in redis_url). */
+      redis_password_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name').optional(),
+      /** Redis unreachable or slow: admit requests unlimited (true) or refuse them with 503 limits_unavailable (false). */
+      redis_fail_open: z.boolean().default(true),
+      /** The longest a request waits for Redis (connecting included) before the failure rule applies. */
+      redis_timeout: positiveDuration.prefault('250ms'),
+      /** Prefix of the keys in Redis: gateways that share one Redis but not their limits need different ones. */
+      redis_key_prefix: z
+        .string()
+        .regex(/^[A-Za-z0-9._:-]{1,64}$/, 'must be 1-64 characters of [A-Za-z0-9._:-]')
+        .default('waybill:limits'),
     })
     .prefault({}),
   passthrough: z

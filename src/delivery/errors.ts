@@ -44,6 +44,8 @@ export const ERRORS = {
   overloaded: { status: 429, type: 'rate_limit_error' },
   /** The tenant is over one of its `tenants.<name>.limits` (or `limits.anonymous`). */
   rate_limited: { status: 429, type: 'rate_limit_error' },
+  /** The tenant has limits, their shared store (limits.redis_url) cannot be reached, and limits.redis_fail_open is false. */
+  limits_unavailable: { status: 503, type: 'unavailable_error' },
   shutting_down: { status: 503, type: 'unavailable_error' },
   internal_error: { status: 500, type: 'internal_error' },
   /** Written as an SSE error event when a committed stream breaks. */

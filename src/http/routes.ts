@@ -13,7 +13,8 @@ import type { Upstream, UpstreamRegistry } from '../proxy/upstreams.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { NO_TRACE, startRequestTrace } from '../telemetry/request-trace.js';
 import { ANONYMOUS, isGenerationRoute, OTHER, type PoolingRoute } from '../accounting/outcomes.js';
-import { reservedTokens, TenantLimiter, type Admission, type LimitTicket } from '../proxy/tenant-limits.js';
+import { reservedTokens, TenantLimiter, type Admission, type LimiterSettings, type LimitTicket } from '../proxy/tenant-limits.js';
+import { LIMIT_STORE_OPS, LimitStoreUnavailable, RedisLimitStore, redisTarget } from '../proxy/redis-limit-store.js';
 import { isRecord } from '../util/json.js';
 import { answerRaw, API_PATHS, FORM_PATHS, type Answers } from './answers.js';
 import type { ParsedBody } from './body.js';
@@ -44,7 +45,7 @@ export interface RoutesDeps {
 }
 
 export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): void {
-  const deps: RoutesDeps = { ...routeDeps, limiter: routeDeps.limiter ?? createLimiter(routeDeps) };
+  const deps: RoutesDeps = { ...routeDeps, limiter: routeDeps.limiter ?? createLimiter(app, routeDeps) };
   const { config, upstreams, answers } = deps;
   const charsPerToken = config.metrics.charsPerToken;
 
@@ -207,7 +208,6 @@ function queryFlag(search: string, name: string): boolean | undefined {
   return TRUE.has(value) ? true : FALSE.has(value) ? false : undefined;
 }
 
-
 /** Whether `tenant` may use `model`: unless its `tenants.<name>.models` lists others only. */
 function mayUse(config: Config, tenant: string, model: string): boolean {
   const allowed = config.tenants[tenant]?.models;
@@ -248,17 +248,38 @@ function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p
   if (admission === undefined) {
     dispatch(deps, request, reply, p, undefined);
   } else if (admission instanceof Promise) {
-    // A shared store answers later; an in-process one at once.
-    void admission.then(
-      (admitted) => admitOrRefuse(deps, request, reply, p, admitted),
-      (error: unknown) => {
+    // A shared store answers later (within limits.redis_timeout); an in-process one at once. The client may leave
+    // meanwhile: then nothing is sent upstream, and the request is counted once, here, as cancelled.
+    let left = false;
+    const onClose = () => (left = true);
+    reply.raw.once('close', onClose);
+    void admission
+      .catch((error: unknown) => {
+        // The limiter turns a store's failure into an admission; this is a bug of its own: admitted unlimited.
         guard.report('http', error);
-        dispatch(deps, request, reply, p, undefined);
-      },
-    );
+        return undefined;
+      })
+      .then((admitted) => {
+        reply.raw.off('close', onClose);
+        if (left || request.raw.socket.destroyed) abandoned(deps, request, reply, p, admitted);
+        else if (admitted === undefined) dispatch(deps, request, reply, p, undefined);
+        else admitOrRefuse(deps, request, reply, p, admitted);
+      });
   } else {
     admitOrRefuse(deps, request, reply, p, admission);
   }
+}
+
+/**
+ * The client left while its admission was pending: nothing goes upstream. An admitted request gives back its tokens
+ * and its slot (it stays counted against requests_per_minute: it was admitted); the request is counted once, as
+ * cancelled by its client, whatever the limiter decided.
+ */
+function abandoned(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, admission: Admission | undefined): void {
+  if (admission?.admitted === true) deps.guard.run('http', () => admission.ticket.settle(0));
+  void reply.hijack();
+  reply.raw.destroy();
+  deps.answers.record(deps.answers.startOf(request, p.route, p.fields.stream, p.fields.model), 'cancelled');
 }
 
 function admitOrRefuse(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, admission: Admission): void {
@@ -267,6 +288,12 @@ function admitOrRefuse(deps: RoutesDeps, request: FastifyRequest, reply: Fastify
     return;
   }
   const { fields, route } = p;
+  if ('unavailable' in admission) {
+    // The shared store did not answer and the limits fail closed (limits.redis_fail_open: false).
+    void reply.header('retry-after', '1');
+    deps.answers.reject(request, reply, route, fields.stream, errorBody('limits_unavailable', admission.message), fields.model);
+    return;
+  }
   void reply.headers(admission.headers);
   if (admission.retryAfter !== undefined) void reply.header('retry-after', String(admission.retryAfter));
   deps.answers.reject(request, reply, route, fields.stream, errorBody('rate_limited', admission.message), fields.model);
@@ -323,22 +350,61 @@ function dispatch(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply
   exchange.start();
 }
 
-/** The limiter of the configured `tenants.<name>.limits` and `limits.anonymous`, counting in this process. */
-function createLimiter(deps: RoutesDeps): TenantLimiter {
+/**
+ * The limiter of the configured `tenants.<name>.limits` and `limits.anonymous`: counting in this process, or, with
+ * `limits.redis_url` (and any tenant limited), in Redis, shared by every replica. The store's failures are counted
+ * (`waybill_limit_store_errors_total{op}`) and its up/down transitions logged once each and kept in
+ * `waybill_limit_store_up`; the connection closes with the app.
+ */
+function createLimiter(app: FastifyInstance, deps: RoutesDeps): TenantLimiter {
   const { config, guard } = deps;
-  const metrics = deps.exchangeDeps.metrics;
-  const limiter = new TenantLimiter(
-    { tenants: { ...Object.fromEntries(Object.entries(config.tenants).map(([tenant, rules]) => [tenant, rules.limits])), [ANONYMOUS]: config.limits.anonymous } },
-    {
-      now: deps.exchangeDeps.now,
-      onLimited: (tenant, limit) => guard.run('metrics', () => metrics.rateLimited(tenant, limit)),
-      onError: (error) => guard.report('http', error),
+  const { metrics, logger } = deps.exchangeDeps;
+  const settings: LimiterSettings = {
+    tenants: { ...Object.fromEntries(Object.entries(config.tenants).map(([tenant, rules]) => [tenant, rules.limits])), [ANONYMOUS]: config.limits.anonymous },
+  };
+  const redis = config.limits.redis;
+  let store: RedisLimitStore | undefined;
+  if (redis !== undefined && Object.values(settings.tenants).some((limits) => limits !== undefined)) {
+    const target = redisTarget(redis.url);
+    const log = logger.child({ component: 'limits', store: target });
+    metrics.limitStoreUp('redis', false);
+    for (const op of LIMIT_STORE_OPS) metrics.limitStoreError(op, 0);
+    store = new RedisLimitStore({
+      url: redis.url,
+      password: redis.password,
+      timeoutMs: redis.timeoutMs,
+      keyPrefix: redis.keyPrefix,
+      // A request settles by timeouts.total (from its arrival, before its admission), then its client may linger
+      // for the drain grace; the margin covers the release's own round trip.
+      inflightTtlMs: config.timeouts.totalMs + config.streaming.drainGraceMs + INFLIGHT_MARGIN_MS + redis.timeoutMs,
+      onError: (op) => guard.run('metrics', () => metrics.limitStoreError(op)),
+      onState: (up, error) => {
+        guard.run('metrics', () => metrics.limitStoreUp('redis', up));
+        if (up) log.info('limit store answers: limits per tenant are shared through it');
+        else if (redis.failOpen) log.warn({ err: error }, 'limit store unavailable: requests of limited tenants are admitted without limits until it answers (limits.redis_fail_open)');
+        else log.error({ err: error }, 'limit store unavailable: requests of limited tenants are refused with 503 limits_unavailable until it answers');
+      },
+    });
+    const closing = store;
+    app.addHook('onClose', () => closing.close());
+  }
+  const limiter = new TenantLimiter(settings, {
+    ...(store !== undefined && { store }),
+    now: deps.exchangeDeps.now,
+    failOpen: redis?.failOpen ?? true,
+    onLimited: (tenant, limit) => guard.run('metrics', () => metrics.rateLimited(tenant, limit)),
+    // The shared store's failures are counted and logged by its transitions above, not once per request.
+    onError: (error) => {
+      if (!(error instanceof LimitStoreUnavailable)) guard.report('http', error);
     },
-  );
+  });
   // Every limit's refusal series from the start, so an alert on any increase sees the first one.
   for (const { tenant, limits } of limiter.limited()) for (const limit of limits) metrics.rateLimited(tenant, limit, 0);
   return limiter;
 }
+
+/** How long an in-flight slot in Redis outlives the longest a request can take: its release's way there. */
+const INFLIGHT_MARGIN_MS = 2_000;
 
 /** The output contract the request asks for, read by its route's protocol; pooling routes have none. */
 function contractOf(route: ProxiedRoute, json: Record<string, unknown>, compile: SchemaCompiler): OutputContract | undefined {

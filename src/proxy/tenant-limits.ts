@@ -4,7 +4,7 @@
  * - **Windows.** Fixed 60 s windows, numbered `floor(now / 60 s)` on the injected clock: a window's counts start at
  *   zero when it opens, so `x-ratelimit-reset-*` and `Retry-After` are exact (the time until the window ends). A
  *   tenant can burst up to twice its limit across a window boundary; that is the price of exact, cheap, atomic
- *   counts that a shared store (Redis: INCRBY and EXPIRE on one key per tenant and window) keeps just as well.
+ *   counts that a shared store (redis-limit-store.ts: one hash per tenant, reset when a window opens) keeps just as well.
  * - **Tokens.** Reserved at admission from an estimate (the prompt's estimate plus the output the request may ask
  *   for: `reservedTokens`), then corrected to the real usage (prompt + completion) when the request settles —
  *   cancelled and failed requests included; a request without usage keeps its reservation.
@@ -295,6 +295,12 @@ export type Admission =
       /** Seconds for `Retry-After`; undefined when waiting cannot help (the request alone is over the limit). */
       readonly retryAfter: number | undefined;
       readonly headers: Readonly<Record<string, string>>;
+    }
+  | {
+      readonly admitted: false;
+      /** The store failed and the limiter fails closed (`failOpen: false`): 503 limits_unavailable. */
+      readonly unavailable: true;
+      readonly message: string;
     };
 
 export interface LimiterSettings {
@@ -310,6 +316,8 @@ export interface LimiterOptions {
   readonly onLimited?: (tenant: string, limit: LimitName) => void;
   /** A store that failed (a shared one unreachable): the request is admitted unlimited, and the error reported here. */
   readonly onError?: (error: unknown) => void;
+  /** false: a request whose admission the store failed is refused (`unavailable`) rather than admitted unlimited. */
+  readonly failOpen?: boolean;
 }
 
 function hasLimits(limits: TenantLimits | undefined): limits is TenantLimits {
@@ -357,8 +365,10 @@ export class TenantLimiter {
     return this.admission(tenant, limits, decision);
   }
 
+  /** The store failed to admit: admitted unlimited (its ticket counted nothing, so it gives nothing back), or refused. */
   private failedOpen(error: unknown): Admission {
     this.options.onError?.(error);
+    if (this.options.failOpen === false) return { admitted: false, unavailable: true, message: 'The rate limits cannot be checked right now (their store is unavailable). Please try again shortly.' };
     return { admitted: true, ticket: { headers: {}, settle: () => undefined } };
   }
 

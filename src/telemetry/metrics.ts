@@ -7,6 +7,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type Metric
 import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
+import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
 import { ANONYMOUS, GENERATION_ROUTES, OUTPUT_CHECKS, reportsUsage, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
@@ -197,6 +198,18 @@ export const METRICS = {
     labels: ['tenant', 'limit'],
     help: 'Requests refused with 429 rate_limited because their tenant was over a limit (requests, tokens, concurrent): the first limit the request would have passed.',
   },
+  limitStoreErrors: {
+    name: 'waybill_limit_store_errors_total',
+    type: 'counter',
+    labels: ['op'],
+    help: 'Operations on the shared store of the limits per tenant (limits.redis_url) that failed or missed limits.redis_timeout, by op (reserve, settle, release).',
+  },
+  limitStoreUp: {
+    name: 'waybill_limit_store_up',
+    type: 'gauge',
+    labels: ['store'],
+    help: 'Whether the shared store of the limits per tenant answers (1) or not (0, the failure rule limits.redis_fail_open applies); only with limits.redis_url.',
+  },
   queueWait: {
     name: 'waybill_queue_wait_seconds',
     type: 'histogram',
@@ -338,6 +351,13 @@ export class GatewayMetrics {
   private readonly accepted = new CounterPair(this.registries, METRICS.accepted);
   private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
   private readonly rateLimitedRequests = new CounterPair(this.registries, METRICS.rateLimited);
+  private readonly limitStoreErrors = new CounterPair(this.registries, METRICS.limitStoreErrors);
+  private readonly limitStoreUpGauge = new Gauge({
+    name: METRICS.limitStoreUp.name,
+    help: METRICS.limitStoreUp.help,
+    labelNames: METRICS.limitStoreUp.labels,
+    registers: [this.registry, this.openMetrics],
+  });
   private readonly queueWait: Histogram<'model'>;
   private readonly upstreamFirstOutput: Histogram<'model' | 'upstream'>;
   private sources: GaugeSources | undefined;
@@ -433,6 +453,16 @@ export class GatewayMetrics {
   /** A request refused for its tenant's `limit`; `count` 0 declares the series (at start-up, for each limit configured). */
   rateLimited(tenant: string, limit: 'requests' | 'tokens' | 'concurrent', count = 1): void {
     this.rateLimitedRequests.inc({ tenant, limit }, count);
+  }
+
+  /** A failed operation on the shared limit store; `count` 0 declares the series (at start-up, with limits.redis_url). */
+  limitStoreError(op: LimitStoreOp, count = 1): void {
+    this.limitStoreErrors.inc({ op }, count);
+  }
+
+  /** The shared limit store answers again (true) or stopped answering (false). */
+  limitStoreUp(store: 'redis', up: boolean): void {
+    this.limitStoreUpGauge.set({ store }, up ? 1 : 0);
   }
 
   queueWaited(model: string, ms: number): void {

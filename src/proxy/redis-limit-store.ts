@@ -1,0 +1,307 @@
+/**
+ * Limits per tenant shared by every replica (docs/security.md, "Limits per tenant"): a LimitStore whose counts live in
+ * Redis (`limits.redis_url`), so N gateways in front of one pool enforce one limit.
+ *
+ * - **One script per step.** `reserve` is one Lua script that reads the tenant's counts, applies the same rule as
+ *   `decide` (all limits checked, then the request, its tokens and its slot counted together, or nothing), and
+ *   answers the counts it saw; `decide` then rebuilds the full Decision (refusal, Retry-After, headers) from them.
+ *   `settle` is one script (the `correction` rule); `release` one ZREM. Redis runs each atomically: concurrent
+ *   admissions from any number of replicas see each other's counts, so a limit is exact, not approximate.
+ * - **Time is Redis's** (`redis.call('TIME')`), in the scripts, never the caller's: the gateway's own clock is
+ *   monotonic per process (performance.now(), which starts near 0 in each), and the wall clocks of replicas differ;
+ *   every replica must agree on which 60 s window is open and when a slot expires. The `now` the limiter passes is
+ *   ignored.
+ * - **Keys** (prefix `limits.redis_key_prefix`, default `waybill:limits`; the tenant in braces, a Redis Cluster hash
+ *   tag, so a tenant's keys share a slot and every key a script touches is passed in KEYS):
+ *   - `<prefix>:{<tenant>}:window` — a hash of the open window's number and its `requests` and `tokens`, reset when a
+ *     request first counts in a new window, expiring 1 s after its window ends.
+ *   - `<prefix>:{<tenant>}:inflight` — a sorted set of the admitted requests' tickets (random ids), each scored by
+ *     when its slot expires: admission + `timeouts.total` + the drain grace + a margin. A request always settles
+ *     before then; a replica that crashed never releases its slots, and they expire instead of leaking (every
+ *     admission first removes the expired ones). Only for tenants with `max_concurrent`.
+ * - **Failures.** Every command has one deadline, `limits.redis_timeout`, waiting for a connection included: an
+ *   admission never waits longer. A command that misses it (or fails) rejects with LimitStoreUnavailable, counted by
+ *   op through `onError`; the limiter then admits the request unlimited (fail open: its ticket counted nothing and
+ *   gives nothing back) or refuses it (fail closed). While the connection is known to be down, commands fail at once
+ *   rather than each waiting out the deadline; the client reconnects in the background. Up/down transitions (not
+ *   each failure) go to `onState`, for one log line and the `waybill_limit_store_up` gauge. A reserve that timed out
+ *   may still have run: its slot is removed by a best-effort ZREM right behind it, and its request and tokens stay
+ *   counted (erring strict, by at most the admissions that timed out).
+ */
+import { randomUUID } from 'node:crypto';
+import { Redis } from 'ioredis';
+import { decide, type Counts, type Decision, type LimitStore, type Reservation, type TenantLimits } from './tenant-limits.js';
+
+/** The store's operations, as `waybill_limit_store_errors_total{op}` counts their failures. */
+export const LIMIT_STORE_OPS = ['reserve', 'settle', 'release'] as const;
+export type LimitStoreOp = (typeof LIMIT_STORE_OPS)[number];
+
+/** A store operation that failed or missed its deadline: already counted and logged by the store. */
+export class LimitStoreUnavailable extends Error {
+  constructor(
+    readonly op: LimitStoreOp,
+    cause: unknown,
+  ) {
+    super(`limit store ${op} failed: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+    this.name = 'LimitStoreUnavailable';
+  }
+}
+
+export interface RedisLimitStoreOptions {
+  /** redis:// or rediss://, with an optional user, password and database. */
+  readonly url: string;
+  /** Overrides the URL's password (limits.redis_password_env). */
+  readonly password?: string | undefined;
+  /** Each operation's deadline, waiting for a connection included (limits.redis_timeout). */
+  readonly timeoutMs: number;
+  /** limits.redis_key_prefix. */
+  readonly keyPrefix: string;
+  /** How long an in-flight slot lives unless released: the longest a request can run, and a margin. */
+  readonly inflightTtlMs: number;
+  /** Each failed operation. */
+  readonly onError?: (op: LimitStoreOp, error: unknown) => void;
+  /** The store answers again (up) or stopped answering (down, with why): once per transition. */
+  readonly onState?: (up: boolean, error: unknown) => void;
+}
+
+/** What a request admitted through Redis holds: its slot's member in the in-flight set. */
+interface RedisReservation extends Reservation {
+  readonly ticket: string;
+}
+
+/** Redis's clock, in milliseconds, and the open window's number; `int` writes a Lua number as Redis wants it. */
+const PRELUDE = `
+if redis.replicate_commands then redis.replicate_commands() end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local window = math.floor(now / ${60_000})
+local function int(n) return string.format('%d', n) end
+`;
+
+/**
+ * KEYS: the window hash, the in-flight set. ARGV: requests_per_minute, tokens_per_minute, max_concurrent (0: no
+ * such limit), the tokens to reserve, the ticket, the slot's lifetime (ms). The rule is `decide`'s: admitted when
+ * every limit passes, and then everything is counted. Answers {admitted, window, requests, tokens, in flight (the
+ * counts before this request), now}.
+ */
+const RESERVE = `${PRELUDE}
+local rpm, tpm, maxc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local tokens, ttl = tonumber(ARGV[4]), tonumber(ARGV[6])
+local counts = redis.call('HMGET', KEYS[1], 'window', 'requests', 'tokens')
+local requests, used = 0, 0
+if tonumber(counts[1]) == window then
+  requests = tonumber(counts[2]) or 0
+  used = tonumber(counts[3]) or 0
+end
+local inflight = 0
+if maxc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(now))
+  inflight = redis.call('ZCARD', KEYS[2])
+end
+local admitted = (rpm == 0 or requests + 1 <= rpm) and (tpm == 0 or used + tokens <= tpm) and (maxc == 0 or inflight + 1 <= maxc)
+if admitted then
+  redis.call('HSET', KEYS[1], 'window', int(window), 'requests', int(requests + 1), 'tokens', int(used + tokens))
+  redis.call('PEXPIRE', KEYS[1], int((window + 1) * ${60_000} - now + 1000))
+  if maxc > 0 then
+    redis.call('ZADD', KEYS[2], int(now + ttl), ARGV[5])
+    redis.call('PEXPIRE', KEYS[2], int(ttl + 1000))
+  end
+end
+return {admitted and 1 or 0, window, requests, used, inflight, now}
+`;
+
+/**
+ * KEYS: the window hash. ARGV: the reservation's window, its tokens, the tokens used. The rule is `correction`'s:
+ * in the reservation's window the use replaces the reservation; later, only use beyond it is charged, to the open
+ * window. Answers the correction applied.
+ */
+const SETTLE = `${PRELUDE}
+local delta = tonumber(ARGV[3]) - tonumber(ARGV[2])
+if tonumber(ARGV[1]) ~= window and delta < 0 then delta = 0 end
+if delta == 0 then return 0 end
+local counts = redis.call('HMGET', KEYS[1], 'window', 'tokens')
+if tonumber(counts[1]) == window then
+  redis.call('HSET', KEYS[1], 'tokens', int(math.max(0, (tonumber(counts[2]) or 0) + delta)))
+elseif delta > 0 then
+  redis.call('HSET', KEYS[1], 'window', int(window), 'requests', 0, 'tokens', int(delta))
+  redis.call('PEXPIRE', KEYS[1], int((window + 1) * ${60_000} - now + 1000))
+end
+return delta
+`;
+
+type ReserveReply = [admitted: number, window: number, requests: number, tokens: number, inflight: number, now: number];
+
+interface ScriptedRedis {
+  waybillReserve(windowKey: string, inflightKey: string, ...args: Array<string | number>): Promise<ReserveReply>;
+  waybillSettle(windowKey: string, ...args: Array<string | number>): Promise<number>;
+}
+
+/** Where a Redis URL points, for logs: never its user or password. */
+export function redisTarget(url: string): string {
+  const parsed = new URL(url);
+  return `${parsed.protocol}//${parsed.host}${parsed.pathname}`;
+}
+
+export class RedisLimitStore implements LimitStore {
+  private readonly client: Redis;
+  private readonly scripted: ScriptedRedis;
+  /** Whether the store answers: undefined until the first connection or failure. */
+  private up: boolean | undefined;
+  /** Callers waiting for the connection to become ready. */
+  private readonly waiting = new Set<{ resolve: () => void; reject: (error: Error) => void }>();
+  private closing = false;
+
+  constructor(private readonly options: RedisLimitStoreOptions) {
+    this.client = new Redis(options.url, {
+      ...(options.password !== undefined && { password: options.password }),
+      connectionName: 'waybill',
+      // A command is sent only when it can be answered within its deadline: never queued while disconnected and sent
+      // later (a stale admission would count a request that was already served or refused), nor re-sent after a
+      // reconnect (it may have run).
+      enableOfflineQueue: false,
+      autoResendUnfulfilledCommands: false,
+      maxRetriesPerRequest: 0,
+      connectTimeout: Math.max(1000, options.timeoutMs * 4),
+      // Reconnects in the background, soon: limits apply again within a second of Redis coming back.
+      retryStrategy: (times) => Math.min(times * 100, 1000),
+    });
+    this.client.defineCommand('waybillReserve', { numberOfKeys: 2, lua: RESERVE });
+    this.client.defineCommand('waybillSettle', { numberOfKeys: 1, lua: SETTLE });
+    this.scripted = this.client as unknown as ScriptedRedis;
+    this.client.on('ready', () => {
+      for (const waiter of this.waiting) waiter.resolve();
+      this.waiting.clear();
+      this.transition(true, undefined);
+    });
+    // ioredis reports every failed connection attempt here: without a listener, it would print each.
+    this.client.on('error', (error: Error) => this.disconnected(error));
+    this.client.on('close', () => this.disconnected(new Error('connection closed')));
+  }
+
+  reserve(tenant: string, limits: TenantLimits, tokens: number, _now: number): Promise<Decision> {
+    const reserved = Math.max(0, Math.ceil(tokens));
+    const ticket = randomUUID();
+    const concurrent = limits.maxConcurrent !== undefined;
+    const { window, inflight } = this.keys(tenant);
+    const args = [limits.requestsPerMinute ?? 0, limits.tokensPerMinute ?? 0, limits.maxConcurrent ?? 0, reserved, ticket, this.options.inflightTtlMs];
+    return this.run('reserve', () => this.scripted.waybillReserve(window, inflight, ...args)).then(
+      (reply) => {
+        const [admitted, windowNumber, requests, used, inflightCount, now] = reply.map(Number) as ReserveReply;
+        const counts: Counts = { window: windowNumber, requests, tokens: used, inflight: inflightCount };
+        const decision = decide(tenant, limits, counts, reserved, now);
+        if (decision.admitted !== (admitted === 1)) throw new Error(`the reserve script and decide disagree for tenant ${tenant}: ${JSON.stringify(reply)}`);
+        if (!decision.admitted) return decision;
+        const reservation: RedisReservation = { ...decision.reservation, ticket };
+        return { ...decision, reservation };
+      },
+      (error: unknown) => {
+        // It may have run all the same (a reply that missed the deadline): its slot must not be held until it
+        // expires. Sent behind it on the same connection, so it runs after it; nothing to do if it cannot be sent.
+        if (concurrent) this.client.zrem(inflight, ticket).catch(() => undefined);
+        throw error;
+      },
+    );
+  }
+
+  async settle(reservation: Reservation, usedTokens: number | undefined, _now: number): Promise<void> {
+    // No usage: the reservation stands, whatever the window.
+    if (usedTokens === undefined) return;
+    const { window } = this.keys(reservation.tenant);
+    await this.run('settle', () => this.scripted.waybillSettle(window, reservation.window, reservation.tokens, Math.max(0, Math.ceil(usedTokens))));
+  }
+
+  async release(reservation: Reservation): Promise<void> {
+    if (!reservation.concurrent) return;
+    const ticket = (reservation as Partial<RedisReservation>).ticket;
+    if (ticket === undefined) return;
+    const { inflight } = this.keys(reservation.tenant);
+    await this.run('release', () => this.client.zrem(inflight, ticket));
+  }
+
+  /** Closes the connection: pending replies are awaited up to the deadline, then it is cut. */
+  async close(): Promise<void> {
+    this.closing = true;
+    this.rejectWaiting(new Error('closed'));
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      await Promise.race([this.client.quit(), new Promise((resolve) => (timer = setTimeout(resolve, this.options.timeoutMs)))]);
+    } catch {
+      // Not connected: nothing to wait for.
+    } finally {
+      clearTimeout(timer);
+      this.client.disconnect();
+    }
+  }
+
+  private keys(tenant: string): { window: string; inflight: string } {
+    const base = `${this.options.keyPrefix}:{${tenant}}`;
+    return { window: `${base}:window`, inflight: `${base}:inflight` };
+  }
+
+  /**
+   * Runs one command within the deadline, the wait for a connection included. A command is sent only while its
+   * deadline has not passed: one that was waiting for the connection is dropped, never sent late.
+   */
+  private async run<T>(op: LimitStoreOp, command: () => Promise<T>): Promise<T> {
+    let timer: NodeJS.Timeout | undefined;
+    let expired = false;
+    const deadline = new Promise<never>((_resolve, reject) => {
+      timer = setTimeout(() => {
+        expired = true;
+        reject(new Error(`no answer within ${this.options.timeoutMs} ms`));
+      }, this.options.timeoutMs);
+    });
+    try {
+      const result = await Promise.race([
+        this.connected().then(() => {
+          if (expired) throw new Error('deadline passed while connecting');
+          return command();
+        }),
+        deadline,
+      ]);
+      this.transition(true, undefined);
+      return result;
+    } catch (error) {
+      this.options.onError?.(op, error);
+      this.transition(false, error);
+      throw new LimitStoreUnavailable(op, error);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Resolves when commands can be sent; fails at once while the store is known to be down and not reconnected. */
+  private connected(): Promise<void> {
+    if (this.client.status === 'ready') return Promise.resolve();
+    if (this.closing || this.client.status === 'end') return Promise.reject(new Error('closed'));
+    if (this.up === false) return Promise.reject(new Error(`not connected (${this.client.status})`));
+    return new Promise((resolve, reject) => {
+      const waiter = {
+        resolve: () => {
+          this.waiting.delete(waiter);
+          resolve();
+        },
+        reject: (error: Error) => {
+          this.waiting.delete(waiter);
+          reject(error);
+        },
+      };
+      this.waiting.add(waiter);
+    });
+  }
+
+  private disconnected(error: Error): void {
+    this.rejectWaiting(error);
+    if (!this.closing) this.transition(false, error);
+  }
+
+  private rejectWaiting(error: Error): void {
+    for (const waiter of [...this.waiting]) waiter.reject(error);
+  }
+
+  private transition(up: boolean, error: unknown): void {
+    if (this.up === up || this.closing) return;
+    this.up = up;
+    this.options.onState?.(up, error);
+  }
+}

@@ -680,7 +680,10 @@ describe('cancellation at socket level', () => {
       }
     })();
     if (rawOutcome !== 'ended') expect(rawOutcome).toBeInstanceOf(Anthropic.APIUserAbortError);
-    expect(deltas).toBe(2);
+    // The SDK may still yield an event it had already read off the socket before the abort (seen under load): the
+    // third and last one the simulator sends before it stalls. Never more.
+    expect(deltas).toBeGreaterThanOrEqual(2);
+    expect(deltas).toBeLessThanOrEqual(3);
     expect(await settledAfter(s.stack, 1)).toMatchObject({ route: 'messages', outcome: 'client_cancelled', code: 200, cancelPhase: 'streaming' });
     expect((await s.simEnded(1))[0]).toMatchObject({ route: 'messages', end: 'client_disconnect' });
 

@@ -25,6 +25,7 @@ export const FLAG_OF: Readonly<Record<keyof SimOptions, string>> = {
   cachedTokens: '--cached-tokens',
   promptTokensDetails: '--prompt-tokens-details',
   forceIncludeUsage: '--force-include-usage',
+  responsesStore: '--responses-store',
   embeddingDimensions: '--embedding-dimensions',
   apiKey: '--api-key',
   seed: '--seed',
@@ -68,6 +69,7 @@ options
   --cached-tokens N                with --prompt-tokens-details: usage's cached_tokens (default ${D.cachedTokens})
   --prompt-tokens-details          like vLLM's --enable-prompt-tokens-details
   --force-include-usage            like vLLM's --enable-force-include-usage
+  --responses-store                like vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1: store, background, GET and cancel
   --embedding-dimensions N         length of /v1/embeddings and /pooling vectors (default ${D.embeddingDimensions})
   --api-key KEY                    require Authorization: Bearer KEY, like vLLM's --api-key (default none)
   --seed N                         seeds jitter, interleaving and random faults (default ${D.seed})
@@ -102,6 +104,7 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
         'cached-tokens': { type: 'string' },
         'prompt-tokens-details': { type: 'boolean' },
         'force-include-usage': { type: 'boolean' },
+        'responses-store': { type: 'boolean' },
         'embedding-dimensions': { type: 'string' },
         'api-key': { type: 'string' },
         seed: { type: 'string' },
@@ -139,6 +142,7 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
   set('cachedTokens', number('--cached-tokens', values['cached-tokens']));
   set('promptTokensDetails', values['prompt-tokens-details']);
   set('forceIncludeUsage', values['force-include-usage']);
+  set('responsesStore', values['responses-store']);
   set('embeddingDimensions', number('--embedding-dimensions', values['embedding-dimensions']));
   set('apiKey', values['api-key']);
   set('seed', number('--seed', values.seed));

@@ -24,6 +24,12 @@ export interface SimOptions {
   promptTokensDetails: boolean;
   /** vLLM's --enable-force-include-usage. */
   forceIncludeUsage: boolean;
+  /**
+   * vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1: /v1/responses keeps responses (`store`, default true) in memory,
+   * `background` runs, `previous_response_id` continues a stored response, and GET /v1/responses/{id} and its
+   * /cancel find them. Off: `store` is silently false and `background` is a 400, as in vLLM.
+   */
+  responsesStore: boolean;
   /** The embedding model's native dimension: the length of /v1/embeddings and /pooling vectors (`dimensions` cuts it). */
   embeddingDimensions: number;
   /** vLLM's --api-key: /v1/* then needs `Authorization: Bearer <key>`. */
@@ -46,6 +52,7 @@ export const DEFAULT_SIM_OPTIONS: Readonly<Omit<SimOptions, 'apiKey'>> = Object.
   cachedTokens: 0,
   promptTokensDetails: false,
   forceIncludeUsage: false,
+  responsesStore: false,
   embeddingDimensions: 8,
   seed: 1,
   faultRate: 0,
@@ -87,6 +94,7 @@ export function validateSimOptions(partial: Partial<SimOptions>): ValidationResu
   if (!isInt(merged.cachedTokens, 0)) problem('cachedTokens', 'must be an integer >= 0');
   if (typeof merged.promptTokensDetails !== 'boolean') problem('promptTokensDetails', 'must be a boolean');
   if (typeof merged.forceIncludeUsage !== 'boolean') problem('forceIncludeUsage', 'must be a boolean');
+  if (typeof merged.responsesStore !== 'boolean') problem('responsesStore', 'must be a boolean');
   if (!(isInt(merged.embeddingDimensions, 1) && merged.embeddingDimensions <= 65_536)) {
     problem('embeddingDimensions', 'must be an integer between 1 and 65536');
   }

@@ -33,6 +33,14 @@ export interface ResponsesRequest {
   readonly promptTokens: number;
   /** The body's `request_id`, which vLLM uses as the response id; null when absent. */
   readonly requestId: string | null;
+  /** `background` as sent (only ever true with the store on). */
+  readonly background: boolean;
+  /** Whether the response is kept: `store` (default true), silently false without the store. */
+  readonly store: boolean;
+  /** `previous_response_id` as sent (only ever set with the store on, when the id is stored). */
+  readonly previousResponseId: string | null;
+  /** The characters the prompt counts (input, instructions, and a previous response's context). */
+  readonly promptChars: number;
   /** The request fields the response object echoes, already serialised, keyed by response field. */
   readonly echo: ResponseEcho;
 }
@@ -168,19 +176,35 @@ function toolChoice(body: Record<string, unknown>, hasTools: boolean): string {
 }
 
 /**
- * Validate a parsed body as vLLM does, in its order. `summary` is filled in as fields are read, so a refused request
- * still leaves a useful record. `engineDead`: the handler raises the engine's error after the model checks.
+ * The response store as the request reader sees it (VLLM_ENABLE_RESPONSES_API_STORE=1): the characters a stored
+ * response adds to the prompt of a request that continues it (`previous_response_id`), undefined when not stored.
  */
-export function readResponsesRequest(body: unknown, models: readonly string[], summary: RequestSummary, engineDead: boolean): ResponsesReadResult {
+export interface StoreLookup {
+  contextChars(id: string): number | undefined;
+}
+
+/**
+ * Validate a parsed body as vLLM does, in its order. `summary` is filled in as fields are read, so a refused request
+ * still leaves a useful record. `engineDead`: the handler raises the engine's error after the model checks. `store`:
+ * null without VLLM_ENABLE_RESPONSES_API_STORE (`store` silently false, `background` refused, every
+ * `previous_response_id` unknown).
+ */
+export function readResponsesRequest(
+  body: unknown,
+  models: readonly string[],
+  summary: RequestSummary,
+  engineDead: boolean,
+  store: StoreLookup | null = null,
+): ResponsesReadResult {
   try {
-    return { ok: true, request: read(body, models, summary, engineDead) };
+    return { ok: true, request: read(body, models, summary, engineDead, store) };
   } catch (error) {
     if (error instanceof Refused) return { ok: false, refusal: error.refusal };
     throw error;
   }
 }
 
-function read(body: unknown, models: readonly string[], summary: RequestSummary, engineDead: boolean): ResponsesRequest {
+function read(body: unknown, models: readonly string[], summary: RequestSummary, engineDead: boolean, store: StoreLookup | null): ResponsesRequest {
   if (!isRecord(body)) throw invalid('Input should be a valid dictionary or object to extract fields from');
   if (typeof body.model === 'string') summary.model = body.model;
   const stream = optional(body, 'stream', isBoolean, 'a valid boolean') ?? false;
@@ -201,14 +225,14 @@ function read(body: unknown, models: readonly string[], summary: RequestSummary,
     if (value !== null && (value < -2 || value > 2)) throw invalid(`${key}: Input should be greater than or equal to -2 and less than or equal to 2`);
   }
   const background = optional(body, 'background', isBoolean, 'a valid boolean') ?? false;
-  const store = optional(body, 'store', isBoolean, 'a valid boolean') ?? true;
+  const storeField = optional(body, 'store', isBoolean, 'a valid boolean') ?? true;
   const tools = optional(body, 'tools', isList, 'a valid list') ?? [];
   const metadata = optional(body, 'metadata', isRecord, 'a valid dictionary');
   const include = optional(body, 'include', isList, 'a valid list');
   const requestId = optional(body, 'request_id', isString, 'a valid string');
   const previousResponseId = optional(body, 'previous_response_id', isString, 'a valid string');
   const previousInputMessages = optional(body, 'previous_input_messages', isList, 'a valid list');
-  if (background && !store) throw invalid('Value error, background can only be used when `store` is true', 'background');
+  if (background && !storeField) throw invalid('Value error, background can only be used when `store` is true', 'background');
   if (body.prompt !== undefined && body.prompt !== null) throw invalid('Value error, prompt template is not supported', 'prompt');
   const choice = toolChoice(body, tools.length > 0);
   const echoText = textConfig(body.text);
@@ -218,7 +242,7 @@ function read(body: unknown, models: readonly string[], summary: RequestSummary,
   if (model !== null && model !== '' && !models.includes(model)) {
     throw returned(404, 'NotFoundError', modelNotFoundMessage(model), 'model');
   }
-  if (background) {
+  if (background && store === null) {
     throw returned(
       400,
       'invalid_request_error',
@@ -230,11 +254,14 @@ function read(body: unknown, models: readonly string[], summary: RequestSummary,
     throw returned(400, 'invalid_request_error', 'Only one of `previous_input_messages` and `previous_response_id` can be set.', 'previous_response_id');
   }
   if (engineDead) throw raised(500, ENGINE_DEAD_MESSAGE);
-  if (previousResponseId !== null) {
-    // Without VLLM_ENABLE_RESPONSES_API_STORE nothing is ever stored.
-    throw returned(404, 'invalid_request_error', `Response with id '${previousResponseId}' not found.`, 'response_id');
+  // Without VLLM_ENABLE_RESPONSES_API_STORE nothing is ever stored; with it, the stored response's input and output
+  // are put before this request's input.
+  const previousChars = previousResponseId === null ? 0 : store?.contextChars(previousResponseId);
+  if (previousChars === undefined) {
+    throw returned(404, 'invalid_request_error', `Response with id '${previousResponseId ?? ''}' not found.`, 'response_id');
   }
-  const promptTokens = estimateTokens(chars + (instructions?.length ?? 0));
+  const promptChars = chars + (instructions?.length ?? 0) + previousChars;
+  const promptTokens = estimateTokens(promptChars);
   const requested = maxOutputTokens ?? 0;
   if (promptTokens > MAX_MODEL_LEN - requested) {
     // The renderer's check (prompt + requested output), raised.
@@ -258,6 +285,10 @@ function read(body: unknown, models: readonly string[], summary: RequestSummary,
     maxOutputTokens,
     promptTokens,
     requestId,
+    background,
+    store: store !== null && storeField,
+    previousResponseId,
+    promptChars,
     echo: {
       instructions: json(instructions),
       metadata: json(metadata),
@@ -295,6 +326,12 @@ export interface ResponsesAnswer {
   readonly usage: boolean;
 }
 
+/** ResponseStatus as vLLM sets it (`in_progress` only inside streamed events; `failed` never in the simulator). */
+export type ResponseStatus = 'queued' | 'in_progress' | 'completed' | 'incomplete' | 'cancelled';
+
+/** The final response, as the answer or `response.completed` carries it: the JSON and its status. */
+export type FinalResponseHook = (body: string, status: 'completed' | 'incomplete') => void;
+
 /** ResponseUsage on the simple path: the per-turn lists are empty, reasoning and tool-output tokens 0. */
 function usageJson(promptTokens: number, cachedTokens: number, outputTokens: number): string {
   return (
@@ -310,7 +347,7 @@ function outputTextPart(textInner: string, logprobs: '[]' | 'null'): string {
 }
 
 /** ResponsesResponse, every key in declaration order; `output` and `usage` are JSON. */
-function responseObject(answer: ResponsesAnswer, status: string, output: string, usage: string): string {
+function responseObject(answer: ResponsesAnswer, status: ResponseStatus, output: string, usage: string): string {
   const { echo } = answer.request;
   const incomplete = status === 'incomplete' ? '{"reason":"max_output_tokens"}' : 'null';
   const maxOutputTokens = Math.min(answer.request.maxOutputTokens ?? Number.MAX_SAFE_INTEGER, MAX_MODEL_LEN - answer.promptTokens);
@@ -318,12 +355,16 @@ function responseObject(answer: ResponsesAnswer, status: string, output: string,
     `{"id":${json(answer.id)},"created_at":${answer.createdAt},"incomplete_details":${incomplete},"instructions":${echo.instructions},` +
     `"metadata":${echo.metadata},"model":${json(answer.request.model)},"object":"response","output":${output},` +
     `"parallel_tool_calls":${echo.parallelToolCalls},"temperature":${echo.temperature},"tool_choice":${echo.toolChoice},"tools":${echo.tools},` +
-    `"top_p":${echo.topP},"background":false,"max_output_tokens":${maxOutputTokens},"max_tool_calls":${echo.maxToolCalls},` +
-    `"previous_response_id":null,"prompt":null,"reasoning":${echo.reasoning},"service_tier":${echo.serviceTier},"status":"${status}",` +
+    `"top_p":${echo.topP},"background":${answer.request.background},"max_output_tokens":${maxOutputTokens},"max_tool_calls":${echo.maxToolCalls},` +
+    `"previous_response_id":${json(answer.request.previousResponseId)},"prompt":null,"reasoning":${echo.reasoning},"service_tier":${echo.serviceTier},"status":"${status}",` +
     `"text":${echo.text},"top_logprobs":${echo.topLogprobs},"truncation":${echo.truncation},"usage":${usage},"user":${echo.user},` +
     `"presence_penalty":${echo.presencePenalty},"frequency_penalty":${echo.frequencyPenalty},"kv_transfer_params":null,` +
     `"input_messages":null,"output_messages":null}`
   );
+}
+
+function finalStatus(answer: ResponsesAnswer): 'completed' | 'incomplete' {
+  return answer.finishReason === 'length' ? 'incomplete' : 'completed';
 }
 
 /** The final response: status, the output rebuilt (its own `msg_` id, as vLLM's _make_response_output_items), usage. */
@@ -331,19 +372,33 @@ function finalResponse(answer: ResponsesAnswer, textInner: string, outputTokens:
   const content = textInner === '' ? '[]' : `[${outputTextPart(textInner, 'null')}]`;
   const output = `[{"id":"msg_${randomId()}","content":${content},"role":"assistant","status":"completed","type":"message","phase":null}]`;
   const usage = answer.usage ? usageJson(answer.promptTokens, answer.cachedTokens, outputTokens) : 'null';
-  return responseObject(answer, answer.finishReason === 'length' ? 'incomplete' : 'completed', output, usage);
+  return responseObject(answer, finalStatus(answer), output, usage);
 }
 
-/** The non-streaming 200 body (Starlette's JSONResponse of the same model: compact, raw UTF-8). */
-export function responsesBody(answer: ResponsesAnswer): string {
-  return finalResponse(answer, choiceTextJsonInner(0, 0, answer.tokens), answer.tokens);
+/**
+ * The non-streaming 200 body (Starlette's JSONResponse of the same model: compact, raw UTF-8). `onFinal` sees the same
+ * string (the store keeps what was sent: each call draws a new output item id).
+ */
+export function responsesBody(answer: ResponsesAnswer, onFinal?: FinalResponseHook): string {
+  const body = finalResponse(answer, choiceTextJsonInner(0, 0, answer.tokens), answer.tokens);
+  onFinal?.(body, finalStatus(answer));
+  return body;
+}
+
+/**
+ * A stored response with nothing generated yet: `queued` (what a background request answers at once, and what the
+ * store holds until the task ends) or `cancelled` (the same, after /cancel): `output: []`, `usage: null`.
+ */
+export function pendingResponseBody(answer: ResponsesAnswer, status: 'queued' | 'cancelled'): string {
+  return responseObject(answer, status, '[]', 'null');
 }
 
 /**
  * The stream's events. An engine error is never an event here: vLLM's attempt to send one fails its own validation
- * and the exception cuts the connection (`failure` returns null).
+ * and the exception cuts the connection (`failure` returns null). `onFinal` sees the final response once the
+ * generation ran to its end (what vLLM stores, if `store`), whether or not `response.completed` is then written.
  */
-export function createResponsesWriter(answer: ResponsesAnswer): EventWriter {
+export function createResponsesWriter(answer: ResponsesAnswer, onFinal?: FinalResponseHook): EventWriter {
   let sequence = 0;
   let text = '';
   let outputTokens = 0;
@@ -389,7 +444,9 @@ export function createResponsesWriter(answer: ResponsesAnswer): EventWriter {
           ),
         );
       }
-      if (!noTerminal) events.push(event('response.completed', `"response":${finalResponse(answer, text, outputTokens)},`));
+      const final = finalResponse(answer, text, outputTokens);
+      onFinal?.(final, finalStatus(answer));
+      if (!noTerminal) events.push(event('response.completed', `"response":${final},`));
       return events;
     },
     late: (start) => delta(choiceTextJsonInner(0, start, 1)),

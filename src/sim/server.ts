@@ -26,6 +26,7 @@ import {
   readAudioRequest,
   type AudioRoute,
 } from './audio.js';
+import { appliesToBackground, startBackground, startReplay } from './background.js';
 import { engineErrorInfo, startEventStream, type EventWriter } from './event-stream.js';
 import { createMessagesWriter, messagesBody, messagesFailure, messagesStatusBody, readMessagesRequest } from './messages.js';
 import { startNonStream, type NonStreamHooks, type NonStreamPlan } from './nonstream.js';
@@ -45,7 +46,18 @@ import {
 import { createRandom, deriveSeed, type Random } from '../util/prng.js';
 import { MAX_MODEL_LEN, readGenerationRequest, type GenerationRequest } from './request.js';
 import { sendBody } from './respond.js';
-import { createResponsesWriter, randomId, readResponsesRequest, responsesBody, type EventRouteRefusal } from './responses.js';
+import { ResponseStore, StoredResponse } from './response-store.js';
+import { CANNOT_CANCEL_BODY, responseNotFoundBody, retrieveQuery, storedResponseId, storedRouteOf, type StoredRoute } from './stored-routes.js';
+import {
+  createResponsesWriter,
+  randomId,
+  readResponsesRequest,
+  responsesBody,
+  type EventRouteRefusal,
+  type FinalResponseHook,
+  type ResponsesAnswer,
+  type StoreLookup,
+} from './responses.js';
 import { SimTokenizer } from './tokens.js';
 import { renderMetrics, StatsStore, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';
 import { startStream, type StreamControl } from './stream.js';
@@ -104,6 +116,8 @@ interface Exchange {
   phase: 'none' | 'waiting' | 'running';
   settled: boolean;
   control: StreamControl | null;
+  /** A background response: its generation outlives the connection, which no longer ends the request. */
+  detached: boolean;
 }
 
 type BodyRead = Buffer | 'too_large' | null;
@@ -143,8 +157,12 @@ function routeOf(path: string): RouteName {
   if (path === '/v1/completions') return 'completions';
   if (path === '/v1/responses') return 'responses';
   if (path === '/v1/messages') return 'messages';
-  return audioRouteOf(path) ?? poolingRouteOf(path) ?? 'other';
+  if (path === '/v1/messages/count_tokens') return 'count_tokens';
+  return storedRouteOf(path) ?? audioRouteOf(path) ?? poolingRouteOf(path) ?? 'other';
 }
+
+/** count_tokens never reaches the engine: only the faults that answer before it. */
+const COUNT_TOKENS_FAULTS = (kind: FaultKind): boolean => kind === 'status' || kind === 'reset_before_response';
 
 function isGenerationRoute(route: RouteName): route is GenerationRoute {
   return route === 'chat_completions' || route === 'completions';
@@ -201,6 +219,11 @@ class SimServer implements Simulator {
   private readonly faultRandom: Random;
   private readonly tokenizer = new SimTokenizer();
   private readonly nonStreamFaultKinds: readonly FaultKind[];
+  /** VLLM_ENABLE_RESPONSES_API_STORE's store: empty for ever when the option is off. */
+  private readonly responses = new ResponseStore();
+  private readonly storeLookup: StoreLookup = { contextChars: (id) => this.responses.get(id)?.contextChars };
+  /** Background generations still running (close() stops them). */
+  private readonly backgroundRuns = new Set<StreamControl>();
   private engineDead = false;
   private seq = 0;
 
@@ -239,6 +262,8 @@ class SimServer implements Simulator {
         return;
       }
       this.server.close(() => resolve());
+      for (const run of this.backgroundRuns) run.abort();
+      this.backgroundRuns.clear();
       for (const socket of this.sockets) socket.destroy();
     });
   }
@@ -304,6 +329,17 @@ class SimServer implements Simulator {
     }
     if (route === 'responses' || route === 'messages') {
       void this.handleExchange(req, res, route, path, (ex) => this.serveEventRoute(ex, req, res, route, path));
+      return;
+    }
+    if (route === 'responses_retrieve' || route === 'responses_cancel') {
+      void this.handleExchange(req, res, route, path, (ex) => {
+        this.serveStored(ex, req, res, route, path);
+        return Promise.resolve();
+      });
+      return;
+    }
+    if (route === 'count_tokens') {
+      void this.handleExchange(req, res, route, path, (ex) => this.serveCountTokens(ex, req, res, path));
       return;
     }
     if (route === 'transcriptions' || route === 'translations') {
@@ -376,7 +412,7 @@ class SimServer implements Simulator {
       promptTokens: null,
     };
     this.store.open();
-    return { record, phase: 'none', settled: false, control: null };
+    return { record, phase: 'none', settled: false, control: null, detached: false };
   }
 
   private setPhase(ex: Exchange, phase: Exchange['phase']): void {
@@ -388,13 +424,14 @@ class SimServer implements Simulator {
     ex.phase = phase;
   }
 
-  private settle(ex: Exchange, end: RequestRecord['end'], status: number): void {
+  /** `countStatus` false: the status was counted when it went out (a background response's answer). */
+  private settle(ex: Exchange, end: RequestRecord['end'], status: number, countStatus = true): void {
     if (ex.settled) return;
     ex.settled = true;
     ex.record.end = end;
     ex.record.status = status;
     this.setPhase(ex, 'none');
-    if (status > 0) this.store.countStatus(status);
+    if (status > 0 && countStatus) this.store.countStatus(status);
     this.store.close(ex.record);
     this.events.emit('request-end', { ...ex.record, headers: { ...ex.record.headers } });
   }
@@ -430,6 +467,7 @@ class SimServer implements Simulator {
   ): Promise<void> {
     const ex = this.open(req, route, path);
     res.on('close', () => {
+      if (ex.detached) return; // a background generation goes on without its client
       ex.control?.abort();
       if (!ex.settled) this.settle(ex, 'client_disconnect', res.headersSent ? res.statusCode : 0);
     });
@@ -495,14 +533,17 @@ class SimServer implements Simulator {
     }
   }
 
-  /** The fault of an accepted request: the header's, or a random one (null when `random` is false). */
-  private chooseFault(ex: Exchange, read: ReadJson, stream: boolean, random = true): Fault | null {
+  /**
+   * The fault of an accepted request: the header's, or a random one (null when `random` is false). `applies`: the
+   * kinds this request honours (default: all for a stream, appliesToNonStream otherwise); others are dropped.
+   */
+  private chooseFault(ex: Exchange, read: ReadJson, stream: boolean, random = true, applies?: (kind: FaultKind) => boolean): Fault | null {
     let fault = read.directives.fault;
     if (!read.hasHeader) {
-      const kinds = stream ? this.opts.faultKinds : this.nonStreamFaultKinds;
+      const kinds = applies !== undefined ? this.opts.faultKinds.filter(applies) : stream ? this.opts.faultKinds : this.nonStreamFaultKinds;
       fault = random ? drawFault(this.faultRandom, this.opts.faultRate, kinds, this.opts.outputTokens) : null;
-    } else if (fault !== null && !stream && !appliesToNonStream(fault.kind)) {
-      fault = null; // stream-only faults mean nothing without a stream
+    } else if (fault !== null && !(applies ?? (stream ? () => true : appliesToNonStream))(fault.kind)) {
+      fault = null; // e.g. stream-only faults mean nothing without a stream
     }
     if (fault !== null) this.applyFault(ex, fault);
     return fault;
@@ -636,7 +677,7 @@ class SimServer implements Simulator {
     if (read === null) return;
     const result =
       route === 'responses'
-        ? readResponsesRequest(read.body, this.opts.models, ex.record, this.engineDead)
+        ? readResponsesRequest(read.body, this.opts.models, ex.record, this.engineDead, this.opts.responsesStore ? this.storeLookup : null)
         : readMessagesRequest(read.body, this.opts.models, ex.record, this.engineDead);
     if (!result.ok) {
       this.refuse(ex, res, result.refusal);
@@ -644,7 +685,8 @@ class SimServer implements Simulator {
     }
     const request = result.request;
     ex.record.promptTokens = request.promptTokens;
-    const fault = this.chooseFault(ex, read, request.stream);
+    const background = request.route === 'responses' && request.background;
+    const fault = this.chooseFault(ex, read, request.stream, true, background ? appliesToBackground : undefined);
     const statusBodyOf = route === 'messages' ? messagesStatusBody : statusBody;
     if (this.answerFaultAtOnce(ex, req, res, fault, request.model, statusBodyOf)) return;
 
@@ -672,9 +714,23 @@ class SimServer implements Simulator {
     } else {
       // X-Request-Id is not used here: the id is the body's request_id, or resp_<16 hex> (the record's id if generated).
       const id = request.requestId ?? `resp_${ex.record.headers['x-request-id'] === undefined ? ex.record.requestId : randomId()}`;
-      const answer = { ...common, request, id, createdAt: createdSeconds, cachedTokens: shape.usage.cachedTokens ?? 0 };
-      writer = () => createResponsesWriter(answer);
-      body = () => responsesBody(answer);
+      ex.record.responseId = id;
+      const answer: ResponsesAnswer = { ...common, request, id, createdAt: createdSeconds, cachedTokens: shape.usage.cachedTokens ?? 0 };
+      if (request.background) {
+        this.runBackground(ex, res, answer, shape, fault, modifiers);
+        return;
+      }
+      // Stored (with the store on and `store`) once the generation ran to its end, as the answer or
+      // response.completed carries it; a cut, stalled or abandoned request leaves nothing.
+      const onFinal: FinalResponseHook | undefined = request.store
+        ? (final, status) => {
+            const entry = new StoredResponse(answer, 'queued', null);
+            entry.finish(final, status, choiceText(0, 0, answer.tokens).length);
+            this.responses.put(entry);
+          }
+        : undefined;
+      writer = () => createResponsesWriter(answer, onFinal);
+      body = () => responsesBody(answer, onFinal);
       failure = undefined;
     }
 
@@ -737,6 +793,161 @@ class SimServer implements Simulator {
       );
     }
     this.events.emit('request-start', { ...ex.record, headers: { ...ex.record.headers } });
+  }
+
+  /**
+   * `background: true` (with the store on): the response is stored `queued` and answered at once — as JSON, or as a
+   * replay of the task's events (`stream`) — while the generation runs detached from the connection. The request's
+   * record ends with the generation: `completed`, `fault` (an engine error killed it: the stored status stays
+   * `queued`, a replay hangs) or `cancelled`; a stall never ends it unless cancelled.
+   */
+  private runBackground(
+    ex: Exchange,
+    res: ServerResponse,
+    answer: ResponsesAnswer,
+    shape: ReturnType<typeof shapeAnswer>,
+    fault: Fault | null,
+    modifiers: Directives['modifiers'],
+  ): void {
+    const { store } = this;
+    const entry = new StoredResponse(answer, 'queued', answer.request.stream ? [] : null);
+    this.responses.put(entry);
+    const outputChars = choiceText(0, 0, answer.tokens).length;
+    ex.detached = true;
+    store.addPromptTokens(answer.promptTokens);
+    this.setPhase(ex, 'waiting');
+    const run = startBackground(
+      {
+        tokens: shape.tokensPerChoice,
+        tokensPerEvent: shape.tokensPerEvent,
+        ttftMs: shape.ttftMs,
+        itlMs: shape.itlMs,
+        jitter: shape.jitter,
+        random: createRandom(deriveSeed(this.opts.seed, ex.record.seq)),
+        fault,
+        writer: createResponsesWriter(answer, (final, status) => entry.finish(final, status, outputChars)),
+      },
+      {
+        onEvents: (events) => entry.push(events),
+        onFirstToken: () => this.setPhase(ex, 'running'),
+        onOutput: (tokens) => {
+          ex.record.outputEventsSent += 1;
+          ex.record.completionTokensSent += tokens;
+          store.addCompletionTokens(tokens);
+        },
+        onEnd: (end) => {
+          entry.task = null;
+          this.backgroundRuns.delete(run);
+          if (end === 'completed') store.countSuccess([shape.finishReason]);
+          this.settle(ex, end === 'completed' && fault === null ? 'completed' : 'fault', 200, false);
+        },
+      },
+    );
+    this.backgroundRuns.add(run);
+    entry.task = {
+      cancel: () => {
+        run.abort();
+        this.backgroundRuns.delete(run);
+        this.settle(ex, 'cancelled', 200, false);
+      },
+    };
+    store.countStatus(200);
+    if (answer.request.stream) startReplay(res, entry, 0, modifiers, { onEnd: () => undefined });
+    else sendBody(res, 200, entry.body());
+    this.events.emit('request-start', { ...ex.record, headers: { ...ex.record.headers } });
+  }
+
+  // ---- GET /v1/responses/{id}, POST /v1/responses/{id}/cancel, POST /v1/messages/count_tokens ----
+
+  /**
+   * The stored-response routes, which never reach the engine: method, auth, the fault header (only `status` and
+   * `reset_before_response`), then vLLM's `retrieve_responses` / `cancel_responses` over the store.
+   */
+  private serveStored(ex: Exchange, req: IncomingMessage, res: ServerResponse, route: StoredRoute, path: string): void {
+    req.resume();
+    const method = route === 'responses_retrieve' ? 'GET' : 'POST';
+    if (req.method !== method) {
+      this.reject(ex, res, 405, METHOD_NOT_ALLOWED_BODY, { allow: method });
+      return;
+    }
+    if (!this.isAuthorized(req, path)) {
+      this.reject(ex, res, 401, UNAUTHORIZED_BODY);
+      return;
+    }
+    const id = storedResponseId(path);
+    ex.record.responseId = id;
+    const header = headerValue(req, 'x-sim-fault');
+    if (header !== undefined) {
+      const parsed = parseFaultHeader(header);
+      if (!parsed.ok) {
+        this.reject(ex, res, 400, errorBody(errorInfo(400, parsed.message, 'x-sim-fault')));
+        return;
+      }
+      const fault = parsed.directives.fault;
+      if (fault?.kind === 'status' || fault?.kind === 'reset_before_response') {
+        this.applyFault(ex, fault);
+        if (fault.kind === 'reset_before_response') {
+          this.settle(ex, 'fault', 0);
+          req.socket.resetAndDestroy();
+        } else {
+          const body = fault.status === 404 ? responseNotFoundBody(id) : statusBody(fault.status, this.opts.models[0] ?? '');
+          sendBody(res, fault.status, body);
+          this.settle(ex, 'fault', fault.status);
+        }
+        return;
+      }
+    }
+    if (route === 'responses_cancel') {
+      const entry = this.responses.get(id);
+      if (entry === undefined) this.reject(ex, res, 404, responseNotFoundBody(id));
+      else if (!entry.cancel()) this.reject(ex, res, 400, CANNOT_CANCEL_BODY);
+      else {
+        sendBody(res, 200, entry.body());
+        this.settle(ex, 'completed', 200);
+      }
+      return;
+    }
+    const query = retrieveQuery(req.url ?? '');
+    if (!query.ok) {
+      this.reject(ex, res, 400, badRequestBody(query.message));
+      return;
+    }
+    ex.record.stream = query.stream;
+    const entry = this.responses.get(id);
+    if (entry === undefined) {
+      this.reject(ex, res, 404, responseNotFoundBody(id));
+      return;
+    }
+    if (!query.stream) {
+      sendBody(res, 200, entry.body());
+      this.settle(ex, 'completed', 200);
+      return;
+    }
+    const start = query.startingAfter === null ? 0 : query.startingAfter + 1;
+    startReplay(res, entry, start, NO_DIRECTIVES.modifiers, {
+      onEnd: (end) => this.settle(ex, end === 'completed' ? 'completed' : 'rejected', 200),
+    });
+  }
+
+  /**
+   * vLLM's `count_tokens`: /v1/messages' checks and token estimate (its request, without `max_tokens` and `stream`,
+   * which count_tokens does not take), answered at once — the renderer runs, the engine does not.
+   */
+  private async serveCountTokens(ex: Exchange, req: IncomingMessage, res: ServerResponse, path: string): Promise<void> {
+    const read = await this.readJson(ex, req, res, path, 'Bad Request');
+    if (read === null) return;
+    const body = typeof read.body === 'object' && read.body !== null && !Array.isArray(read.body) ? { ...read.body, max_tokens: 1, stream: false } : read.body;
+    const result = readMessagesRequest(body, this.opts.models, ex.record, this.engineDead);
+    if (!result.ok) {
+      this.refuse(ex, res, result.refusal);
+      return;
+    }
+    const tokens = result.request.promptTokens;
+    ex.record.promptTokens = tokens;
+    const fault = this.chooseFault(ex, read, false, false, COUNT_TOKENS_FAULTS);
+    if (this.answerFaultAtOnce(ex, req, res, fault, result.request.model, messagesStatusBody)) return;
+    sendBody(res, 200, `{"input_tokens":${tokens},"context_management":{"original_input_tokens":${tokens}}}`);
+    this.settle(ex, 'completed', 200);
   }
 
   // ---- /v1/audio/transcriptions and /v1/audio/translations ----

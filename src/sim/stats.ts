@@ -9,7 +9,10 @@ export const ROUTE_NAMES = [
   'chat_completions',
   'completions',
   'responses',
+  'responses_retrieve',
+  'responses_cancel',
   'messages',
+  'count_tokens',
   'embeddings',
   'pooling',
   'classify',
@@ -26,10 +29,12 @@ export type RouteName = (typeof ROUTE_NAMES)[number];
 
 /**
  * How a request ended. `fault`: a fault was injected (whether or not [DONE] went out); `rejected`: an error
- * status before any generation (validation, auth, unknown model or route, dead engine);
- * `client_disconnect`: the client closed the connection before the simulator finished its response.
+ * status before any generation (validation, auth, unknown model or route, dead engine), or vLLM's lazy refusal of a
+ * replay it cannot give (a 200, then the connection cut);
+ * `client_disconnect`: the client closed the connection before the simulator finished its response;
+ * `cancelled`: a background response's generation, stopped by `POST /v1/responses/{id}/cancel`.
  */
-export type RequestEnd = 'completed' | 'fault' | 'client_disconnect' | 'rejected';
+export type RequestEnd = 'completed' | 'fault' | 'client_disconnect' | 'rejected' | 'cancelled';
 
 export interface RecordedHeaders {
   'x-request-id'?: string;
@@ -65,6 +70,11 @@ export interface RequestRecord {
    * tokenize and detokenize, which carry no usage.
    */
   promptTokens: number | null;
+  /**
+   * The response id: on `/v1/responses`, the answer's once the request passed validation; on the stored-response
+   * routes, the id the path names. Absent on every other route.
+   */
+  responseId?: string;
 }
 
 export interface SimStats {

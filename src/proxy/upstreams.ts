@@ -88,15 +88,7 @@ export class Upstream {
 
   /** A GET for health checks and discovery, failing after `timeoutMs` whatever stage it is in. */
   async get(apiPath: string, timeoutMs: number): Promise<{ status: number; body: string }> {
-    const response = await this.probe.request({
-      method: 'GET',
-      path: this.path(apiPath),
-      // vLLM started with --api-key guards /v1/models (and, behind some proxies, /health) like the API.
-      ...(this.authorization === undefined ? {} : { headers: { authorization: this.authorization } }),
-      signal: AbortSignal.timeout(timeoutMs),
-      headersTimeout: timeoutMs,
-      bodyTimeout: timeoutMs,
-    });
+    const response = await this.getOn(this.probe, apiPath, timeoutMs);
     const body = await response.body.text();
     return { status: response.statusCode, body };
   }
@@ -106,16 +98,21 @@ export class Upstream {
    * behind it), failing after `timeoutMs`. Answers the status only; the body is read and dropped.
    */
   async lookup(apiPath: string, timeoutMs: number): Promise<number> {
-    const response = await this.dispatcher.request({
+    const response = await this.getOn(this.dispatcher, apiPath, timeoutMs);
+    await response.body.dump();
+    return response.statusCode;
+  }
+
+  private getOn(pool: Pool, apiPath: string, timeoutMs: number): ReturnType<Pool['request']> {
+    return pool.request({
       method: 'GET',
       path: this.path(apiPath),
+      // vLLM started with --api-key guards /v1/models (and, behind some proxies, /health) like the API.
       ...(this.authorization === undefined ? {} : { headers: { authorization: this.authorization } }),
       signal: AbortSignal.timeout(timeoutMs),
       headersTimeout: timeoutMs,
       bodyTimeout: timeoutMs,
     });
-    await response.body.dump();
-    return response.statusCode;
   }
 
   async close(): Promise<void> {

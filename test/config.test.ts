@@ -68,6 +68,22 @@ describe('configuration', () => {
     expect(Object.isFrozen(config.pools[0])).toBe(true);
   });
 
+  it('reports schema and cross-field problems in one run (what the schema refused takes its default)', () => {
+    const input = { ...minimal, timeouts: { idle: 'soon' }, bogus: 1, slo: { ttft_by_prompt_len: { huge: 1 }, models: { 'gpt-9': { ttft: 1 } } } };
+    let problems: readonly string[] = [];
+    try {
+      parseConfig(input, 'test');
+    } catch (error) {
+      problems = (error as ConfigError).problems;
+    }
+    expect(problems).toEqual([
+      expect.stringMatching(/^timeouts\.idle: invalid duration "soon"/),
+      '(root): unknown key "bogus"',
+      expect.stringMatching(/^slo\.ttft_by_prompt_len: unknown prompt_len class "huge"/),
+      'slo.models.gpt-9: no pool serves model "gpt-9"',
+    ]);
+  });
+
   it('accepts durations as seconds or with a unit', () => {
     const config = parseConfig({ ...minimal, timeouts: { connect: 0.5, idle: '250ms', total: '2m', first_output: '1h' } });
     expect(config.timeouts).toEqual({ connectMs: 500, idleMs: 250, totalMs: 120_000, firstOutputMs: 3_600_000 });

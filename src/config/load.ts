@@ -134,6 +134,44 @@ function issueMessages(error: z.ZodError): string[] {
   });
 }
 
+/**
+ * The cross-field problems of an input that failed the schema, so one run reports both kinds: the fields the schema
+ * refused are removed (taking their defaults), the rest is validated again and, if it now passes, resolved. Problems
+ * that name a removed field are left out (they would be about the default, not the file). None when the input
+ * cannot be made to pass (a required field is missing or wrong).
+ */
+function crossFieldProblemsDespite(input: unknown, error: z.ZodError, env: NodeJS.ProcessEnv): string[] {
+  const pruned: unknown = structuredClone(input);
+  const removed: string[] = [];
+  for (const issue of error.issues) {
+    const path = issue.code === 'unrecognized_keys' ? [...issue.path, ...issue.keys] : issue.path;
+    if (path.length === 0 || !removeAt(pruned, path)) return [];
+    removed.push(formatPath(path));
+  }
+  const retried = configSchema.safeParse(pruned);
+  if (!retried.success) return [];
+  const problems: string[] = [];
+  try {
+    resolve(retried.data, problems, env);
+  } catch {
+    return [];
+  }
+  return problems.filter((problem) => !removed.some((path) => problem.startsWith(path)));
+}
+
+/** Deletes the value at `path` (an object key, or an array element's key); false when there is nothing to delete. */
+function removeAt(root: unknown, path: readonly PropertyKey[]): boolean {
+  let node: unknown = root;
+  for (const key of path.slice(0, -1)) {
+    if (node === null || typeof node !== 'object') return false;
+    node = (node as Record<PropertyKey, unknown>)[key];
+  }
+  const last = path[path.length - 1] as PropertyKey;
+  if (node === null || typeof node !== 'object' || Array.isArray(node) || !(last in node)) return false;
+  delete (node as Record<PropertyKey, unknown>)[last];
+  return true;
+}
+
 /** Adds each configured SLO threshold to the histogram's buckets, so attainment can be read from the histogram. */
 function withThresholds(buckets: readonly number[], thresholdsMs: readonly number[]): number[] {
   const merged = new Set(buckets);
@@ -319,7 +357,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
 /** Validates a configuration object (parsed YAML, or built from CLI flags); throws ConfigError with every problem. */
 export function parseConfig(input: unknown, source = 'configuration', env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = configSchema.safeParse(input ?? {});
-  if (!parsed.success) throw new ConfigError(source, issueMessages(parsed.error));
+  if (!parsed.success) throw new ConfigError(source, [...issueMessages(parsed.error), ...crossFieldProblemsDespite(input ?? {}, parsed.error, env)]);
   const problems: string[] = [];
   const config = resolve(parsed.data, problems, env);
   if (problems.length > 0) throw new ConfigError(source, problems);

@@ -37,6 +37,8 @@ on stderr); 1 anything else (waybill load: also mismatches found by --reconcile)
 const SERVE_USAGE = `usage: waybill serve [--config FILE] [--upstream URL ...] [--model NAME ...] [--host H] [--port P]
 
 Runs the gateway until SIGINT or SIGTERM, then drains (shutdown.grace, shutdown.drain_timeout) and exits 0.
+SIGHUP re-reads --config FILE (with the same flags over it) and applies it without dropping a request in flight;
+an invalid file is rejected with every problem logged (see docs/operations.md, "Reloading the configuration").
 It logs JSON to stdout; its "waybill listening" line says where the API, /metrics, /healthz and /readyz are.
 
 options
@@ -235,12 +237,51 @@ async function serve(argv: string[]): Promise<number> {
     { url, models: gateway.upstreams.models(), metrics: `${ops}/metrics`, healthz: `${ops}/healthz`, readyz: `${ops}/readyz`, docs: 'docs/operations.md' },
     'waybill listening',
   );
+  const onHangup = reloadOnHangup(argv, gateway);
+  process.on('SIGHUP', onHangup);
   const signal = await waitForSignal();
+  process.off('SIGHUP', onHangup);
+  // A SIGHUP during the drain changes nothing (and does not end the process either).
+  process.on('SIGHUP', () => log.warn('SIGHUP ignored: the gateway is shutting down'));
   log.info({ signal, inflight: gateway.inflight }, 'shutting down');
   await gateway.drain();
   // Telemetry last, so the spans of drained requests are exported.
   await tracing.shutdown();
   return 0;
+}
+
+/**
+ * SIGHUP: re-reads the configuration as `serve` read it (the same file, the same flags over it) and reloads the
+ * gateway with it (docs/operations.md, "Reloading the configuration"). An invalid file is rejected with every problem
+ * logged, and the configuration in force stays. Reloads run one at a time.
+ */
+function reloadOnHangup(argv: string[], gateway: import('./http/server.js').Gateway): () => void {
+  const log = gateway.app.log;
+  const { values } = parseArgs({ args: argv, options: { config: { type: 'string' } }, strict: false });
+  const file = typeof values.config === 'string' ? values.config : undefined;
+  let queue: Promise<void> = Promise.resolve();
+  const reload = async () => {
+    if (file === undefined) {
+      log.warn('SIGHUP: nothing to reload: the configuration comes from flags alone (serve --config FILE reloads FILE)');
+      return;
+    }
+    log.info({ file }, 'SIGHUP: reloading the configuration');
+    const { ConfigError } = await import('./config/load.js');
+    let next: Config;
+    try {
+      next = await configFromServeArgs(argv);
+    } catch (err) {
+      if (!(err instanceof ConfigError)) throw err;
+      gateway.metrics.configReloaded('invalid');
+      log.error({ file, problems: err.problems, hash: gateway.configHash }, `configuration reload rejected: ${err.problems.length} problem(s) in ${err.source}; the configuration in force stays`);
+      for (const problem of err.problems) log.error({ file, problem }, `configuration reload: ${problem}`);
+      return;
+    }
+    await gateway.reload(next);
+  };
+  return () => {
+    queue = queue.then(reload).catch((err: unknown) => log.error({ err }, 'configuration reload failed; the configuration in force stays'));
+  };
 }
 
 async function checkConfig(argv: string[]): Promise<number> {

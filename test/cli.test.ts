@@ -2,6 +2,7 @@
  * The `waybill` command as operators run it: real processes from the built bin (npm test builds before vitest).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo, type Server } from 'node:net';
@@ -256,6 +257,62 @@ describe('waybill serve', () => {
       expect(metrics).toContain('waybill_requests_total{model="tiny",tenant="_anonymous",route="chat_completions",stream="true",code="200",outcome="delivered"} 1');
       expect(metrics).toMatch(/^nodejs_eventloop_lag_seconds \d/m);
       expect(metrics).toMatch(/^process_cpu_seconds_total \d/m);
+      child.kill('SIGTERM');
+      const [code] = (await once(child, 'exit')) as [number | null];
+      expect(code).toBe(0);
+    } finally {
+      await sim.close();
+    }
+  });
+});
+
+describe('waybill serve: SIGHUP', () => {
+  it('re-reads --config FILE on SIGHUP: a rotated key applies, an invalid file is rejected with its problems logged', async () => {
+    const sim = createSimulator({ models: ['tiny'], ttftMs: 1, itlMs: 1, outputTokens: 3 });
+    const { url } = await sim.listen(0, '127.0.0.1');
+    const sha = (key: string) => createHash('sha256').update(key).digest('hex');
+    const yaml = (key: string) =>
+      `pools: [{ name: p, models: [tiny], upstreams: [{ url: "${url}" }] }]\nauth: { keys: [{ tenant: t, key_sha256: "${sha(key)}" }] }\nshutdown: { grace: 0, drain_timeout: 1s }\n`;
+    try {
+      const file = tempFile('reload.yaml', yaml('old-key'));
+      const { child, line } = start(['serve', '--config', file, '--host', '127.0.0.1', '--port', '0'], /waybill listening/);
+      let stdout = '';
+      child.stdout?.on('data', (d: Buffer) => (stdout += d.toString()));
+      const { url: base } = JSON.parse(await line) as { url: string };
+      const chat = async (key: string) => {
+        const response = await request(`${base}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+          body: JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'hi' }] }),
+        });
+        await response.body.dump();
+        return response.statusCode;
+      };
+      const metric = async (name: string) => {
+        const text = await (await request(`${base}/metrics`)).body.text();
+        return text.split('\n').find((l) => l.startsWith(name)) ?? '';
+      };
+      const eventually = async (check: () => Promise<boolean>) => {
+        for (let i = 0; i < 200 && !(await check()); i++) await new Promise((resolve) => setTimeout(resolve, 25));
+        expect(await check()).toBe(true);
+      };
+      expect(await chat('old-key')).toBe(200);
+      expect(await chat('new-key')).toBe(401);
+
+      writeFileSync(file, yaml('new-key'));
+      child.kill('SIGHUP');
+      await eventually(async () => (await chat('new-key')) === 200);
+      expect(await chat('old-key')).toBe(401);
+      expect(await metric('waybill_config_reloads_total{result="ok"}')).toMatch(/ 1$/);
+
+      writeFileSync(file, 'pools: []\nretries: { backoff_base: 10s, backoff_max: 1s }\n');
+      child.kill('SIGHUP');
+      await eventually(async () => (await metric('waybill_config_reloads_total{result="invalid"}')).endsWith(' 1'));
+      expect(stdout).toContain('configuration reload rejected');
+      expect(stdout).toContain('pools');
+      expect(await chat('new-key')).toBe(200);
+      expect(child.exitCode).toBeNull();
+
       child.kill('SIGTERM');
       const [code] = (await once(child, 'exit')) as [number | null];
       expect(code).toBe(0);

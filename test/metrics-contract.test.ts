@@ -18,7 +18,7 @@ import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import { classifyEventData } from '../src/sse/classify.js';
 import { requestInfo } from './helpers/ledger-info.js';
 import { INTERNAL_ERROR_COMPONENTS } from '../src/telemetry/guard.js';
-import { GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS } from '../src/telemetry/metrics.js';
+import { CONFIG_RELOAD_RESULTS, GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS } from '../src/telemetry/metrics.js';
 import { LIMIT_NAMES } from '../src/proxy/tenant-limits.js';
 import { LIMIT_STORE_OPS } from '../src/proxy/redis-limit-store.js';
 
@@ -90,6 +90,7 @@ describe('docs/metrics.md and the code agree', () => {
     expect(listedValues('limit')).toEqual([...LIMIT_NAMES]);
     expect(listedValues('op')).toEqual([...LIMIT_STORE_OPS]);
     expect(listedValues('store')).toEqual(['redis']);
+    expect(listedValues('result', 3)).toEqual([...CONFIG_RELOAD_RESULTS]);
     const outcomeItems = labelBullet('outcome')
       .split('\n')
       .filter((line) => /^\s+- `/.test(line))
@@ -147,6 +148,8 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.rateLimited('team-a', 'tokens');
     metrics.limitStoreError('reserve');
     metrics.limitStoreUp('redis', false);
+    metrics.configReloaded('ok');
+    metrics.configInForce('0123456789ab');
     metrics.observe({
       upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
       queues: () => [{ model: 'm', depth: 3 }],

@@ -74,7 +74,9 @@ export interface AnsweredStart {
 }
 
 export interface AnswersDeps {
+  /** The configuration in force (it may be reloaded): read at each answer. */
   readonly config: Config;
+  /** The upstreams of the configuration in force: read at each answer. */
   readonly upstreams: UpstreamRegistry;
   readonly tracer: Tracer | undefined;
   readonly guard: ObserverGuard;
@@ -98,12 +100,13 @@ export interface Answers {
 }
 
 export function createAnswers(deps: AnswersDeps): Answers {
-  const { config, upstreams, tracer, guard, publish, now } = deps;
+  // deps.config and deps.upstreams are read at each use: a reload replaces them.
+  const { tracer, guard, publish, now } = deps;
   /** Sockets Node's parser already refused: it reports every later read of the same socket again. */
   const refused = new WeakMap<Socket, number>();
 
   const record = (start: AnsweredStart, status: number | 'cancelled') => {
-    const model = typeof start.model === 'string' && upstreams.poolFor(start.model) !== undefined ? start.model : OTHER;
+    const model = typeof start.model === 'string' && deps.upstreams.poolFor(start.model) !== undefined ? start.model : OTHER;
     const route = start.route;
     let trace: RequestTrace = NO_TRACE;
     if (route !== '_other') {
@@ -122,7 +125,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
               arrivalAt: start.arrivalAt,
               body: isRecord(start.body) ? start.body : {},
             },
-            config.tracing.captureContent,
+            deps.config.tracing.captureContent,
           ),
         NO_TRACE,
       );
@@ -130,7 +133,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
     }
     // A rejection's SLO result (excluded, or failed for 429/503) does not depend on thresholds.
     const ledger = new RequestLedger(
-      requestInfo(config, { model, tenant: start.tenant, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false }),
+      requestInfo(deps.config, { model, tenant: start.tenant, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false }),
       start.arrivalAt,
     );
     const at = now();
@@ -182,9 +185,9 @@ export function createAnswers(deps: AnswersDeps): Answers {
       if (socket.writable && (inFlight == null || !inFlight.headersSent)) {
         const message =
           code === 'request_timeout'
-            ? `the request headers did not arrive within ${config.server.headers_timeout} ms`
+            ? `the request headers did not arrive within ${deps.config.server.headers_timeout} ms`
             : code === 'headers_too_large'
-              ? `the request headers are larger than ${config.server.max_header_bytes} bytes`
+              ? `the request headers are larger than ${deps.config.server.max_header_bytes} bytes`
               : 'the request is not valid HTTP';
         // Closed once the answer is out: ending only the write side would leave the parser fed with more reads.
         socket.end(rawErrorResponse(code, message), () => socket.destroy());
@@ -196,7 +199,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
       const at = now();
       guard.run('http', () =>
         record(
-          { route: '_other', tenant: config.auth.required ? UNAUTHENTICATED : ANONYMOUS, stream: false, requestId: randomUUID(), arrivalAt: at, path: '', headers: {}, body: undefined },
+          { route: '_other', tenant: deps.config.auth.required ? UNAUTHENTICATED : ANONYMOUS, stream: false, requestId: randomUUID(), arrivalAt: at, path: '', headers: {}, body: undefined },
           status,
         ),
       );

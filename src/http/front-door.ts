@@ -12,7 +12,7 @@ import { errorBody, type ErrorCode } from '../delivery/errors.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { routeOf, type Answers } from './answers.js';
 import { BodyAbandoned, BodyError, readFormBody, readJsonBody } from './body.js';
-import type { Authenticate } from './auth.js';
+import type { Generation } from './generation.js';
 import { UNAUTHENTICATED } from '../accounting/outcomes.js';
 
 declare module 'fastify' {
@@ -66,8 +66,10 @@ export function fastifyOptions(config: Config, logger: FastifyBaseLogger, answer
 }
 
 export interface FrontDoorDeps {
+  /** The configuration the listener started with: its server.* settings change only with a restart. */
   readonly config: Config;
-  readonly authenticate: Authenticate;
+  /** The generation in force: each request takes it once, on arrival, and keeps it (request.generation). */
+  readonly current: () => Generation;
   readonly answers: Answers;
   readonly guard: ObserverGuard;
   readonly now: () => number;
@@ -76,9 +78,11 @@ export interface FrontDoorDeps {
 }
 
 export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): void {
-  const { config, answers, guard, now, closing, authenticate } = deps;
+  const { config, answers, guard, now, closing, current } = deps;
   app.decorateRequest('arrivalAt', 0);
   app.decorateRequest('tenant', UNAUTHENTICATED);
+  // Set on every request by the hook below, before any handler; a placeholder until then.
+  app.decorateRequest('generation', null as unknown as Generation);
 
   // Connections past server.max_connections are answered (503, then closed) at their first request rather than
   // dropped unanswered at accept: every request gets an answer and a count.
@@ -92,7 +96,12 @@ export function installFrontDoor(app: FastifyInstance, deps: FrontDoorDeps): voi
 
   app.addHook('onRequest', (request, reply, done) => {
     request.arrivalAt = now();
-    const identity = authenticate(request.headers);
+    // Read once: the request's keys, limits and upstreams are those of the configuration in force now, to its end.
+    const generation = current();
+    request.generation = generation;
+    generation.hold();
+    reply.raw.once('close', () => generation.release());
+    const identity = generation.authenticate(request.headers);
     request.tenant = identity.tenant;
     if (overLimit.has(request.raw.socket)) {
       void reply.header('connection', 'close');

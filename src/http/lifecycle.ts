@@ -20,8 +20,10 @@ export interface LifecycleDeps {
   readonly app: FastifyInstance;
   /** The admin listener's app (server.admin_port); absent, `app` serves the operational endpoints. */
   readonly admin?: FastifyInstance | undefined;
-  readonly config: Config;
-  readonly upstreams: UpstreamRegistry;
+  /** The configuration in force and its upstreams (a reload replaces them): read at each use. */
+  readonly current: () => { readonly config: Config; readonly upstreams: UpstreamRegistry };
+  /** Closes the upstreams of every generation still open (the current one, and any a reload retired). */
+  readonly closeUpstreams: () => Promise<void>;
   readonly metrics: GatewayMetrics;
   readonly logger: Logger;
   readonly now: () => number;
@@ -41,6 +43,8 @@ export interface Lifecycle {
   done(exchange: Exchange): void;
   /** The listener is closed: requests on connections still open are refused. */
   readonly closing: boolean;
+  /** The drain (or close) has begun. */
+  readonly stopping: boolean;
 }
 
 /**
@@ -56,7 +60,7 @@ export function createAdminApp(logger: FastifyBaseLogger): FastifyInstance {
 }
 
 export function createLifecycle(deps: LifecycleDeps): Lifecycle {
-  const { app, admin, config, upstreams, metrics, logger, now } = deps;
+  const { app, admin, current, closeUpstreams, metrics, logger, now } = deps;
   /** Where /healthz, /readyz and /metrics are served. */
   const ops = admin ?? app;
   let adminUrl: string | undefined;
@@ -73,6 +77,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
 
   ops.get('/readyz', (_request, reply) => {
     const at = now();
+    const { upstreams } = current();
     const ready = !draining && upstreams.isReady(at);
     void reply.code(ready ? 200 : 503).send({
       status: draining ? 'draining' : ready ? 'ready' : 'not_ready',
@@ -90,6 +95,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
   });
 
   async function drainAndClose(): Promise<void> {
+    const { config } = current();
     draining = true;
     logger.info({ inflight: exchanges.size, graceMs: config.shutdown.graceMs }, 'draining: not ready; still serving during the grace period');
     await new Promise((resolve) => setTimeout(resolve, config.shutdown.graceMs));
@@ -106,7 +112,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     // Connections kept alive after their last response would hold the close until their keep-alive timeout.
     app.server.closeIdleConnections();
     await within(closed, config.streaming.drainGraceMs + 1000);
-    await upstreams.close();
+    await closeUpstreams();
     logger.info('drained');
     // Last: probes and scrapes are answered (readiness 503, draining) until the API is closed.
     await admin?.close();
@@ -114,6 +120,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
 
   return {
     async listen() {
+      const { config, upstreams } = current();
       await upstreams.start();
       metrics.declareModels(upstreams.models(), config.metrics.promptLenClasses, config.auth.servedTenants);
       // The admin listener listens where the API does unless server.admin_host says otherwise.
@@ -136,7 +143,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     close() {
       stopping ??= (async () => {
         await app.close();
-        await upstreams.close();
+        await closeUpstreams();
         await admin?.close();
       })();
       return stopping;
@@ -146,6 +153,9 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     },
     get closing() {
       return closing;
+    },
+    get stopping() {
+      return stopping !== undefined;
     },
     track(exchange) {
       exchanges.add(exchange);

@@ -26,31 +26,50 @@ import type { OutputContract, SchemaCompiler } from '../accounting/output-contra
 import type { ProxiedRoute } from '../accounting/outcomes.js';
 import type { SchemaCache } from '../accounting/schemas.js';
 import { inSample, sampleRate } from '../telemetry/evaluation.js';
+import type { GatewayMetrics } from '../telemetry/metrics.js';
+import { canonicalJson } from '../config/reload.js';
+import type { Logger } from 'pino';
 
 export interface RoutesDeps {
+  /** The configuration the app started with: its pass-through routes (fastify's routes are fixed once it listens). */
   readonly config: Config;
-  readonly upstreams: UpstreamRegistry;
   readonly tracer: Tracer | undefined;
   readonly guard: ObserverGuard;
   readonly answers: Answers;
-  readonly exchangeDeps: ExchangeDeps;
-  /** Called with each exchange that starts (the lifecycle tracks them for the drain). */
-  readonly onExchange: (exchange: Exchange) => void;
   /** Compiled JSON Schemas of output contracts, shared by all requests. */
   readonly schemas: SchemaCache;
   /** Where stored responses live. */
   readonly homes: ResponseHomes;
-  /** Limits per tenant; absent: built from the configuration, counting in this process. */
-  readonly limiter?: TenantLimiter;
 }
 
-export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): void {
-  const deps: RoutesDeps = { ...routeDeps, limiter: routeDeps.limiter ?? createLimiter(app, routeDeps) };
-  const { config, upstreams, answers } = deps;
-  const charsPerToken = config.metrics.charsPerToken;
+/** What one request's handling uses: the shared parts, and those of the request's generation (generation.ts). */
+interface RequestDeps extends RoutesDeps {
+  readonly upstreams: UpstreamRegistry;
+  readonly exchangeDeps: ExchangeDeps;
+  /** Called with each exchange that starts (its generation tracks it, as does the lifecycle, for the drain). */
+  readonly onExchange: (exchange: Exchange) => void;
+  /** Limits per tenant. */
+  readonly limiter: TenantLimiter;
+}
 
+function requestDeps(shared: RoutesDeps, request: FastifyRequest): RequestDeps {
+  const generation = request.generation;
+  return {
+    ...shared,
+    config: generation.config,
+    upstreams: generation.upstreams,
+    exchangeDeps: generation.exchangeDeps,
+    limiter: generation.limiter,
+    onExchange: (exchange) => generation.track(exchange),
+  };
+}
+
+export function registerApiRoutes(app: FastifyInstance, shared: RoutesDeps): void {
   for (const [apiPath, route] of API_PATHS) {
     app.post(apiPath, { config: { waybillRoute: route } }, (request, reply) => {
+      const deps = requestDeps(shared, request);
+      const { config, upstreams, answers } = deps;
+      const charsPerToken = config.metrics.charsPerToken;
       const parsed = request.body as ParsedBody | undefined;
       if (parsed === undefined || parsed.form === true) {
         answers.reject(request, reply, route, false, errorBody('unsupported_media_type', 'send the request as application/json'));
@@ -78,6 +97,8 @@ export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): 
 
   for (const [apiPath, route] of FORM_PATHS) {
     app.post(apiPath, { config: { waybillRoute: route } }, (request, reply) => {
+      const deps = requestDeps(shared, request);
+      const { upstreams, answers } = deps;
       const parsed = request.body as ParsedBody | undefined;
       if (parsed?.form !== true) {
         answers.reject(request, reply, route, false, errorBody('unsupported_media_type', 'send the request as multipart/form-data'));
@@ -106,6 +127,8 @@ export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): 
       url: `/v1/responses/:id${suffix}`,
       config: { waybillRoute: route },
       handler: async (request, reply) => {
+        const deps = requestDeps(shared, request);
+        const { upstreams, answers } = deps;
         const id = (request.params as { id: string }).id;
         const query = request.url.indexOf('?');
         const search = query < 0 ? '' : request.url.slice(query);
@@ -153,12 +176,14 @@ export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): 
   storeRoute('responses_cancel', 'POST', '/cancel');
 
   // The operator's pass-through allow-list: proxied as they are, answered as one body.
-  for (const entry of config.passthrough) {
+  for (const entry of shared.config.passthrough) {
     app.route({
       method: [...entry.methods],
       url: entry.path,
       config: { waybillRoute: 'passthrough' },
       handler: (request, reply) => {
+        const deps = requestDeps(shared, request);
+        const { upstreams, answers } = deps;
         const parsed = request.body as ParsedBody | undefined;
         if (parsed?.form === true) {
           answers.reject(request, reply, 'passthrough', false, errorBody('unsupported_media_type', 'send the request as application/json'));
@@ -185,6 +210,7 @@ export function registerApiRoutes(app: FastifyInstance, routeDeps: RoutesDeps): 
 
   // Served models, as far as the caller's tenant may use them.
   app.get('/v1/models', (request, reply) => {
+    const { config, upstreams } = request.generation;
     const created = Math.floor(Date.now() / 1000);
     void reply.send({
       object: 'list',
@@ -232,7 +258,7 @@ interface Proxied {
 }
 
 /** Hands a checked request to an Exchange, which owns the raw response from then on. */
-function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied): void {
+function proxy(deps: RequestDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied): void {
   const { config, upstreams, guard, answers } = deps;
   const { fields, route } = p;
   if (p.pinned === undefined && upstreams.poolFor(fields.model) === undefined) {
@@ -244,7 +270,7 @@ function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p
     return;
   }
   // The tenant's limits: the last check, so only a request that would be sent upstream is counted against them.
-  const admission = deps.limiter?.admit(request.tenant, reservedTokens(route, p.json, fields, config.limits.defaultMaxTokens));
+  const admission = deps.limiter.admit(request.tenant, reservedTokens(route, p.json, fields, config.limits.defaultMaxTokens));
   if (admission === undefined) {
     dispatch(deps, request, reply, p, undefined);
   } else if (admission instanceof Promise) {
@@ -275,14 +301,14 @@ function proxy(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p
  * and its slot (it stays counted against requests_per_minute: it was admitted); the request is counted once, as
  * cancelled by its client, whatever the limiter decided.
  */
-function abandoned(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, admission: Admission | undefined): void {
+function abandoned(deps: RequestDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, admission: Admission | undefined): void {
   if (admission?.admitted === true) deps.guard.run('http', () => admission.ticket.settle(0));
   void reply.hijack();
   reply.raw.destroy();
   deps.answers.record(deps.answers.startOf(request, p.route, p.fields.stream, p.fields.model), 'cancelled');
 }
 
-function admitOrRefuse(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, admission: Admission): void {
+function admitOrRefuse(deps: RequestDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, admission: Admission): void {
   if (admission.admitted) {
     dispatch(deps, request, reply, p, admission.ticket);
     return;
@@ -300,7 +326,7 @@ function admitOrRefuse(deps: RoutesDeps, request: FastifyRequest, reply: Fastify
 }
 
 /** Starts the Exchange of an admitted request: from here on it owns the raw response. */
-function dispatch(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, limit: LimitTicket | undefined): void {
+function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, limit: LimitTicket | undefined): void {
   const { config, tracer, guard, answers } = deps;
   const { fields, route } = p;
   const path = request.routeOptions.url ?? p.apiPath;
@@ -350,15 +376,34 @@ function dispatch(deps: RoutesDeps, request: FastifyRequest, reply: FastifyReply
   exchange.start();
 }
 
+export interface LimiterDeps {
+  readonly guard: ObserverGuard;
+  readonly metrics: GatewayMetrics;
+  readonly logger: Logger;
+  readonly now: () => number;
+}
+
+/** A tenant limiter and the connection to its shared store, if any, to close once nothing uses it. */
+export interface LimiterHandle {
+  readonly limiter: TenantLimiter;
+  /** What the limiter was built from: a reload with the same keeps the limiter (and its counts). */
+  readonly settings: string;
+  close(): Promise<void>;
+}
+
+/** What a limiter is built from, as canonical text: a reload keeps the limiter when this is unchanged. */
+export function limiterSettings(config: Config): string {
+  return canonicalJson({ tenants: Object.entries(config.tenants).map(([tenant, rules]) => [tenant, rules.limits]), anonymous: config.limits.anonymous, redis: config.limits.redis, totalMs: config.timeouts.totalMs, drainGraceMs: config.streaming.drainGraceMs });
+}
+
 /**
  * The limiter of the configured `tenants.<name>.limits` and `limits.anonymous`: counting in this process, or, with
  * `limits.redis_url` (and any tenant limited), in Redis, shared by every replica. The store's failures are counted
  * (`waybill_limit_store_errors_total{op}`) and its up/down transitions logged once each and kept in
- * `waybill_limit_store_up`; the connection closes with the app.
+ * `waybill_limit_store_up`; the handle closes the connection.
  */
-function createLimiter(app: FastifyInstance, deps: RoutesDeps): TenantLimiter {
-  const { config, guard } = deps;
-  const { metrics, logger } = deps.exchangeDeps;
+export function createLimiter(config: Config, deps: LimiterDeps): LimiterHandle {
+  const { guard, metrics, logger } = deps;
   const settings: LimiterSettings = {
     tenants: { ...Object.fromEntries(Object.entries(config.tenants).map(([tenant, rules]) => [tenant, rules.limits])), [ANONYMOUS]: config.limits.anonymous },
   };
@@ -385,12 +430,10 @@ function createLimiter(app: FastifyInstance, deps: RoutesDeps): TenantLimiter {
         else log.error({ err: error }, 'limit store unavailable: requests of limited tenants are refused with 503 limits_unavailable until it answers');
       },
     });
-    const closing = store;
-    app.addHook('onClose', () => closing.close());
   }
   const limiter = new TenantLimiter(settings, {
     ...(store !== undefined && { store }),
-    now: deps.exchangeDeps.now,
+    now: deps.now,
     failOpen: redis?.failOpen ?? true,
     onLimited: (tenant, limit) => guard.run('metrics', () => metrics.rateLimited(tenant, limit)),
     // The shared store's failures are counted and logged by its transitions above, not once per request.
@@ -400,7 +443,8 @@ function createLimiter(app: FastifyInstance, deps: RoutesDeps): TenantLimiter {
   });
   // Every limit's refusal series from the start, so an alert on any increase sees the first one.
   for (const { tenant, limits } of limiter.limited()) for (const limit of limits) metrics.rateLimited(tenant, limit, 0);
-  return limiter;
+  const closing = store;
+  return { limiter, settings: limiterSettings(config), close: async () => closing?.close() };
 }
 
 /** How long an in-flight slot in Redis outlives the longest a request can take: its release's way there. */

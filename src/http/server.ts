@@ -20,7 +20,9 @@ import { buildInfo } from '../util/build.js';
 import { createAnswers } from './answers.js';
 import { fastifyOptions, installFrontDoor } from './front-door.js';
 import { createAdminApp, createLifecycle } from './lifecycle.js';
-import { registerApiRoutes } from './routes.js';
+import { createLimiter, limiterSettings, registerApiRoutes, type LimiterHandle } from './routes.js';
+import type { Generation } from './generation.js';
+import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.js';
 import { createAuthenticator } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
 
@@ -36,10 +38,28 @@ export interface GatewayOptions {
   tracing?: Tracing;
 }
 
+export type ReloadResult =
+  | { readonly result: 'ok'; readonly hash: string }
+  | { readonly result: 'restart_required'; readonly keys: readonly string[]; readonly hash: string }
+  /** The gateway is shutting down: nothing applied, nothing counted. */
+  | { readonly result: 'ignored'; readonly hash: string };
+
 export interface Gateway {
   readonly app: FastifyInstance;
   readonly metrics: GatewayMetrics;
+  /** The upstreams of the configuration in force. */
   readonly upstreams: UpstreamRegistry;
+  /** The configuration in force. */
+  readonly config: Config;
+  /** Its hash (waybill_config_hash{hash}). */
+  readonly configHash: string;
+  /**
+   * Applies a new configuration to new requests (docs/operations.md, "Reloading the configuration"): its upstreams
+   * are started (health-checked) first, then swapped in at once; requests in flight finish on the configuration they
+   * arrived under, whose upstreams close when the last of them is done. A change to a key only a restart applies
+   * (restartRequiredKeys) rejects the reload whole. Counted in waybill_config_reloads_total{result}.
+   */
+  reload(next: Config): Promise<ReloadResult>;
   /** The admin listener's app (server.admin_port: /metrics, /healthz, /readyz); undefined without one. */
   readonly admin: FastifyInstance | undefined;
   /** Starts health checks and discovery, then listens; resolves to the API's base URL. */
@@ -63,17 +83,6 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   const metrics = new GatewayMetrics(config.metrics.buckets, { defaultMetrics: options.defaultMetrics ?? true, build: buildInfo() });
   const random = options.random ?? Math.random;
   const now = () => performance.now();
-  const upstreams = new UpstreamRegistry(config, logger.child({ component: 'upstreams' }), random, {
-    onEjected: (upstream, reason) => metrics.upstreamEjected(upstream, reason),
-    onProbeFailed: (upstream, probe) => metrics.probeFailed(upstream, probe),
-  }, now);
-  metrics.observe({
-    *upstreams() {
-      const at = now();
-      for (const upstream of upstreams.upstreams) yield { name: upstream.name, up: upstream.isUp(at), inflight: upstream.inflight };
-    },
-    queues: () => upstreams.queues(),
-  });
   const guard = new ObserverGuard((component, error) => {
     logger.error({ err: error, component }, 'internal error');
     metrics.internalError(component);
@@ -87,37 +96,199 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     evaluation: config.evaluation,
   });
   const schemas = new SchemaCache({ size: config.outputChecks.schemaCacheSize, maxSchemaChars: config.outputChecks.maxSchemaChars });
-  const answers = createAnswers({ config, upstreams, tracer, guard, publish, now });
+  const homes = new ResponseHomes(config.responses.maxRememberedIds, config.responses.lookupTimeoutMs);
+
+  /** Generations not yet closed: the current one, and those a reload retired while requests still held them. */
+  const open = new Set<Built>();
+  /** Limiters in use, with the number of open generations using each (a reload with the same limits keeps one). */
+  const limiterRefs = new Map<LimiterHandle, number>();
+
+  function build(next: Config, previous: Built | undefined): Built {
+    const upstreams = new UpstreamRegistry(next, logger.child({ component: 'upstreams' }), random, {
+      onEjected: (upstream, reason) => metrics.upstreamEjected(upstream, reason),
+      onProbeFailed: (upstream, probe) => metrics.probeFailed(upstream, probe),
+    }, now);
+    const limiter =
+      previous !== undefined && previous.limiterHandle.settings === limiterSettings(next)
+        ? previous.limiterHandle
+        : createLimiter(next, { guard, metrics, logger, now });
+    limiterRefs.set(limiter, (limiterRefs.get(limiter) ?? 0) + 1);
+    let holds = 0;
+    let retired = false;
+    let closed: Promise<void> | undefined;
+    const closeIfIdle = () => {
+      if (!retired || holds > 0 || closed !== undefined) return;
+      closed = closeGeneration(generation);
+    };
+    const release = () => {
+      holds--;
+      closeIfIdle();
+    };
+    const exchangeDeps: ExchangeDeps = {
+      config: next,
+      upstreams,
+      metrics,
+      logger,
+      now,
+      wallNow: () => Date.now(),
+      random,
+      publish,
+      guard,
+      onDone: (exchange) => {
+        lifecycle.done(exchange);
+        release();
+      },
+      homes,
+    };
+    const generation: Built = {
+      config: next,
+      upstreams,
+      authenticate: createAuthenticator(next.auth),
+      limiter: limiter.limiter,
+      limiterHandle: limiter,
+      exchangeDeps,
+      hold: () => {
+        holds++;
+      },
+      release,
+      track: (exchange) => {
+        holds++;
+        lifecycle.track(exchange);
+      },
+      retire: () => {
+        retired = true;
+        upstreams.stop();
+        closeIfIdle();
+      },
+      close: () => (closed ??= closeGeneration(generation)),
+    };
+    open.add(generation);
+    return generation;
+  }
+
+  async function closeGeneration(generation: Built): Promise<void> {
+    open.delete(generation);
+    const refs = (limiterRefs.get(generation.limiterHandle) ?? 1) - 1;
+    if (refs > 0) limiterRefs.set(generation.limiterHandle, refs);
+    else limiterRefs.delete(generation.limiterHandle);
+    await Promise.all([generation.upstreams.close(), refs > 0 ? undefined : generation.limiterHandle.close()]);
+  }
+
+  let current = build(config, undefined);
+  let hash = configHash(config);
+  metrics.configInForce(hash);
+  metrics.observe({
+    *upstreams() {
+      const at = now();
+      for (const upstream of current.upstreams.upstreams) yield { name: upstream.name, up: upstream.isUp(at), inflight: upstream.inflight };
+    },
+    queues: () => current.upstreams.queues(),
+  });
+  // Answers read the configuration in force at each answer.
+  const answers = createAnswers({
+    get config() {
+      return current.config;
+    },
+    get upstreams() {
+      return current.upstreams;
+    },
+    tracer,
+    guard,
+    publish,
+    now,
+  });
 
   // Typed as fastify's logger so the instance keeps fastify's default generics.
   const fastifyLogger: FastifyBaseLogger = logger;
   const app = Fastify(fastifyOptions(config, fastifyLogger, answers));
   // With server.admin_port, the operational endpoints get a listener of their own and the API port serves only the API.
   const admin = config.server.admin_port === undefined ? undefined : createAdminApp(fastifyLogger);
-  const lifecycle = createLifecycle({ app, admin, config, upstreams, metrics, logger, now });
-  if (config.auth.keys.length === 0) logger.warn('no client keys are configured (auth.keys): every client is served, counted as tenant _anonymous');
-  const homes = new ResponseHomes(config.responses.maxRememberedIds, config.responses.lookupTimeoutMs);
-  const exchangeDeps: ExchangeDeps = {
-    config,
-    upstreams,
+  const lifecycle = createLifecycle({
+    app,
+    admin,
+    current: () => current,
+    closeUpstreams: async () => {
+      await Promise.all([...open].map((generation) => generation.close()));
+    },
     metrics,
     logger,
     now,
-    wallNow: () => Date.now(),
-    random,
-    publish,
-    guard,
-    onDone: (exchange) => lifecycle.done(exchange),
-    homes,
-  };
-  installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing, authenticate: createAuthenticator(config.auth) });
-  registerApiRoutes(app, { config, upstreams, tracer, guard, answers, exchangeDeps, onExchange: (exchange) => lifecycle.track(exchange), schemas, homes });
+  });
+  if (config.auth.keys.length === 0) logger.warn('no client keys are configured (auth.keys): every client is served, counted as tenant _anonymous');
+  installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing, current: () => current });
+  registerApiRoutes(app, { config, tracer, guard, answers, schemas, homes });
+
+  /** Reloads run one at a time, in the order asked. */
+  let reloading: Promise<unknown> = Promise.resolve();
+
+  async function reload(next: Config): Promise<ReloadResult> {
+    const log = logger.child({ component: 'config' });
+    if (lifecycle.stopping) {
+      log.warn('configuration reload ignored: the gateway is shutting down');
+      return { result: 'ignored', hash };
+    }
+    const keys = restartRequiredKeys(current.config, next);
+    if (keys.length > 0) {
+      metrics.configReloaded('restart_required');
+      log.error({ keys, hash }, `configuration reload rejected: ${keys.join(', ')} change only with a restart; the configuration in force stays`);
+      return { result: 'restart_required', keys, hash };
+    }
+    const nextHash = configHash(next);
+    const generation = build(next, current);
+    // Readiness holds across the swap: the new upstreams are health-checked (and discovered) before they serve.
+    try {
+      await generation.upstreams.start();
+    } catch (error) {
+      await generation.close();
+      throw error;
+    }
+    if (lifecycle.stopping) {
+      await generation.close();
+      log.warn('configuration reload ignored: the gateway is shutting down');
+      return { result: 'ignored', hash };
+    }
+    const previous = current;
+    current = generation;
+    hash = nextHash;
+    previous.retire();
+    metrics.declareModels(generation.upstreams.models(), next.metrics.promptLenClasses, next.auth.servedTenants);
+    metrics.configInForce(hash);
+    metrics.configReloaded('ok');
+    if (bucketsKept(previous.config, next)) {
+      log.warn('the latency histograms keep the buckets they started with (metrics.buckets and the SLO thresholds as boundaries) until a restart; the SLO counter uses the new thresholds');
+    }
+    if (next.auth.keys.length === 0) log.warn('no client keys are configured (auth.keys): every client is served, counted as tenant _anonymous');
+    log.info(
+      {
+        hash,
+        previous: configHash(previous.config),
+        models: generation.upstreams.models(),
+        pools: next.pools.map((pool) => ({ name: pool.name, upstreams: pool.upstreams.map((u) => u.name) })),
+        tenants: next.auth.servedTenants,
+      },
+      'configuration reloaded: new requests use it; requests in flight finish on the previous one',
+    );
+    return { result: 'ok', hash };
+  }
 
   return {
     app,
     admin,
     metrics,
-    upstreams,
+    get upstreams() {
+      return current.upstreams;
+    },
+    get config() {
+      return current.config;
+    },
+    get configHash() {
+      return hash;
+    },
+    reload(next) {
+      const done = reloading.then(() => reload(next));
+      reloading = done.catch(() => undefined);
+      return done;
+    },
     listen: () => lifecycle.listen(),
     get adminUrl() {
       return lifecycle.adminUrl;
@@ -128,4 +299,12 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       return lifecycle.inflight;
     },
   };
+}
+
+/** A generation as the gateway keeps it: with its limiter's handle, and its retirement. */
+interface Built extends Generation {
+  readonly limiterHandle: LimiterHandle;
+  /** No longer current: its health checks stop, and it closes once no request or exchange holds it. */
+  retire(): void;
+  close(): Promise<void>;
 }

@@ -277,9 +277,14 @@ export class UpstreamRegistry {
     }
   }
 
-  async close(): Promise<void> {
+  /** Stops health checks and discovery; the upstreams still serve the requests in flight until `close`. */
+  stop(): void {
     this.closed = true;
-    for (const timer of this.timers) clearInterval(timer);
+    for (const timer of this.timers.splice(0)) clearInterval(timer);
+  }
+
+  async close(): Promise<void> {
+    this.stop();
     await Promise.all(this.upstreams.map((u) => u.close()));
   }
 

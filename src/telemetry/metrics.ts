@@ -210,6 +210,18 @@ export const METRICS = {
     labels: ['store'],
     help: 'Whether the shared store of the limits per tenant answers (1) or not (0, the failure rule limits.redis_fail_open applies); only with limits.redis_url.',
   },
+  configReloads: {
+    name: 'waybill_config_reloads_total',
+    type: 'counter',
+    labels: ['result'],
+    help: 'Configuration reloads (SIGHUP), by result: ok (applied), invalid (rejected, the old configuration kept), restart_required (a key that only a restart applies changed; nothing applied).',
+  },
+  configHash: {
+    name: 'waybill_config_hash',
+    type: 'gauge',
+    labels: ['hash'],
+    help: 'The configuration in force: always 1, labelled with the first 12 hex digits of the SHA-256 of its canonical JSON.',
+  },
   queueWait: {
     name: 'waybill_queue_wait_seconds',
     type: 'histogram',
@@ -217,6 +229,10 @@ export const METRICS = {
     help: 'Requests that passed an admission gate: arrival at the gate to admission or rejection (0 when admitted at once).',
   },
 } as const satisfies Record<string, MetricSpec>;
+
+/** The results of a configuration reload (waybill_config_reloads_total{result}). */
+export const CONFIG_RELOAD_RESULTS = ['ok', 'invalid', 'restart_required'] as const;
+export type ConfigReloadResult = (typeof CONFIG_RELOAD_RESULTS)[number];
 
 /** Live state read at scrape time, so gauges cost nothing per request. */
 export interface GaugeSources {
@@ -358,6 +374,13 @@ export class GatewayMetrics {
     labelNames: METRICS.limitStoreUp.labels,
     registers: [this.registry, this.openMetrics],
   });
+  private readonly configReloads = new CounterPair(this.registries, METRICS.configReloads);
+  private readonly configHashGauge = new Gauge({
+    name: METRICS.configHash.name,
+    help: METRICS.configHash.help,
+    labelNames: METRICS.configHash.labels,
+    registers: [this.registry, this.openMetrics],
+  });
   private readonly queueWait: Histogram<'model'>;
   private readonly upstreamFirstOutput: Histogram<'model' | 'upstream'>;
   private sources: GaugeSources | undefined;
@@ -366,6 +389,7 @@ export class GatewayMetrics {
     const registries = this.registries;
     // At zero from the start, so an alert on any increase sees the first one.
     for (const component of INTERNAL_ERROR_COMPONENTS) this.internalErrors.inc({ component }, 0);
+    for (const result of CONFIG_RELOAD_RESULTS) this.configReloads.inc({ result }, 0);
     this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
     // Observed per event, on the hot path: a histogram of its own (no label hashing, no exemplars).
     this.itl = new EventHistogram(METRICS.itl.name, METRICS.itl.help, buckets.itl);
@@ -463,6 +487,17 @@ export class GatewayMetrics {
   /** The shared limit store answers again (true) or stopped answering (false). */
   limitStoreUp(store: 'redis', up: boolean): void {
     this.limitStoreUpGauge.set({ store }, up ? 1 : 0);
+  }
+
+  /** A configuration reload ended with `result`. */
+  configReloaded(result: ConfigReloadResult): void {
+    this.configReloads.inc({ result });
+  }
+
+  /** The configuration in force: its hash is the one series of waybill_config_hash. */
+  configInForce(hash: string): void {
+    this.configHashGauge.reset();
+    this.configHashGauge.set({ hash }, 1);
   }
 
   queueWaited(model: string, ms: number): void {

@@ -84,6 +84,11 @@ describe('configuration', () => {
     ]);
   });
 
+  it('leaves out cross-field problems caused by removing a refused field, and never throws on odd input', () => {
+    expect(problemsOf({ ...minimal, limits: { redis_url: 'http://nope', redis_password_env: 'FOO' } })).toEqual([expect.stringMatching(/^limits\.redis_url: /)]);
+    expect(() => parseConfig({ ...minimal, timeouts: { idle: 'soon' }, hook: () => 1 })).toThrow(ConfigError);
+  });
+
   it('accepts durations as seconds or with a unit', () => {
     const config = parseConfig({ ...minimal, timeouts: { connect: 0.5, idle: '250ms', total: '2m', first_output: '1h' } });
     expect(config.timeouts).toEqual({ connectMs: 500, idleMs: 250, totalMs: 120_000, firstOutputMs: 3_600_000 });

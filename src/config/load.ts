@@ -137,11 +137,17 @@ function issueMessages(error: z.ZodError): string[] {
 /**
  * The cross-field problems of an input that failed the schema, so one run reports both kinds: the fields the schema
  * refused are removed (taking their defaults), the rest is validated again and, if it now passes, resolved. Problems
- * that name a removed field are left out (they would be about the default, not the file). None when the input
+ * that name a removed field anywhere are left out (they would be about the default, not the file). None when the input
  * cannot be made to pass (a required field is missing or wrong).
  */
 function crossFieldProblemsDespite(input: unknown, error: z.ZodError, env: NodeJS.ProcessEnv): string[] {
-  const pruned: unknown = structuredClone(input);
+  let pruned: unknown;
+  try {
+    pruned = structuredClone(input);
+  } catch {
+    // Not plain data (a caller's function or class instance; a YAML file cannot hold one): schema problems only.
+    return [];
+  }
   const removed: string[] = [];
   for (const issue of error.issues) {
     const path = issue.code === 'unrecognized_keys' ? [...issue.path, ...issue.keys] : issue.path;
@@ -156,7 +162,8 @@ function crossFieldProblemsDespite(input: unknown, error: z.ZodError, env: NodeJ
   } catch {
     return [];
   }
-  return problems.filter((problem) => !removed.some((path) => problem.startsWith(path)));
+  // A problem that names a removed field is about its default (or its absence), not about the file.
+  return problems.filter((problem) => !removed.some((path) => problem.includes(path)));
 }
 
 /** Deletes the value at `path` (an object key, or an array element's key); false when there is nothing to delete. */

@@ -425,6 +425,13 @@ class SimServer implements Simulator {
   }
 
   /** `countStatus` false: the status was counted when it went out (a background response's answer). */
+  /** One output event written: on the request's record and in the engine's completion-token counter. */
+  private countOutput(ex: Exchange, tokens: number): void {
+    ex.record.outputEventsSent += 1;
+    ex.record.completionTokensSent += tokens;
+    this.store.addCompletionTokens(tokens);
+  }
+
   private settle(ex: Exchange, end: RequestRecord['end'], status: number, countStatus = true): void {
     if (ex.settled) return;
     ex.settled = true;
@@ -624,11 +631,7 @@ class SimServer implements Simulator {
       const plan = { ...common, serializer: createChunkSerializer(request.route, shape.identity), framing: directives.modifiers };
       ex.control = startStream(res, plan, {
         onFirstToken,
-        onOutput: (tokens) => {
-          ex.record.outputEventsSent += 1;
-          ex.record.completionTokensSent += tokens;
-          store.addCompletionTokens(tokens);
-        },
+        onOutput: (tokens) => this.countOutput(ex, tokens),
         onEnd: ({ end, generationComplete }) => {
           if (generationComplete) countSuccess();
           this.settle(ex, end, 200);
@@ -756,11 +759,7 @@ class SimServer implements Simulator {
         },
         {
           onFirstToken,
-          onOutput: (tokens) => {
-            ex.record.outputEventsSent += 1;
-            ex.record.completionTokensSent += tokens;
-            store.addCompletionTokens(tokens);
-          },
+          onOutput: (tokens) => this.countOutput(ex, tokens),
           onEnd: ({ end, generationComplete }) => {
             if (generationComplete) countSuccess();
             this.settle(ex, end, 200);
@@ -830,11 +829,7 @@ class SimServer implements Simulator {
       {
         onEvents: (events) => entry.push(events),
         onFirstToken: () => this.setPhase(ex, 'running'),
-        onOutput: (tokens) => {
-          ex.record.outputEventsSent += 1;
-          ex.record.completionTokensSent += tokens;
-          store.addCompletionTokens(tokens);
-        },
+        onOutput: (tokens) => this.countOutput(ex, tokens),
         onEnd: (end) => {
           entry.task = null;
           this.backgroundRuns.delete(run);
@@ -1046,9 +1041,7 @@ class SimServer implements Simulator {
         onFirstToken,
         onOutput: (tokens) => {
           sent += tokens;
-          ex.record.outputEventsSent += 1;
-          ex.record.completionTokensSent += tokens;
-          store.addCompletionTokens(tokens);
+          this.countOutput(ex, tokens);
         },
         onEnd: ({ end, generationComplete }) => {
           if (generationComplete) countSuccess();

@@ -7,25 +7,14 @@
 import { once } from 'node:events';
 import { Agent, request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import type { Socket } from 'node:net';
-import { afterEach, describe, expect, it } from 'vitest';
-import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../src/sim/server.js';
+import { describe, expect, it } from 'vitest';
+import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
+import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
 
 const FAST: Partial<SimOptions> = { ttftMs: 2, itlMs: 1, jitter: 0, outputTokens: 4, prefillMsPer1kTokens: 0 };
-let sims: Simulator[] = [];
-
-afterEach(async () => {
-  await Promise.all(sims.map((s) => s.close()));
-  sims = [];
-});
-
-async function start(options: Partial<SimOptions> = {}): Promise<{ sim: Simulator; url: string }> {
-  const sim = createSimulator({ ...FAST, ...options });
-  sims.push(sim);
-  const { url } = await sim.listen(0);
-  return { sim, url };
-}
+const start = useSimulators(FAST);
 
 type FieldValue = string | Blob;
 

@@ -9,27 +9,16 @@ import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { once } from 'node:events';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { chatErrorValidationMessage } from '../src/sim/messages.js';
-import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../src/sim/server.js';
+import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
 import { choiceText, errorInfo } from '../src/sim/wire.js';
+import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
 
 const FAST: Partial<SimOptions> = { ttftMs: 2, itlMs: 1, jitter: 0, outputTokens: 4, prefillMsPer1kTokens: 0 };
-let sims: Simulator[] = [];
-
-afterEach(async () => {
-  await Promise.all(sims.map((s) => s.close()));
-  sims = [];
-});
-
-async function start(options: Partial<SimOptions> = {}): Promise<{ sim: Simulator; url: string }> {
-  const sim = createSimulator({ ...FAST, ...options });
-  sims.push(sim);
-  const { url } = await sim.listen(0);
-  return { sim, url };
-}
+const start = useSimulators(FAST);
 
 interface Reply {
   status: number;

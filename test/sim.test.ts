@@ -1,33 +1,22 @@
 import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { drawFault, FAULT_KINDS, FAULT_PARAMETERS, MODIFIER_NAMES, parseFaultHeader } from '../src/sim/faults.js';
 import { FLAG_OF, parseSimArgs, runSim } from '../src/sim/main.js';
 import { createRandom } from '../src/util/prng.js';
 import { resolveSimOptions } from '../src/sim/options.js';
 import { prefillDelayMs, shapeAnswer } from '../src/sim/plan.js';
 import type { GenerationRequest } from '../src/sim/request.js';
-import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../src/sim/server.js';
+import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
 import { ROUTE_NAMES } from '../src/sim/stats.js';
 import { choiceText, estimateTokens, pythonJsonDumps, tokenText } from '../src/sim/wire.js';
+import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
 
 const FAST: Partial<SimOptions> = { ttftMs: 2, itlMs: 1, jitter: 0, outputTokens: 4 };
-let sims: Simulator[] = [];
-
-afterEach(async () => {
-  await Promise.all(sims.map((s) => s.close()));
-  sims = [];
-});
-
-async function start(options: Partial<SimOptions> = {}): Promise<{ sim: Simulator; url: string }> {
-  const sim = createSimulator({ ...FAST, ...options });
-  sims.push(sim);
-  const { url } = await sim.listen(0);
-  return { sim, url };
-}
+const start = useSimulators(FAST);
 
 interface Reply {
   status: number;

@@ -8,7 +8,8 @@
  * 2. two gateway processes (the built CLI) in front of one simulator share one `requests_per_minute`;
  * 3. Redis killed mid-load: requests go on being served (fail open), counted in the error metric and logged once;
  *    fail-closed answers 503; when Redis is back, limits apply again;
- * 4. a crashed replica's in-flight slots expire;
+ * 4. a crashed replica's in-flight slots expire; a release cut off on its way is sent again once Redis is back;
+ * 5. a Redis that stalls: its late admissions are undone, and after STALL_AFTER deadlines it fails at once;
  * and a client that leaves while its admission waits on Redis is not sent upstream, gives its tokens and slot back,
  * and is counted once.
  *
@@ -33,7 +34,7 @@ import type { Settlement } from '../src/accounting/ledger.js';
 import { parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
-import { LimitStoreUnavailable, RedisLimitStore } from '../src/proxy/redis-limit-store.js';
+import { LimitStoreUnavailable, RedisLimitStore, STALL_AFTER } from '../src/proxy/redis-limit-store.js';
 import { decide, WINDOW_MS, type TenantLimits } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { CHAT, metricValue } from './helpers/stack.js';
@@ -143,6 +144,7 @@ class RedisProxy {
   private upstream: Socket | undefined;
   private readonly sockets = new Set<Socket>();
   private arrived: (() => void) | undefined;
+  private marker: string | undefined;
   readonly port: Promise<number>;
 
   constructor(private readonly target: number) {
@@ -157,7 +159,7 @@ class RedisProxy {
         if (this.held === undefined) upstream.write(chunk);
         else {
           this.held.push(chunk);
-          this.arrived?.();
+          if (this.marker === undefined || Buffer.concat(this.held).includes(this.marker)) this.arrived?.();
         }
       });
       upstream.pipe(client);
@@ -170,9 +172,10 @@ class RedisProxy {
     this.port = once(this.server, 'listening').then(() => (this.server.address() as { port: number }).port);
   }
 
-  /** Holds what the gateway sends from now on; resolves when some of it arrived. */
-  hold(): Promise<void> {
+  /** Holds what the gateway sends from now on; resolves when some of it arrived (with `marker` in it, if given). */
+  hold(marker?: string): Promise<void> {
     this.held = [];
+    this.marker = marker;
     return new Promise((resolve) => (this.arrived = resolve));
   }
 
@@ -180,6 +183,12 @@ class RedisProxy {
     const held = this.held ?? [];
     this.held = undefined;
     for (const chunk of held) this.upstream?.write(chunk);
+  }
+
+  /** Cuts the connections (what is held never reaches Redis) and keeps listening: the gateway reconnects. */
+  cut(): void {
+    this.held = undefined;
+    for (const socket of this.sockets) socket.destroy();
   }
 
   async close(): Promise<void> {
@@ -640,6 +649,41 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     expect(served.status).toBe(200);
   }, 30_000);
 
+  it('does not count a refusal for a client that left while Redis decided: it was never refused', async () => {
+    await setUp();
+    const proxy = new RedisProxy(redis.port);
+    cleanups.push(() => proxy.close());
+    const port = await proxy.port;
+    const g = await startGateway(gatewayConfig(simUrl, { redis_url: `redis://127.0.0.1:${port}`, redis_timeout: '5s' }, { requests_per_minute: 1 }));
+    cleanups.push(() => g.close());
+    await g.logged(/^limit store answers/);
+    await awayFromWindowEnd(inspect, 10_000);
+    expect((await chat(g.base)).status).toBe(200);
+
+    // The second request would be refused; its client leaves before Redis says so. (The first one's keep-alive
+    // connection stays open: the gateway's connections go back to what they were before this client came.)
+    const connections = () => new Promise<number>((resolve, reject) => g.gateway.app.server.getConnections((error, n) => (error ? reject(error) : resolve(n))));
+    const before = await connections();
+    // The first request's settlement may still be on its way to Redis: what is awaited is the admission's script
+    // (the only command naming the in-flight key).
+    const arrived = proxy.hold(':inflight');
+    const body = JSON.stringify(CHAT);
+    const client = connect(Number(new URL(g.base).port), '127.0.0.1');
+    client.on('error', () => undefined);
+    client.write(`POST ${CHAT_PATH} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\nauthorization: Bearer ${KEY}\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    await arrived;
+    client.destroy();
+    await until('the gateway to see its client go', 2_000, async () => ((await connections()) === before ? true : undefined));
+    proxy.release();
+    const settled = await g.settled(2);
+    expect(settled[1]).toMatchObject({ outcome: 'client_cancelled', code: 499 });
+    expect(await g.metric('waybill_rate_limited_total', { tenant: 'team-a', limit: 'requests' })).toBe(0);
+
+    // A client that stays is refused, and counted.
+    expect((await chat(g.base)).status).toBe(429);
+    expect(await g.metric('waybill_rate_limited_total', { tenant: 'team-a', limit: 'requests' })).toBe(1);
+  }, 30_000);
+
   it('fails a command Redis does not answer within the deadline, and takes back the slot it may have taken', async () => {
     await setUp();
     const proxy = new RedisProxy(redis.port);
@@ -669,12 +713,90 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     expect(waited).toBeLessThan(200 + 1_000); // timer slack on a loaded machine
     expect(errors).toEqual(['reserve']);
     expect(states).toEqual([true, false]);
-    // Once the held script gets through it runs (it was sent in time), and the ZREM behind it removes its slot.
+    // Once the held script gets through it runs (it was sent in time) and admits; its late answer is undone (its
+    // request and its slot), since the caller already went on without it.
     proxy.release();
     expect((await slow.reserve('t', { requestsPerMinute: 5, maxConcurrent: 5 }, 0, 0)).admitted).toBe(true);
     expect(states).toEqual([true, false, true]);
-    expect(await inspect.hget('slow:{t}:window', 'requests')).toBe('3');
+    await until('the late admission to be undone', 5_000, async () => ((await inspect.hget('slow:{t}:window', 'requests')) === '2' ? true : undefined));
     expect(await inspect.zcard('slow:{t}:inflight')).toBe(2);
+  }, 30_000);
+
+  it('undoes every admission Redis makes after a stall, and fails at once after STALL_AFTER deadlines in a row', async () => {
+    await setUp();
+    const proxy = new RedisProxy(redis.port);
+    cleanups.push(() => proxy.close());
+    const port = await proxy.port;
+    const errors: string[] = [];
+    const states: boolean[] = [];
+    const stalled = new RedisLimitStore({
+      url: `redis://127.0.0.1:${port}`,
+      timeoutMs: 100,
+      keyPrefix: 'stall',
+      inflightTtlMs: 60_000,
+      onError: (op) => errors.push(op),
+      onState: (up) => states.push(up),
+    });
+    cleanups.push(() => stalled.close());
+    const limits: TenantLimits = { requestsPerMinute: 100, tokensPerMinute: 100_000, maxConcurrent: 100 };
+    await awayFromWindowEnd(inspect, 10_000);
+    const first = await stalled.reserve('t', limits, 40, 0);
+    expect(first.admitted).toBe(true);
+
+    // Redis goes silent: STALL_AFTER admissions wait out their deadline (each was sent, and will run later)...
+    const arrived = proxy.hold();
+    const causes: string[] = [];
+    for (let i = 0; i < STALL_AFTER; i++) {
+      const failed = await stalled.reserve('t', limits, 40, 0).catch((error: unknown) => error);
+      expect(failed).toBeInstanceOf(LimitStoreUnavailable);
+      causes.push(String((failed as Error).cause));
+    }
+    await arrived;
+    expect(causes.every((cause) => cause.includes('no answer within 100 ms'))).toBe(true);
+    // ...and from then on the store fails at once, sending nothing, whatever the deadline.
+    const fast = await stalled.reserve('t', limits, 40, 0).catch((error: unknown) => error);
+    expect(String((fast as Error).cause)).toBe(`Error: Redis answered none of the last ${STALL_AFTER} commands within 100 ms`);
+    expect(errors).toEqual(['reserve', 'reserve', 'reserve', 'reserve']);
+    expect(states).toEqual([true, false]);
+
+    // Redis answers again: the held admissions run, and their late answers are undone; the PING ends the silence.
+    proxy.release();
+    await until('the store to answer again', 5_000, () => (states.length === 3 ? true : undefined));
+    expect(states).toEqual([true, false, true]);
+    await until('the late admissions to be undone', 5_000, async () => {
+      const [requests, tokens, slots] = await Promise.all([inspect.hget('stall:{t}:window', 'requests'), inspect.hget('stall:{t}:window', 'tokens'), inspect.zcard('stall:{t}:inflight')]);
+      return requests === '1' && tokens === '40' && slots === 1 ? true : undefined;
+    });
+    // Only the admission that was answered in time is counted, and the next one is decided on that.
+    const next = await stalled.reserve('t', limits, 40, 0);
+    expect(next.admitted && next.after).toMatchObject({ requests: 2, tokens: 80, inflight: 2 });
+  }, 30_000);
+
+  it('sends a release cut off on its way again once Redis is back, instead of holding the slot until it expires', async () => {
+    await setUp();
+    const proxy = new RedisProxy(redis.port);
+    cleanups.push(() => proxy.close());
+    const port = await proxy.port;
+    const states: boolean[] = [];
+    const cutOff = new RedisLimitStore({ url: `redis://127.0.0.1:${port}`, timeoutMs: 2_000, keyPrefix: 'cut', inflightTtlMs: 600_000, onState: (up) => states.push(up) });
+    cleanups.push(() => cutOff.close());
+    const limits: TenantLimits = { maxConcurrent: 1 };
+    const admitted = await cutOff.reserve('t', limits, 0, 0);
+    if (!admitted.admitted) throw new Error('expected an admission');
+    expect(await inspect.zcard('cut:{t}:inflight')).toBe(1);
+
+    // The release is sent, and the connection is cut before it reaches Redis: whether it ran is unknown.
+    const arrived = proxy.hold();
+    const release = cutOff.release(admitted.reservation).catch((error: unknown) => error);
+    await arrived;
+    proxy.cut();
+    expect(await release).toBeInstanceOf(LimitStoreUnavailable);
+    expect(await inspect.zcard('cut:{t}:inflight')).toBe(1);
+    // The store reconnects (through the same proxy) and sends the release again: the slot is free long before its
+    // 10 minutes run out, and the tenant's next request is admitted.
+    await until('the owed release to be sent', 10_000, async () => ((await inspect.zcard('cut:{t}:inflight')) === 0 ? true : undefined));
+    expect(states).toEqual([true, false, true]);
+    expect((await cutOff.reserve('t', limits, 0, 0)).admitted).toBe(true);
   }, 30_000);
 });
 

@@ -33,15 +33,14 @@ function clock(start = 0) {
 
 function limiterWith(limits: TenantLimits, start = 0, store: LimitStore = new InProcessLimitStore()) {
   const time = clock(start);
+  /** Every refusal's limit, as the routes count it. */
   const refused: Array<[string, LimitName]> = [];
   const errors: unknown[] = [];
-  const limiter = new TenantLimiter(
-    { tenants: { t: limits, free: undefined } },
-    { store, now: time.now, onLimited: (tenant, limit) => refused.push([tenant, limit]), onError: (error) => errors.push(error) },
-  );
+  const limiter = new TenantLimiter({ tenants: { t: limits, free: undefined } }, { store, now: time.now, onError: (error) => errors.push(error) });
   const admit = (tokens = 0): Admission => {
     const admission = limiter.admit('t', tokens);
     if (admission === undefined || admission instanceof Promise) throw new Error('expected a synchronous admission');
+    if (!admission.admitted && 'limit' in admission) refused.push(['t', admission.limit]);
     return admission;
   };
   const ticket = (tokens = 0): LimitTicket => {

@@ -40,6 +40,8 @@ export interface RoutesDeps {
   readonly schemas: SchemaCache;
   /** Where stored responses live. */
   readonly homes: ResponseHomes;
+  /** For the refusals of the tenants' limits (waybill_rate_limited_total). */
+  readonly metrics: GatewayMetrics;
 }
 
 /** What one request's handling uses: the shared parts, and those of the request's generation (generation.ts). */
@@ -320,6 +322,8 @@ function admitOrRefuse(deps: RequestDeps, request: FastifyRequest, reply: Fastif
     deps.answers.reject(request, reply, route, fields.stream, errorBody('limits_unavailable', admission.message), fields.model);
     return;
   }
+  // Counted here, not by the limiter: a client that left while a shared store decided was not refused (abandoned).
+  deps.guard.run('metrics', () => deps.metrics.rateLimited(request.tenant, admission.limit));
   void reply.headers(admission.headers);
   if (admission.retryAfter !== undefined) void reply.header('retry-after', String(admission.retryAfter));
   deps.answers.reject(request, reply, route, fields.stream, errorBody('rate_limited', admission.message), fields.model);
@@ -435,7 +439,6 @@ export function createLimiter(config: Config, deps: LimiterDeps): LimiterHandle 
     ...(store !== undefined && { store }),
     now: deps.now,
     failOpen: redis?.failOpen ?? true,
-    onLimited: (tenant, limit) => guard.run('metrics', () => metrics.rateLimited(tenant, limit)),
     // The shared store's failures are counted and logged by its transitions above, not once per request.
     onError: (error) => {
       if (!(error instanceof LimitStoreUnavailable)) guard.report('http', error);

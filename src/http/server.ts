@@ -216,7 +216,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   });
   if (config.auth.keys.length === 0) logger.warn('no client keys are configured (auth.keys): every client is served, counted as tenant _anonymous');
   installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing, current: () => current });
-  registerApiRoutes(app, { config, tracer, guard, answers, schemas, homes });
+  registerApiRoutes(app, { config, tracer, guard, answers, schemas, homes, metrics });
 
   /** Reloads run one at a time, in the order asked. */
   let reloading: Promise<unknown> = Promise.resolve();

@@ -24,12 +24,21 @@
  *   op through `onError`; the limiter then admits the request unlimited (fail open: its ticket counted nothing and
  *   gives nothing back) or refuses it (fail closed). While the connection is known to be down, commands fail at once
  *   rather than each waiting out the deadline; the client reconnects in the background. Up/down transitions (not
- *   each failure) go to `onState`, for one log line and the `waybill_limit_store_up` gauge. A reserve that timed out
- *   may still have run: its slot is removed by a best-effort ZREM right behind it, and its request and tokens stay
- *   counted (erring strict, by at most the admissions that timed out).
+ *   each failure) go to `onState`, for one log line and the `waybill_limit_store_up` gauge.
+ * - **Late answers.** A command that missed its deadline was sent, and Redis may still run it (a stall, not a cut):
+ *   - a reserve that Redis admits late counted a request that was served unlimited (or refused) meanwhile: the late
+ *     answer is undone by one script (its request, its tokens, its slot), so a stall charges nobody;
+ *   - a reserve or release whose fate is unknown (the connection closed first, or it could not be sent) leaves a
+ *     slot that may be held: its ticket is kept and removed (ZREM, idempotent) as soon as Redis is ready again,
+ *     instead of holding the slot until it expires. Its request and tokens stay counted (erring strict, by at most
+ *     the admissions cut off that way). At most MAX_PENDING_RELEASES tickets wait; beyond, the slots expire.
+ * - **A silent Redis.** A Redis that accepts commands and answers none (stopped, swapping, a network black hole)
+ *   keeps the connection "ready": after STALL_AFTER deadlines missed in a row the store counts itself down and fails
+ *   every command at once, instead of each admission waiting out the deadline, until Redis answers anything again (a
+ *   PING is left waiting for that).
  */
 import { randomUUID } from 'node:crypto';
-import { Redis } from 'ioredis';
+import { Redis, ReplyError } from 'ioredis';
 import { decide, type Counts, type Decision, type LimitStore, type Reservation, type TenantLimits } from './tenant-limits.js';
 
 /** The store's operations, as `waybill_limit_store_errors_total{op}` counts their failures. */
@@ -129,11 +138,41 @@ end
 return delta
 `;
 
+/**
+ * KEYS: the window hash, the in-flight set. ARGV: the reservation's window, its tokens, its ticket. Takes back a
+ * reserve that Redis ran after its caller gave up on it: the request and its tokens (while their window is open),
+ * and its slot.
+ */
+const UNDO = `${PRELUDE}
+local counts = redis.call('HMGET', KEYS[1], 'window', 'requests', 'tokens')
+if tonumber(counts[1]) == tonumber(ARGV[1]) then
+  redis.call('HSET', KEYS[1], 'requests', int(math.max(0, (tonumber(counts[2]) or 0) - 1)), 'tokens', int(math.max(0, (tonumber(counts[3]) or 0) - tonumber(ARGV[2]))))
+end
+redis.call('ZREM', KEYS[2], ARGV[3])
+return 1
+`;
+
+/** Deadlines missed in a row after which Redis counts as silent (see the module's comment). */
+export const STALL_AFTER = 3;
+/** Tickets of slots whose release is owed, at most (see the module's comment). */
+export const MAX_PENDING_RELEASES = 10_000;
+
 type ReserveReply = [admitted: number, window: number, requests: number, tokens: number, inflight: number, now: number];
 
 interface ScriptedRedis {
   waybillReserve(windowKey: string, inflightKey: string, ...args: Array<string | number>): Promise<ReserveReply>;
   waybillSettle(windowKey: string, ...args: Array<string | number>): Promise<number>;
+  waybillUndo(windowKey: string, inflightKey: string, ...args: Array<string | number>): Promise<number>;
+}
+
+/** What becomes of a command that failed: whether Redis may have run it, and its answer if one comes late. */
+interface Aftermath<T> {
+  /** Redis answered after the deadline. */
+  readonly late?: (reply: T) => void;
+  /** The connection closed before an answer: it may or may not have run. */
+  readonly unknown?: () => void;
+  /** Never sent: it did not run. */
+  readonly unsent?: () => void;
 }
 
 /** Where a Redis URL points, for logs: never its user or password. */
@@ -150,6 +189,13 @@ export class RedisLimitStore implements LimitStore {
   /** Callers waiting for the connection to become ready. */
   private readonly waiting = new Set<{ resolve: () => void; reject: (error: Error) => void }>();
   private closing = false;
+  /** Deadlines missed in a row with the command sent; STALL_AFTER of them: Redis is silent. */
+  private misses = 0;
+  /** A PING sent while Redis is silent: any answer ends the silence. */
+  private probe: Promise<unknown> | undefined;
+  /** Slots whose release is owed, by in-flight key: removed once Redis is ready again. */
+  private readonly owed = new Map<string, Set<string>>();
+  private owedCount = 0;
 
   constructor(private readonly options: RedisLimitStoreOptions) {
     this.client = new Redis(options.url, {
@@ -167,11 +213,12 @@ export class RedisLimitStore implements LimitStore {
     });
     this.client.defineCommand('waybillReserve', { numberOfKeys: 2, lua: RESERVE });
     this.client.defineCommand('waybillSettle', { numberOfKeys: 1, lua: SETTLE });
+    this.client.defineCommand('waybillUndo', { numberOfKeys: 2, lua: UNDO });
     this.scripted = this.client as unknown as ScriptedRedis;
     this.client.on('ready', () => {
+      this.answered();
       for (const waiter of this.waiting) waiter.resolve();
       this.waiting.clear();
-      this.transition(true, undefined);
     });
     // ioredis reports every failed connection attempt here: without a listener, it would print each.
     this.client.on('error', (error: Error) => this.disconnected(error));
@@ -184,7 +231,16 @@ export class RedisLimitStore implements LimitStore {
     const concurrent = limits.maxConcurrent !== undefined;
     const { window, inflight } = this.keys(tenant);
     const args = [limits.requestsPerMinute ?? 0, limits.tokensPerMinute ?? 0, limits.maxConcurrent ?? 0, reserved, ticket, this.options.inflightTtlMs];
-    return this.run('reserve', () => this.scripted.waybillReserve(window, inflight, ...args)).then(
+    const aftermath: Aftermath<ReserveReply> = {
+      // Admitted after its caller gave up: the request was served unlimited or refused meanwhile; nothing of it stays.
+      late: (reply) => {
+        if (Number(reply[0]) === 1) this.undo(window, inflight, Number(reply[1]), reserved, ticket);
+      },
+      unknown: () => {
+        if (concurrent) this.owe(inflight, ticket);
+      },
+    };
+    return this.run('reserve', () => this.scripted.waybillReserve(window, inflight, ...args), aftermath).then(
       (reply) => {
         const [admitted, windowNumber, requests, used, inflightCount, now] = reply.map(Number) as ReserveReply;
         const counts: Counts = { window: windowNumber, requests, tokens: used, inflight: inflightCount };
@@ -193,12 +249,6 @@ export class RedisLimitStore implements LimitStore {
         if (!decision.admitted) return decision;
         const reservation: RedisReservation = { ...decision.reservation, ticket };
         return { ...decision, reservation };
-      },
-      (error: unknown) => {
-        // It may have run all the same (a reply that missed the deadline): its slot must not be held until it
-        // expires. Sent behind it on the same connection, so it runs after it; nothing to do if it cannot be sent.
-        if (concurrent) this.client.zrem(inflight, ticket).catch(() => undefined);
-        throw error;
       },
     );
   }
@@ -215,7 +265,7 @@ export class RedisLimitStore implements LimitStore {
     const ticket = (reservation as Partial<RedisReservation>).ticket;
     if (ticket === undefined) return;
     const { inflight } = this.keys(reservation.tenant);
-    await this.run('release', () => this.client.zrem(inflight, ticket));
+    await this.run('release', () => this.client.zrem(inflight, ticket), { unknown: () => this.owe(inflight, ticket), unsent: () => this.owe(inflight, ticket) });
   }
 
   /** Closes the connection: pending replies are awaited up to the deadline, then it is cut. */
@@ -240,11 +290,13 @@ export class RedisLimitStore implements LimitStore {
 
   /**
    * Runs one command within the deadline, the wait for a connection included. A command is sent only while its
-   * deadline has not passed: one that was waiting for the connection is dropped, never sent late.
+   * deadline has not passed: one that was waiting for the connection is dropped, never sent late. What becomes of a
+   * command that failed goes to `aftermath`: its late answer, or that its fate is unknown.
    */
-  private async run<T>(op: LimitStoreOp, command: () => Promise<T>): Promise<T> {
+  private async run<T>(op: LimitStoreOp, command: () => Promise<T>, aftermath: Aftermath<T> = {}): Promise<T> {
     let timer: NodeJS.Timeout | undefined;
     let expired = false;
+    let sent: Promise<T> | undefined;
     const deadline = new Promise<never>((_resolve, reject) => {
       timer = setTimeout(() => {
         expired = true;
@@ -255,23 +307,108 @@ export class RedisLimitStore implements LimitStore {
       const result = await Promise.race([
         this.connected().then(() => {
           if (expired) throw new Error('deadline passed while connecting');
-          return command();
+          sent = command();
+          return sent;
         }),
         deadline,
       ]);
-      this.transition(true, undefined);
+      this.answered();
       return result;
     } catch (error) {
       this.options.onError?.(op, error);
       this.transition(false, error);
+      this.aftermath(sent, expired, aftermath);
       throw new LimitStoreUnavailable(op, error);
     } finally {
       clearTimeout(timer);
     }
   }
 
+  /** A failed command's aftermath: never sent, cut off, or still on its way (then its answer, or the cut, decides). */
+  private aftermath<T>(sent: Promise<T> | undefined, expired: boolean, aftermath: Aftermath<T>): void {
+    if (sent === undefined) {
+      aftermath.unsent?.();
+      return;
+    }
+    if (!expired) {
+      // Redis answered with an error (the script ran and failed: it counted nothing), or the connection closed.
+      sent.catch((error: unknown) => {
+        if (!(error instanceof ReplyError)) aftermath.unknown?.();
+      });
+      return;
+    }
+    this.misses += 1;
+    if (this.misses >= STALL_AFTER) this.silent();
+    sent.then(
+      (reply) => {
+        this.answered();
+        aftermath.late?.(reply);
+      },
+      (error: unknown) => {
+        if (!(error instanceof ReplyError)) aftermath.unknown?.();
+      },
+    );
+  }
+
+  /** Redis answered: it is up, and not silent. */
+  private answered(): void {
+    this.misses = 0;
+    this.probe = undefined;
+    this.transition(true, undefined);
+    if (this.owedCount > 0) this.payOwed();
+  }
+
+  /** Redis stopped answering a live connection: commands fail at once until it answers the probe (or anything). */
+  private silent(): void {
+    if (this.probe !== undefined || this.client.status !== 'ready') return;
+    const probe = this.client.ping().then(
+      () => {
+        if (this.probe === probe) this.answered();
+      },
+      () => undefined,
+    );
+    this.probe = probe;
+  }
+
+  /** Takes back a reserve Redis ran late; if that fails, at least its slot is owed. */
+  private undo(window: string, inflight: string, windowNumber: number, tokens: number, ticket: string): void {
+    if (this.client.status !== 'ready') {
+      this.owe(inflight, ticket);
+      return;
+    }
+    this.scripted.waybillUndo(window, inflight, windowNumber, tokens, ticket).catch(() => this.owe(inflight, ticket));
+  }
+
+  /** A slot that may be held: removed as soon as Redis answers again (ready, or any command's answer). */
+  private owe(inflight: string, ticket: string): void {
+    if (this.closing || this.owedCount >= MAX_PENDING_RELEASES) return;
+    let tickets = this.owed.get(inflight);
+    if (tickets === undefined) this.owed.set(inflight, (tickets = new Set()));
+    if (tickets.has(ticket)) return;
+    tickets.add(ticket);
+    this.owedCount += 1;
+    // Paid by the next answer Redis gives (answered), never from here: a connection that fails every command at
+    // once would otherwise send and fail forever.
+  }
+
+  /** Sends the owed releases (ZREM is idempotent: one that fails again is owed again). */
+  private payOwed(): void {
+    if (this.client.status !== 'ready') return;
+    const owed = [...this.owed];
+    this.owed.clear();
+    this.owedCount = 0;
+    for (const [inflight, tickets] of owed) {
+      const members = [...tickets];
+      this.client.zrem(inflight, ...members).catch((error: unknown) => {
+        // An error reply would fail again: only a cut connection is worth another try.
+        if (!(error instanceof ReplyError)) for (const ticket of members) this.owe(inflight, ticket);
+      });
+    }
+  }
+
   /** Resolves when commands can be sent; fails at once while the store is known to be down and not reconnected. */
   private connected(): Promise<void> {
+    if (this.probe !== undefined) return Promise.reject(new Error(`Redis answered none of the last ${STALL_AFTER} commands within ${this.options.timeoutMs} ms`));
     if (this.client.status === 'ready') return Promise.resolve();
     if (this.closing || this.client.status === 'end') return Promise.reject(new Error('closed'));
     if (this.up === false) return Promise.reject(new Error(`not connected (${this.client.status})`));

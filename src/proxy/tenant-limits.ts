@@ -312,8 +312,6 @@ export interface LimiterOptions {
   readonly store?: LimitStore;
   /** Milliseconds; windows are numbered on this clock. */
   readonly now: () => number;
-  /** Each refusal, under the first limit it would pass. */
-  readonly onLimited?: (tenant: string, limit: LimitName) => void;
   /** A store that failed (a shared one unreachable): the request is admitted unlimited, and the error reported here. */
   readonly onError?: (error: unknown) => void;
   /** false: a request whose admission the store failed is refused (`unavailable`) rather than admitted unlimited. */
@@ -375,8 +373,8 @@ export class TenantLimiter {
   private admission(tenant: string, limits: TenantLimits, decision: Decision): Admission {
     const headers = rateLimitHeaders(decision.state);
     if (decision.admitted) return { admitted: true, ticket: this.ticket(decision.reservation, headers) };
+    // Counted by the caller (waybill_rate_limited_total), which knows whether the client was still there to be refused.
     const limit = decision.exceeded[0];
-    this.options.onLimited?.(tenant, limit);
     const retryAfter = decision.retryAfterMs === undefined ? undefined : retryAfterSeconds(decision.retryAfterMs);
     return { admitted: false, limit, message: refusalMessage(tenant, limits, decision, limit, retryAfter), retryAfter, headers };
   }

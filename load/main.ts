@@ -8,14 +8,18 @@ import { parseArgs } from 'node:util';
 import { request } from 'undici';
 import { parse as parseYaml } from 'yaml';
 import { duration } from '../src/config/schema.js';
+import { buildInfo } from '../src/util/build.js';
 import { watchEmptyConnections } from './client.js';
+import { runCompare } from './compare.js';
+import { measureTaken, redactArgs, redactUrl, workloadKeys, type RunHeader } from './header.js';
 import { reconcile, settledSnapshot, snapshot, type Reconciliation } from './reconcile.js';
 import { htmlReport, jsonReport, reconciliationText, summaryTable } from './report.js';
-import { runWorkload, type Progress } from './runner.js';
+import { runWorkload, type Progress, type RunResult } from './runner.js';
 import { summarize, type SloThresholds } from './stats.js';
 import { chatShareMix, FAULT_KINDS, parseRange, parseRouteMix, type FaultKind, type Range, type RouteShares, type Workload } from './workload.js';
 
 export const USAGE = `usage: waybill load --url URL (--concurrency N | --rate R) (--requests N | --duration D) [options]
+       waybill load compare A.json B.json   (before/after table of two --json reports; see its --help)
 
 target and shape
   --url URL                   OpenAI-compatible base URL (Waybill, the simulator, or vLLM)
@@ -45,8 +49,9 @@ workload
   --simulator                 the target is (or fronts) the simulator: faults and race-free cancellations apply
 SLO, reports, reconciliation
   --slo-ttft D --slo-tpot D --slo-e2e D   thresholds (default 2s, 100ms, 60s) for attainment and goodput
-  --json FILE                 write the JSON report
-  --html FILE                 write the self-contained HTML report
+  --json FILE                 write the JSON report (a header says what was run: target, start, duration asked and
+                              taken and why they differ, load, workload, seed, Waybill version, these flags)
+  --html FILE                 write the self-contained HTML report (the same header, charts with axes)
   --reconcile                 the target is Waybill: compare its /metrics (before/after) with what clients saw
   --sim URL                   a simulator behind Waybill, for --reconcile (repeatable)
   --borderline-margin D       client and Waybill clocks agree within D (default 50ms): SLO results this close to
@@ -58,6 +63,7 @@ SLO, reports, reconciliation
 examples
   waybill load --url http://127.0.0.1:8080 --concurrency 64 --duration 30s --html report.html
   waybill load --url http://vllm:8000 --rate 20 --requests 5000 --workload workload.yaml
+  waybill load compare before.json after.json
   (more, and what each number means: docs/load.md)
 `;
 
@@ -81,6 +87,8 @@ interface LoadConfig {
   apiKey: string | undefined;
   timeoutMs: number;
   quiet: boolean;
+  /** The flags as given, for the report's header. */
+  argv: readonly string[];
 }
 
 const OPTIONS = {
@@ -239,6 +247,7 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
     apiKey: flag('api-key'),
     timeoutMs,
     quiet: values.quiet === true,
+    argv: [...argv],
   };
 }
 
@@ -261,6 +270,26 @@ function progressPrinter(quiet: boolean): ((p: Progress) => void) | undefined {
       lastPlain = p.elapsedMs;
       process.stderr.write(`${line}\n`);
     }
+  };
+}
+
+/** The report's header: what this run was (load/header.ts). */
+function headerOf(config: LoadConfig, model: string, run: RunResult): RunHeader {
+  const asked = { requests: config.requests ?? null, durationS: config.durationMs === undefined ? null : config.durationMs / 1000, warmup: config.warmup };
+  return {
+    target: redactUrl(config.baseUrl),
+    model,
+    startedAt: new Date(run.startedAtEpochMs).toISOString(),
+    load: config.rate === undefined ? { mode: 'closed', concurrency: config.concurrency ?? 1 } : { mode: 'open', ratePerS: config.rate },
+    asked,
+    taken: measureTaken(run.results, asked, run.durationMs),
+    workload: workloadKeys(config.workload, model),
+    seed: config.seed,
+    simulator: config.simulator,
+    reconcile: config.reconcile,
+    timeoutS: config.timeoutMs / 1000,
+    waybill: buildInfo(),
+    argv: redactArgs(config.argv),
   };
 }
 
@@ -303,20 +332,25 @@ export async function runLoadWith(config: LoadConfig, out: (text: string) => voi
   });
   if (progress !== undefined && process.stderr.isTTY) process.stderr.write('\n');
   const summary = summarize(run.results, run.durationMs / 1000, config.slo);
+  const header = headerOf(config, model, run);
   out(summaryTable(summary, config.slo));
+  out(`run             ${header.taken.explanation}`);
   let reconciliation;
   if (before !== undefined) {
     const after = await settledSnapshot(config.baseUrl, config.sims, before, run.results.length);
     reconciliation = reconcile(run.results, before, after, config.slo, config.borderlineMarginMs, stopWatching?.() ?? 0);
     out(reconciliationText(reconciliation));
   }
-  if (config.json !== undefined) await writeFile(config.json, JSON.stringify(jsonReport(summary, config.slo, run.results, reconciliation), null, 2));
-  if (config.html !== undefined) await writeFile(config.html, htmlReport(summary, config.slo, run.results, reconciliation));
+  const report = { header, summary, slo: config.slo, results: run.results, reconciliation };
+  if (config.json !== undefined) await writeFile(config.json, JSON.stringify(jsonReport(report), null, 2));
+  if (config.html !== undefined) await writeFile(config.html, htmlReport(report));
   const mismatches = reconciliation?.mismatches.length ?? 0;
   return { exitCode: mismatches > 0 ? 1 : 0, mismatches, ...(reconciliation === undefined ? {} : { reconciliation }) };
 }
 
 export async function runLoad(argv: string[]): Promise<number> {
+  // Before the help check: `waybill load compare --help` is compare's help.
+  if (argv[0] === 'compare') return runCompare(argv.slice(1));
   if (argv.includes('--help') || argv.includes('-h')) {
     console.log(USAGE);
     return 0;

@@ -1,8 +1,11 @@
 /**
  * Reports of a run: a readable summary table, a JSON report, and a self-contained HTML report (inline SVG, no
- * external assets) with latency histograms and time series of throughput and TTFT.
+ * external assets) with latency histograms and time series of throughput and TTFT. Both files open with the run's
+ * header (load/header.ts): what was run, and why it took as long as it did.
  */
+import { histogramSvg, lineChartSvg, type Marker } from './chart.js';
 import type { RequestResult } from './client.js';
+import { formatDuration, headerRows, type RunHeader } from './header.js';
 import type { Reconciliation } from './reconcile.js';
 import type { Percentiles, RunSummary, SloThresholds } from './stats.js';
 
@@ -10,7 +13,7 @@ const ms = (value: number | undefined) => (value === undefined ? '—' : value <
 const pct = (value: number | undefined) => (value === undefined ? '—' : `${(value * 100).toFixed(2)}%`);
 
 function row(label: string, p: Percentiles): string {
-  return `  ${label.padEnd(16)} ${String(p.count).padStart(8)} ${ms(p.p50).padStart(9)} ${ms(p.p90).padStart(9)} ${ms(p.p99).padStart(9)} ${ms(p.max).padStart(9)}`;
+  return `  ${label.padEnd(16)} ${String(p.count).padStart(8)} ${ms(p.p50).padStart(9)} ${ms(p.p90).padStart(9)} ${ms(p.p95).padStart(9)} ${ms(p.p99).padStart(9)} ${ms(p.max).padStart(9)}`;
 }
 
 export function summaryTable(summary: RunSummary, slo: SloThresholds): string {
@@ -24,7 +27,7 @@ export function summaryTable(summary: RunSummary, slo: SloThresholds): string {
     `  attainment    ${pct(summary.sloAttainment)}   goodput ${summary.goodputPerS.toFixed(2)} req/s`,
     `  results       ${Object.entries(summary.slo).map(([k, v]) => `${k}=${v}`).join('  ')}`,
     '',
-    `  ${'latency (ms)'.padEnd(16)} ${'count'.padStart(8)} ${'p50'.padStart(9)} ${'p90'.padStart(9)} ${'p99'.padStart(9)} ${'max'.padStart(9)}`,
+    `  ${'latency (ms)'.padEnd(16)} ${'count'.padStart(8)} ${'p50'.padStart(9)} ${'p90'.padStart(9)} ${'p95'.padStart(9)} ${'p99'.padStart(9)} ${'max'.padStart(9)}`,
     row('TTFT', summary.ttftMs),
     row('ITL (per event)', summary.itlMs),
     row('TPOT', summary.tpotMs),
@@ -56,15 +59,31 @@ export function reconciliationText(reconciliation: Reconciliation): string {
   return lines.join('\n');
 }
 
+/** Everything a report is written from. */
+export interface ReportInput {
+  readonly header: RunHeader;
+  readonly summary: RunSummary;
+  readonly slo: SloThresholds;
+  readonly results: readonly RequestResult[];
+  readonly reconciliation: Reconciliation | undefined;
+}
+
+/**
+ * The JSON report. `header` first, so `head` shows what was run; reports written before headers existed have none,
+ * and `waybill load compare` reads them as "unknown". In `reconciliation`, a bound with no upper limit is written
+ * `null` (JSON has no Infinity).
+ */
 export interface JsonReport {
+  readonly header: RunHeader;
   readonly summary: RunSummary;
   readonly slo: SloThresholds;
   readonly reconciliation: Reconciliation | undefined;
   readonly requests: Array<Record<string, unknown>>;
 }
 
-export function jsonReport(summary: RunSummary, slo: SloThresholds, results: readonly RequestResult[], reconciliation: Reconciliation | undefined): JsonReport {
+export function jsonReport({ header, summary, slo, results, reconciliation }: ReportInput): JsonReport {
   return {
+    header,
     summary,
     slo,
     reconciliation,
@@ -92,54 +111,25 @@ export function jsonReport(summary: RunSummary, slo: SloThresholds, results: rea
 
 const escape = (text: string) => text.replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c] ?? c);
 
-/** An SVG histogram of `values` (log-spaced bins when they span decades). */
-function histogramSvg(title: string, values: readonly number[], unit: string): string {
-  const width = 520;
-  const height = 180;
-  if (values.length === 0) return `<figure><figcaption>${escape(title)}: no data</figcaption></figure>`;
-  // A loop, not Math.min(...values): a long run has millions of inter-token gaps, past the engine's argument limit.
-  let lowest = Number.POSITIVE_INFINITY;
-  let max = Number.NEGATIVE_INFINITY;
-  for (const v of values) {
-    if (v < lowest) lowest = v;
-    if (v > max) max = v;
-  }
-  const min = Math.max(1e-3, lowest);
-  const bins = 40;
-  const log = max / min > 50;
-  const edge = (i: number) => (log ? min * (max / min) ** (i / bins) : min + ((max - min) * i) / bins);
-  const counts = new Array<number>(bins).fill(0);
-  for (const v of values) {
-    let i = bins - 1;
-    while (i > 0 && v < edge(i)) i--;
-    counts[i] = (counts[i] ?? 0) + 1;
-  }
-  const top = Math.max(...counts);
-  const bar = (width - 40) / bins;
-  const rects = counts
-    .map((c, i) => {
-      const h = top === 0 ? 0 : ((height - 40) * c) / top;
-      return `<rect x="${(30 + i * bar).toFixed(1)}" y="${(height - 20 - h).toFixed(1)}" width="${(bar - 1).toFixed(1)}" height="${h.toFixed(1)}" fill="#4878a8"><title>${edge(i).toFixed(2)}–${edge(i + 1).toFixed(2)} ${unit}: ${c}</title></rect>`;
-    })
-    .join('');
-  return `<figure><figcaption>${escape(title)} (${values.length} values${log ? ', log scale' : ''})</figcaption><svg width="${width}" height="${height}" viewBox="0 0 ${width} ${height}">${rects}<text x="30" y="${height - 4}" font-size="10">${min.toFixed(2)} ${unit}</text><text x="${width - 10}" y="${height - 4}" font-size="10" text-anchor="end">${max.toFixed(2)} ${unit}</text><text x="4" y="14" font-size="10">${top}</text></svg></figure>`;
+/** The median of each second's values; undefined for a second without any, which the chart draws as a gap. */
+function medians(bySecond: readonly number[][]): Array<number | undefined> {
+  return bySecond.map((xs) => (xs.length === 0 ? undefined : [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]));
 }
 
-/** An SVG line chart of per-second series. */
-function seriesSvg(title: string, points: ReadonlyArray<[number, number]>, unit: string): string {
-  const width = 520;
-  const height = 180;
-  if (points.length === 0) return `<figure><figcaption>${escape(title)}: no data</figcaption></figure>`;
-  const maxX = Math.max(1, ...points.map(([x]) => x));
-  const maxY = Math.max(1e-9, ...points.map(([, y]) => y));
-  const path = points
-    .map(([x, y], i) => `${i === 0 ? 'M' : 'L'}${(30 + ((width - 40) * x) / maxX).toFixed(1)},${(height - 20 - ((height - 40) * y) / maxY).toFixed(1)}`)
-    .join(' ');
-  return `<figure><figcaption>${escape(title)}</figcaption><svg width="${width}" height="${height}" viewBox="0 0 ${width} ${height}"><path d="${path}" fill="none" stroke="#c05030" stroke-width="1.5"/><text x="30" y="${height - 4}" font-size="10">0 s</text><text x="${width - 10}" y="${height - 4}" font-size="10" text-anchor="end">${maxX} s</text><text x="4" y="14" font-size="10">${maxY.toFixed(1)} ${unit}</text></svg></figure>`;
+/** Where the sending stopped: the runner then only waits, so what follows on the time charts is the drain. */
+function windowMarker(header: RunHeader): Marker {
+  return { atS: header.taken.windowS, label: header.taken.stoppedBy === 'duration' ? `${formatDuration(header.taken.windowS * 1000)} window ends` : 'last request sent' };
 }
 
-export function htmlReport(summary: RunSummary, slo: SloThresholds, results: readonly RequestResult[], reconciliation: Reconciliation | undefined): string {
+function headerTable(header: RunHeader, reconciliation: Reconciliation | undefined): string {
+  const verdict = reconciliation === undefined ? 'not run' : `${reconciliation.mismatches.length} mismatch(es) (below)`;
+  const rows = [...headerRows(header), ['reconciliation', verdict] as const];
+  return `<table class="header">${rows.map(([k, v]) => `<tr><th>${escape(k)}</th><td>${escape(v)}</td></tr>`).join('')}</table>`;
+}
+
+export function htmlReport({ header, summary, slo, results, reconciliation }: ReportInput): string {
   const seconds = Math.max(1, Math.ceil(summary.durationS));
+  // Counts per second are 0 in a second without completions (a true zero); latencies have no value there.
   const done = new Array<number>(seconds).fill(0);
   const events = new Array<number>(seconds).fill(0);
   const ttftBySecond: number[][] = Array.from({ length: seconds }, () => []);
@@ -149,25 +139,27 @@ export function htmlReport(summary: RunSummary, slo: SloThresholds, results: rea
     events[s] = (events[s] ?? 0) + r.outputEvents;
     if (r.ttftMs !== undefined) ttftBySecond[Math.min(seconds - 1, Math.floor(r.startedAt / 1000))]?.push(r.ttftMs);
   }
-  const median = (xs: number[]) => (xs.length === 0 ? 0 : ([...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? 0));
   const all = (pick: (r: RequestResult) => number | undefined) => results.map(pick).filter((v): v is number => v !== undefined);
+  const markers = [windowMarker(header)];
   return `<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Waybill load report</title>
-<style>body{font:14px system-ui,sans-serif;margin:2em;max-width:1100px}pre{background:#f4f4f4;padding:1em;overflow:auto}figure{display:inline-block;margin:0 1em 1em 0}figcaption{font-weight:600;margin-bottom:.3em}</style>
+<html lang="en"><head><meta charset="utf-8"><title>Waybill load report: ${escape(header.target)} ${escape(header.startedAt)}</title>
+<style>body{font:14px system-ui,sans-serif;margin:2em;max-width:1200px}pre{background:#f4f4f4;padding:1em;overflow:auto}figure{display:inline-block;margin:0 1em 1em 0}figcaption{font-weight:600;margin-bottom:.3em}table.header{border-collapse:collapse}table.header th{text-align:left;font-weight:600;padding:.15em 1em .15em 0;vertical-align:top;white-space:nowrap}table.header td{padding:.15em 0;font-family:ui-monospace,monospace;word-break:break-all}</style>
 </head><body>
 <h1>Waybill load report</h1>
+<h2>What was run</h2>
+${headerTable(header, reconciliation)}
 <h2>Summary</h2>
 <pre>${escape(summaryTable(summary, slo))}</pre>
 ${reconciliation === undefined ? '' : `<h2>Reconciliation</h2><pre>${escape(reconciliationText(reconciliation))}</pre>`}
 <h2>Latency</h2>
 ${histogramSvg('TTFT', all((r) => r.ttftMs), 'ms')}
-${histogramSvg('Inter-token latency (per event)', results.flatMap((r) => r.itlMs), 'ms')}
+${histogramSvg('Inter-token latency (per event)', results.flatMap((r) => r.itlMs), 'ms', 'events')}
 ${histogramSvg('TPOT', all((r) => r.tpotMs), 'ms')}
 ${histogramSvg('End-to-end', all((r) => r.e2eMs), 'ms')}
 <h2>Over time</h2>
-${seriesSvg('Requests completed per second', done.map((v, i) => [i, v] as [number, number]), 'req/s')}
-${seriesSvg('Output events per second', events.map((v, i) => [i, v] as [number, number]), 'ev/s')}
-${seriesSvg('TTFT median by second started', ttftBySecond.map((xs, i) => [i, median(xs)] as [number, number]), 'ms')}
+${lineChartSvg({ title: 'Requests completed per second', yTitle: 'requests/s', values: done, markers })}
+${lineChartSvg({ title: 'Output events per second', yTitle: 'events/s', values: events, markers })}
+${lineChartSvg({ title: 'TTFT median by second started', yTitle: 'TTFT (ms)', values: medians(ttftBySecond), markers })}
 </body></html>
 `;
 }

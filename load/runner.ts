@@ -36,6 +36,8 @@ export interface Progress {
 export interface RunResult {
   readonly results: RequestResult[];
   readonly durationMs: number;
+  /** Wall-clock time of the run's start (ms since the epoch): the zero of every result's `startedAt`. */
+  readonly startedAtEpochMs: number;
 }
 
 /** Outcomes that are failures of the system under test (client cancellations and 4xx are not). */
@@ -106,5 +108,6 @@ export async function runWorkload(options: RunOptions): Promise<RunResult> {
   }
   results.sort((a, b) => a.plan.index - b.plan.index);
   progress?.({ done: results.length, inFlight: 0, errors, elapsedMs: performance.now() - runStart });
-  return { results, durationMs: performance.now() - runStart };
+  // timeOrigin + the monotonic start, not Date.now(): the same instant the results' clocks count from.
+  return { results, durationMs: performance.now() - runStart, startedAtEpochMs: performance.timeOrigin + runStart };
 }

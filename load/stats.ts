@@ -19,6 +19,7 @@ export interface Percentiles {
   readonly count: number;
   readonly p50: number | undefined;
   readonly p90: number | undefined;
+  readonly p95: number | undefined;
   readonly p99: number | undefined;
   readonly max: number | undefined;
 }
@@ -162,10 +163,10 @@ export function sloCandidates(result: RequestResult, slo: SloThresholds, marginM
 }
 
 export function percentiles(values: readonly number[]): Percentiles {
-  if (values.length === 0) return { count: 0, p50: undefined, p90: undefined, p99: undefined, max: undefined };
+  if (values.length === 0) return { count: 0, p50: undefined, p90: undefined, p95: undefined, p99: undefined, max: undefined };
   const sorted = Float64Array.from(values).sort();
   const at = (q: number) => sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))];
-  return { count: sorted.length, p50: at(0.5), p90: at(0.9), p99: at(0.99), max: sorted[sorted.length - 1] };
+  return { count: sorted.length, p50: at(0.5), p90: at(0.9), p95: at(0.95), p99: at(0.99), max: sorted[sorted.length - 1] };
 }
 
 function increment(map: Record<string, number>, key: string, by = 1): void {

@@ -91,6 +91,17 @@ describe('waybill --help and --version', () => {
     });
   }
 
+  it('waybill load compare --help (and -h) names its options and shows an example, exit 0', async () => {
+    for (const flag of ['--help', '-h']) {
+      const result = await run(['load', 'compare', flag]);
+      expect(result.code).toBe(0);
+      expect(result.stderr).toBe('');
+      expect(result.stdout).toMatch(/^usage: waybill load compare /);
+      for (const option of ['--threshold', '--points', '--json']) expect(result.stdout).toContain(option);
+      expect(result.stdout).toMatch(/\nexamples\n\s+waybill load compare\b/);
+    }
+  });
+
   it('asking for help wins over other flags, and `waybill help CMD` is `waybill CMD --help`', async () => {
     const serve = await run(['serve', '--help']);
     expect(await run(['serve', '--colour', 'blue', '--help'])).toEqual(serve);

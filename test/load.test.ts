@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AnswerObserver, judgeTranscript, statusOutcome, type RequestResult } from '../load/client.js';
 import { readerOf } from '../load/load-routes.js';
+import { measureTaken, workloadKeys, type RunHeader } from '../load/header.js';
 import { parseLoadArgs, runLoadWith } from '../load/main.js';
 import { parseMetrics, reconcile } from '../load/reconcile.js';
 import { htmlReport } from '../load/report.js';
@@ -435,7 +436,13 @@ describe('the HTML report', () => {
       e2eMs: 2000, itlMs: gaps, outputEvents: gaps.length + 1, usage: undefined, finishReasons: ['stop' as const], cancelRacedEnd: false, anomaly: undefined, error: undefined,
     };
     const slo = { ttftMs: 2000, tpotMs: 100, e2eMs: 60_000 };
-    const html = htmlReport(summarize([result], 2, slo), slo, [result], undefined);
+    const asked = { requests: 1, durationS: null, warmup: 0 };
+    const header: RunHeader = {
+      target: 'http://127.0.0.1:1', model: 'm', startedAt: new Date(0).toISOString(), load: { mode: 'closed', concurrency: 1 }, asked,
+      taken: measureTaken([result], asked, 2000), workload: workloadKeys(WORKLOAD, 'm'), seed: 1, simulator: false, reconcile: false,
+      timeoutS: 300, waybill: { version: '0.0.0', revision: 'unknown' }, argv: [],
+    };
+    const html = htmlReport({ header, summary: summarize([result], 2, slo), slo, results: [result], reconciliation: undefined });
     expect(html).toContain('Inter-token latency (per event) (1000000 values');
   });
 });

@@ -234,7 +234,7 @@ async function serve(argv: string[]): Promise<number> {
   // Where everything is, in one line: with server.admin_port the operational endpoints are on the admin listener.
   const ops = gateway.adminUrl ?? url;
   log.info(
-    { url, models: gateway.upstreams.models(), metrics: `${ops}/metrics`, healthz: `${ops}/healthz`, readyz: `${ops}/readyz`, docs: 'docs/operations.md' },
+    { url, models: gateway.upstreams.models(), metrics: `${ops}/metrics`, healthz: `${ops}/healthz`, readyz: `${ops}/readyz`, status: `${ops}/status`, docs: 'docs/operations.md' },
     'waybill listening',
   );
   const onHangup = reloadOnHangup(argv, gateway);

@@ -34,6 +34,8 @@ const RESERVED_PATHS = [
   '/metrics',
   '/healthz',
   '/readyz',
+  '/status',
+  '/status.json',
 ];
 
 /** A client key as the gateway keeps it: the SHA-256 of its value, never the value. */
@@ -355,6 +357,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
     ),
     limits: { defaultMaxTokens: raw.limits.default_max_tokens, anonymous: tenantLimits(raw.limits.anonymous), redis: resolveRedis(raw.limits, problems, env) },
     responses: { maxRememberedIds: raw.responses.max_remembered_ids, lookupTimeoutMs: raw.responses.lookup_timeout },
+    status: { enabled: raw.status.enabled, maxClients: raw.status.max_clients },
     passthrough: Object.freeze(raw.passthrough.paths.map((entry) => Object.freeze({ ...entry, methods: [...entry.methods] }))),
     logging: Object.freeze(raw.logging),
     tracing: { endpoint: raw.tracing.endpoint, captureContent: raw.tracing.capture_content },

@@ -311,6 +311,14 @@ export const configSchema = z.strictObject({
         .prefault({}),
     })
     .prefault({}),
+  status: z
+    .strictObject({
+      /** The live status page (/status, /status.json, /status/events) where /metrics is served; false: 404 there. */
+      enabled: z.boolean().default(true),
+      /** Status pages following the live event stream at once; more get 503 too_many_connections. */
+      max_clients: z.number().int().positive().max(1024).default(16),
+    })
+    .prefault({}),
   output_checks: z
     .strictObject({
       /** Characters of answer text (content and tool-call arguments, all choices) kept per response for format_valid; past it, unevaluated. */

@@ -5,7 +5,8 @@
  *
  * The operational endpoints are served by the API's own app, or, with `server.admin_port`, by a second app on a
  * port of their own (the admin listener): it shares the metrics registry, answers readiness (503, draining) all
- * through the drain, and is closed last.
+ * through the drain, and is closed last. The live status page (status-page.ts) is served beside them; its event
+ * streams are ended before the listener serving them closes, so they never hold a shutdown.
  */
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
@@ -14,6 +15,7 @@ import type { Exchange } from '../proxy/exchange.js';
 import type { UpstreamRegistry } from '../proxy/upstreams.js';
 import type { GatewayMetrics } from '../telemetry/metrics.js';
 import { errorBody } from '../delivery/errors.js';
+import type { StatusPage } from './status-page.js';
 import { within } from '../util/within.js';
 
 export interface LifecycleDeps {
@@ -27,6 +29,8 @@ export interface LifecycleDeps {
   readonly metrics: GatewayMetrics;
   readonly logger: Logger;
   readonly now: () => number;
+  /** The live status page, served where /metrics is. */
+  readonly statusPage?: StatusPage | undefined;
 }
 
 export interface Lifecycle {
@@ -54,13 +58,13 @@ export interface Lifecycle {
 export function createAdminApp(logger: FastifyBaseLogger): FastifyInstance {
   const admin = Fastify({ loggerInstance: logger, logController: new LogController({ disableRequestLogging: true }), childLoggerFactory: (parent) => parent });
   admin.setNotFoundHandler((request, reply) => {
-    void reply.code(404).send(errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0] ?? ''} on the admin listener (/metrics, /healthz, /readyz)`));
+    void reply.code(404).send(errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0] ?? ''} on the admin listener (/metrics, /healthz, /readyz, /status)`));
   });
   return admin;
 }
 
 export function createLifecycle(deps: LifecycleDeps): Lifecycle {
-  const { app, admin, current, closeUpstreams, metrics, logger, now } = deps;
+  const { app, admin, current, closeUpstreams, metrics, logger, now, statusPage } = deps;
   /** Where /healthz, /readyz and /metrics are served. */
   const ops = admin ?? app;
   let adminUrl: string | undefined;
@@ -94,13 +98,17 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     void reply.type(contentType).send(body);
   });
 
+  // Its paths are reserved (config/load.ts): no pass-through path can claim them.
+  statusPage?.register(ops);
+
   async function drainAndClose(): Promise<void> {
     const { config } = current();
     draining = true;
     logger.info({ inflight: exchanges.size, graceMs: config.shutdown.graceMs }, 'draining: not ready; still serving during the grace period');
     await new Promise((resolve) => setTimeout(resolve, config.shutdown.graceMs));
     // Stops accepting connections; requests already in flight go on (fastify answers new ones on open
-    // keep-alive connections with 503).
+    // keep-alive connections with 503). Status streams on this port would hold the close: they end now.
+    if (admin === undefined) statusPage?.closeStreams(true);
     closing = true;
     const closed = app.close();
     const idle = () => new Promise<void>((resolve) => (exchanges.size === 0 ? resolve() : (allDone = resolve)));
@@ -114,7 +122,8 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     await within(closed, config.streaming.drainGraceMs + 1000);
     await closeUpstreams();
     logger.info('drained');
-    // Last: probes and scrapes are answered (readiness 503, draining) until the API is closed.
+    // Last: probes, scrapes and the status page are answered (readiness 503, draining) until the API is closed.
+    statusPage?.closeStreams(true);
     await admin?.close();
   }
 
@@ -142,6 +151,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     },
     close() {
       stopping ??= (async () => {
+        statusPage?.closeStreams(true);
         await app.close();
         await closeUpstreams();
         await admin?.close();

@@ -15,6 +15,7 @@ import { createLogger } from '../telemetry/logger.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
 import { SchemaCache } from '../accounting/schemas.js';
 import { createSettlementRecorder } from '../telemetry/settlement.js';
+import { createStatusWindow } from '../telemetry/status.js';
 import { disabledTracing, type Tracing } from '../telemetry/tracing.js';
 import { buildInfo } from '../util/build.js';
 import { createAnswers } from './answers.js';
@@ -25,6 +26,7 @@ import type { Generation } from './generation.js';
 import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.js';
 import { createAuthenticator } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
+import { createStatusPage, statusSettings } from './status-page.js';
 
 export interface GatewayOptions {
   logger?: Logger;
@@ -87,12 +89,24 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     logger.error({ err: error, component }, 'internal error');
     metrics.internalError(component);
   });
+  // The status page's window reads the ledger's settlements, not Prometheus; the page is off with status.enabled.
+  const statusWindow = createStatusWindow({
+    now: () => Date.now(),
+    ttftBuckets: config.metrics.buckets.ttft,
+    tpotBuckets: config.metrics.buckets.tpot,
+    firstOutputBuckets: config.metrics.buckets.ttft,
+  });
   const publish = createSettlementRecorder({
     metrics,
     logger,
     guard,
     logRequests: config.logging.requests,
-    onSettled: options.onSettled,
+    onSettled: [
+      ...(options.onSettled === undefined ? [] : [options.onSettled]),
+      (settlement, requestId, traceId) => {
+        if (statusSettings(current.config).enabled) statusWindow.record(settlement, requestId, traceId);
+      },
+    ],
     evaluation: config.evaluation,
   });
   const schemas = new SchemaCache({ size: config.outputChecks.schemaCacheSize, maxSchemaChars: config.outputChecks.maxSchemaChars });
@@ -203,9 +217,18 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   const app = Fastify(fastifyOptions(config, fastifyLogger, answers));
   // With server.admin_port, the operational endpoints get a listener of their own and the API port serves only the API.
   const admin = config.server.admin_port === undefined ? undefined : createAdminApp(fastifyLogger);
+  const statusPage = createStatusPage({
+    window: statusWindow,
+    current: () => current,
+    now,
+    wallNow: () => Date.now(),
+    stopping: () => lifecycle.stopping,
+    guard,
+  });
   const lifecycle = createLifecycle({
     app,
     admin,
+    statusPage,
     current: () => current,
     closeUpstreams: async () => {
       await Promise.all([...open].map((generation) => generation.close()));
@@ -251,6 +274,9 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     current = generation;
     hash = nextHash;
     previous.retire();
+    // A status stream on the API port holds the generation it arrived under (front door): ended, it reconnects to
+    // the new one, and the retired generation can close.
+    if (admin === undefined) statusPage.closeStreams(false);
     metrics.declareModels(generation.upstreams.models(), next.metrics.promptLenClasses, next.auth.servedTenants);
     metrics.configInForce(hash);
     metrics.configReloaded('ok');

@@ -7,7 +7,7 @@ import type { AttemptRecord } from '../accounting/ledger.js';
 import type { EjectionReason } from '../accounting/outcomes.js';
 import type { AdmissionConfig, Config, PoolConfig, UpstreamConfig } from '../config/load.js';
 import { AdmissionGate } from './admission.js';
-import { CircuitBreaker, type SendTicket } from './breaker.js';
+import { CircuitBreaker, type BreakerState, type SendTicket } from './breaker.js';
 import { pickUpstream } from './picker.js';
 import { RetryBudget } from '../delivery/retry-budget.js';
 import { healthVerdict } from '../delivery/retry-policy.js';
@@ -124,6 +124,23 @@ export interface ServedPool {
   readonly config: PoolConfig;
   readonly upstreams: readonly Upstream[];
   models: readonly string[];
+}
+
+/** One upstream's state at a moment (UpstreamRegistry.snapshot). */
+export interface UpstreamState {
+  readonly name: string;
+  readonly pool: string;
+  /** Takes traffic: its health check has not failed and it is not ejected. */
+  readonly up: boolean;
+  /** The last active health check; null before the first one finished. */
+  readonly healthy: boolean | null;
+  /** Passive health: `open` while ejected. */
+  readonly circuit: BreakerState;
+  /** Times passive health ejected it since this configuration was loaded. */
+  readonly ejections: number;
+  readonly inflight: number;
+  /** Its own max_inflight; null: no limit of its own. */
+  readonly maxInflight: number | null;
 }
 
 /** What each served model has of its own: a retry budget, and an admission gate when configured. */
@@ -259,6 +276,25 @@ export class UpstreamRegistry {
       this.logger.warn({ upstream: upstream.name, reason: ejected, result: record?.result }, 'upstream ejected');
       this.hooks.onEjected?.(upstream.name, ejected);
     }
+  }
+
+  /**
+   * What each upstream is doing now, read-only, for the status page: health, circuit, in flight. Copies, so a reader
+   * cannot change what picking and passive health decide from.
+   */
+  snapshot(now: number): UpstreamState[] {
+    return this.pools.flatMap((pool) =>
+      pool.upstreams.map((upstream) => ({
+        name: upstream.name,
+        pool: pool.config.name,
+        up: upstream.isUp(now),
+        healthy: upstream.healthy ?? null,
+        circuit: upstream.breaker.state(now),
+        ejections: upstream.breaker.ejections,
+        inflight: upstream.inflight,
+        maxInflight: Number.isFinite(upstream.maxInflight) ? upstream.maxInflight : null,
+      })),
+    );
   }
 
   /** Ready: every pool has a model to serve and at least one upstream that passed its health check and is not ejected. */

@@ -18,10 +18,17 @@ export interface SettlementRecorderDeps {
   readonly guard: ObserverGuard;
   /** One wide log line per request (logging.requests). */
   readonly logRequests: boolean;
-  readonly onSettled?: ((settlement: Settlement, requestId: string) => void) | undefined;
+  /**
+   * Subscribers to every settled request, in order (the gateway's `onSettled` option, the status page's window). Each
+   * runs behind the guard on its own, so one that throws is counted and the next still sees the request.
+   */
+  readonly onSettled?: readonly SettlementSubscriber[] | undefined;
   /** Sampling of delivered responses for external evaluation (config `evaluation`). */
   readonly evaluation?: EvaluationSettings | undefined;
 }
+
+/** Sees one settled request with its id and, when the request is traced, its trace id. */
+export type SettlementSubscriber = (settlement: Settlement, requestId: string, traceId: string | undefined) => void;
 
 export type PublishSettlement = (settlement: Settlement, requestId: string, trace: RequestTrace, started: boolean, at: number) => void;
 
@@ -38,6 +45,6 @@ export function createSettlementRecorder(deps: SettlementRecorderDeps): PublishS
       guard.run('logging', () => logger.info({ evaluation_sample: sample }, 'evaluation sample'));
     }
     if (logRequests) guard.run('logging', () => logger.info(requestLogLine(settlement, requestId, traceId, sample?.inclusion_probability), 'request'));
-    if (onSettled !== undefined) guard.run('hook', () => onSettled(settlement, requestId));
+    for (const subscriber of onSettled ?? []) guard.run('hook', () => subscriber(settlement, requestId, traceId));
   };
 }

@@ -34,12 +34,14 @@ exit status: 0 success; 2 a bad flag, an invalid configuration or a port that ca
 on stderr); 1 anything else (waybill load: also mismatches found by --reconcile)
 `;
 
-const SERVE_USAGE = `usage: waybill serve [--config FILE] [--upstream URL ...] [--model NAME ...] [--host H] [--port P]
+const SERVE_USAGE = `usage: waybill serve [--config FILE] [--upstream URL ...] [--model NAME ...] [--host H] [--port P] [--workers N]
 
 Runs the gateway until SIGINT or SIGTERM, then drains (shutdown.grace, shutdown.drain_timeout) and exits 0.
 SIGHUP re-reads --config FILE (with the same flags over it) and applies it without dropping a request in flight;
 an invalid file is rejected with every problem logged (see docs/operations.md, "Reloading the configuration").
-It logs JSON to stdout; its "waybill listening" line says where the API, /metrics, /healthz and /readyz are.
+It logs JSON to stdout; its "waybill listening" line says where the API, /metrics, /healthz, /readyz and the
+status page are. With more than one worker, one primary process forks them and they share the ports; /metrics adds
+up every worker's (see docs/operations.md, "Workers").
 
 options
   --config FILE      YAML configuration (see config.example.yaml, docs/configuration.md); the flags below override it
@@ -48,10 +50,13 @@ options
                      discovered from the upstreams' GET /v1/models
   --host H           listen address (default server.host, 0.0.0.0)
   --port P           API port (default server.port, 8080; 0 picks a free one)
+  --workers N        processes serving the API: a number, or auto (default server.workers, auto: the cores this
+                     process may use, its CPU affinity and cgroup quota)
   -h, --help         this help
 
 examples
   waybill serve --upstream http://10.0.0.5:8000 --upstream http://10.0.0.6:8000
+  waybill serve --upstream http://10.0.0.5:8000 --workers 4
   waybill serve --upstream http://10.0.0.5:8000 --model llama-3.1-8b-instruct --port 9000
   waybill serve --config waybill.yaml
 `;
@@ -132,7 +137,8 @@ function listenProblem(err: unknown, command: string, hint: ListenHint): string 
   if (!(err instanceof Error)) return undefined;
   const { code, syscall, address, port, hostname } = err as NodeJS.ErrnoException & { address?: string; port?: number; hostname?: string };
   const known = code === undefined ? undefined : LISTEN_REASONS[code];
-  if (known === undefined || !(syscall === 'listen' || (syscall === 'getaddrinfo' && hostname !== undefined))) return undefined;
+  // A cluster worker's listen fails in the primary's bind, and is reported as `bind`.
+  if (known === undefined || !(syscall === 'listen' || syscall === 'bind' || (syscall === 'getaddrinfo' && hostname !== undefined))) return undefined;
   const host = address ?? hostname;
   const where = host === undefined ? `port ${port ?? '?'}` : `${host.includes(':') ? `[${host}]` : host}${port === undefined ? '' : `:${port}`}`;
   return `waybill ${command}: cannot listen on ${where}: ${known.reason} (${code}); ${hint(known.change, port)}`;
@@ -166,10 +172,16 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
       model: { type: 'string', multiple: true },
       host: { type: 'string' },
       port: { type: 'string' },
+      workers: { type: 'string' },
     },
     strict: true,
   });
   const problems: string[] = [];
+  let workers: number | 'auto' | undefined;
+  if (values.workers !== undefined) {
+    workers = values.workers === 'auto' ? 'auto' : Number(values.workers);
+    if (workers !== 'auto' && (!Number.isInteger(workers) || workers < 1 || workers > 256)) problems.push(`--workers: "${values.workers}" is not auto or a number of processes from 1 to 256`);
+  }
   let port: number | undefined;
   if (values.port !== undefined) {
     port = Number(values.port);
@@ -190,8 +202,13 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
         },
       ];
     }
-    if (values.host !== undefined || port !== undefined) {
-      next.server = { ...input.server, ...(values.host !== undefined ? { host: values.host } : {}), ...(port !== undefined ? { port } : {}) };
+    if (values.host !== undefined || port !== undefined || workers !== undefined) {
+      next.server = {
+        ...input.server,
+        ...(values.host !== undefined ? { host: values.host } : {}),
+        ...(port !== undefined ? { port } : {}),
+        ...(workers !== undefined ? { workers } : {}),
+      };
     }
     return next;
   };
@@ -200,9 +217,30 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
 
 async function serve(argv: string[]): Promise<number> {
   const config = await configFromServeArgs(argv);
-  const [{ startTracing }, { createGateway }] = await Promise.all([import('./telemetry/tracing.js'), import('./http/server.js')]);
+  const workers = await import('./http/workers.js');
+  const identity = workers.workerIdentity();
+  if (identity === undefined) {
+    const count = workers.workersOnThisMachine(config.server.workers);
+    if (count > 1) return servePrimary(config, count);
+  }
+  const [{ startTracing }, { createGateway }, { createLogger }, { ClusterLimitStore }] = await Promise.all([
+    import('./telemetry/tracing.js'),
+    import('./http/server.js'),
+    import('./telemetry/logger.js'),
+    import('./proxy/cluster-limit-store.js'),
+  ]);
   const tracing = startTracing(config.tracing);
-  const gateway = createGateway(config, { tracing });
+  // A worker: its primary aggregates the metrics and counts the tenants' limits; its log lines say which it is.
+  const link = identity === undefined ? undefined : new workers.WorkerLink();
+  const gateway = createGateway(config, {
+    tracing,
+    ...(identity !== undefined &&
+      link !== undefined && {
+        logger: createLogger(config.logging).child({ worker: identity.index }),
+        worker: { ...identity, scrape: () => link.scrape(), limitStore: new ClusterLimitStore(link.limits) },
+      }),
+  });
+  link?.serveMetrics(gateway.metrics.registry);
   const log = gateway.app.log;
   log.info(
     {
@@ -229,8 +267,13 @@ async function serve(argv: string[]): Promise<number> {
     if (problem === undefined) throw err;
     await gateway.close();
     await tracing.shutdown();
-    return fail(problem);
+    if (link === undefined) return fail(problem);
+    // The primary prints it, once for all workers.
+    await link.fatal(problem, 2);
+    link.close();
+    return 2;
   }
+  if (link !== undefined) return serveAsWorker(argv, gateway, link, url, () => tracing.shutdown());
   // Where everything is, in one line: with server.admin_port the operational endpoints are on the admin listener.
   const ops = gateway.adminUrl ?? url;
   log.info(
@@ -248,6 +291,48 @@ async function serve(argv: string[]): Promise<number> {
   // Telemetry last, so the spans of drained requests are exported.
   await tracing.shutdown();
   return 0;
+}
+
+/** One of several workers: the primary said where everything is; it says when to reload and when to drain. */
+async function serveAsWorker(
+  argv: string[],
+  gateway: import('./http/server.js').Gateway,
+  link: import('./http/workers.js').WorkerLink,
+  url: string,
+  shutdownTracing: () => Promise<void>,
+): Promise<number> {
+  link.reloads(reloadOnHangup(argv, gateway));
+  link.listening(url, gateway.adminUrl, gateway.upstreams.models());
+  await link.drain;
+  gateway.app.log.info({ inflight: gateway.inflight }, 'worker shutting down');
+  await gateway.drain();
+  await shutdownTracing();
+  link.close();
+  return 0;
+}
+
+/**
+ * `serve` with more than one worker (server.workers): this process forks them and serves nothing itself
+ * (http/workers.ts). Its lines: the start-up line once every worker listens, and the workers' comings and goings.
+ */
+async function servePrimary(config: Config, count: number): Promise<number> {
+  const [{ createLogger }, { runPrimary }, { oversplitLimits }] = await Promise.all([import('./telemetry/logger.js'), import('./http/workers.js'), import('./config/workers.js')]);
+  const log = createLogger(config.logging).child({ primary: true });
+  const over = oversplitLimits(config, count);
+  if (over.length > 0) log.warn({ limits: over, workers: count }, 'limits smaller than the number of workers: each worker keeps at least 1, so together they allow more');
+  return runPrimary({
+    count,
+    logger: log,
+    onListening: (url, adminUrl, models) => {
+      const ops = adminUrl ?? url;
+      log.info(
+        { url, workers: count, models, metrics: `${ops}/metrics`, healthz: `${ops}/healthz`, readyz: `${ops}/readyz`, status: `${ops}/status`, docs: 'docs/operations.md' },
+        'waybill listening',
+      );
+    },
+    onFatal: (problem) => console.error(problem),
+    stopSignal: waitForSignal(),
+  });
 }
 
 /**

@@ -286,7 +286,8 @@ describe('waybill serve: SIGHUP', () => {
       `pools: [{ name: p, models: [tiny], upstreams: [{ url: "${url}" }] }]\nauth: { keys: [{ tenant: t, key_sha256: "${sha(key)}" }] }\nshutdown: { grace: 0, drain_timeout: 1s }\n`;
     try {
       const file = tempFile('reload.yaml', yaml('old-key'));
-      const { child, line } = start(['serve', '--config', file, '--host', '127.0.0.1', '--port', '0'], /waybill listening/);
+      // One process, so the reload counter counts one reload (test/workers.test.ts reloads several workers).
+      const { child, line } = start(['serve', '--config', file, '--host', '127.0.0.1', '--port', '0', '--workers', '1'], /waybill listening/);
       let stdout = '';
       child.stdout?.on('data', (d: Buffer) => (stdout += d.toString()));
       const { url: base } = JSON.parse(await line) as { url: string };

@@ -47,6 +47,7 @@ describe('configuration', () => {
       read_timeout: 30_000,
       headers_timeout: 10_000,
       max_header_bytes: 16 * 1024,
+      workers: 'auto',
       max_connections: 4096,
       max_json_depth: 128,
       max_choices: 128,

@@ -113,6 +113,12 @@ export const configSchema = z.strictObject({
       admin_port: z.number().int().min(0).max(65535).optional(),
       /** The admin listener's address. Absent: `host`, so kubelet probes and Prometheus reach it as they reach the API. */
       admin_host: z.string().min(1).optional(),
+      /**
+       * Processes serving the API (`waybill serve`): `auto` is the cores this process may use (its CPU affinity and
+       * cgroup quota). With more than one, a primary process forks them and they share the ports (docs/operations.md,
+       * "Workers").
+       */
+      workers: z.union([z.literal('auto'), z.number().int().min(1).max(256)]).default('auto'),
       body_limit_bytes: z.number().int().positive().default(16 * 1024 * 1024),
       /** Arrival → the whole request body received; slower clients get 408 and their connection closed. */
       read_timeout: positiveDuration.prefault(30),

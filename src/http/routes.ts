@@ -13,7 +13,7 @@ import type { Upstream, UpstreamRegistry } from '../proxy/upstreams.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { NO_TRACE, startRequestTrace } from '../telemetry/request-trace.js';
 import { ANONYMOUS, isGenerationRoute, OTHER, type PoolingRoute } from '../accounting/outcomes.js';
-import { reservedTokens, TenantLimiter, type Admission, type LimiterSettings, type LimitTicket } from '../proxy/tenant-limits.js';
+import { reservedTokens, TenantLimiter, type Admission, type LimiterSettings, type LimitStore, type LimitTicket } from '../proxy/tenant-limits.js';
 import { LIMIT_STORE_OPS, LimitStoreUnavailable, RedisLimitStore, redisTarget } from '../proxy/redis-limit-store.js';
 import { isRecord } from '../util/json.js';
 import { answerRaw, API_PATHS, FORM_PATHS, type Answers } from './answers.js';
@@ -385,6 +385,8 @@ export interface LimiterDeps {
   readonly metrics: GatewayMetrics;
   readonly logger: Logger;
   readonly now: () => number;
+  /** Counts shared with other processes (the workers' primary), when there is no Redis to share them. */
+  readonly shared?: LimitStore | undefined;
 }
 
 /** A tenant limiter and the connection to its shared store, if any, to close once nothing uses it. */
@@ -436,7 +438,7 @@ export function createLimiter(config: Config, deps: LimiterDeps): LimiterHandle 
     });
   }
   const limiter = new TenantLimiter(settings, {
-    ...(store !== undefined && { store }),
+    ...(store !== undefined ? { store } : deps.shared !== undefined && { store: deps.shared }),
     now: deps.now,
     failOpen: redis?.failOpen ?? true,
     // The shared store's failures are counted and logged by its transitions above, not once per request.

@@ -27,6 +27,8 @@ import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.j
 import { createAuthenticator } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
 import { createStatusPage, statusSettings } from './status-page.js';
+import { forWorker } from '../config/workers.js';
+import type { LimitStore } from '../proxy/tenant-limits.js';
 
 export interface GatewayOptions {
   logger?: Logger;
@@ -38,6 +40,18 @@ export interface GatewayOptions {
   random?: () => number;
   /** OpenTelemetry tracing (see startTracing); default off. */
   tracing?: Tracing;
+  /** This gateway is one of several worker processes (`server.workers`; http/workers.ts). */
+  worker?: WorkerRole;
+}
+
+/** What a worker process shares with the others, through its primary. */
+export interface WorkerRole {
+  readonly index: number;
+  readonly count: number;
+  /** The scrape of every worker's metrics, aggregated (answers /metrics). */
+  readonly scrape: () => Promise<{ contentType: string; body: string }>;
+  /** The tenants' limits counted once for all workers (used unless limits.redis_url is set). */
+  readonly limitStore: LimitStore;
 }
 
 export type ReloadResult =
@@ -118,14 +132,17 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   const limiterRefs = new Map<LimiterHandle, number>();
 
   function build(next: Config, previous: Built | undefined): Built {
-    const upstreams = new UpstreamRegistry(next, logger.child({ component: 'upstreams' }), random, {
+    // A worker enforces its share of the per-process limits (admission, upstream max_inflight); the configuration in
+    // force (its hash, what reload compares) stays the whole one, the same in every worker.
+    const served = options.worker === undefined ? next : forWorker(next, options.worker.index, options.worker.count);
+    const upstreams = new UpstreamRegistry(served, logger.child({ component: 'upstreams' }), random, {
       onEjected: (upstream, reason) => metrics.upstreamEjected(upstream, reason),
       onProbeFailed: (upstream, probe) => metrics.probeFailed(upstream, probe),
     }, now);
     const limiter =
       previous !== undefined && previous.limiterHandle.settings === limiterSettings(next)
         ? previous.limiterHandle
-        : createLimiter(next, { guard, metrics, logger, now });
+        : createLimiter(next, { guard, metrics, logger, now, shared: options.worker?.limitStore });
     limiterRefs.set(limiter, (limiterRefs.get(limiter) ?? 0) + 1);
     let holds = 0;
     let retired = false;
@@ -234,6 +251,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       await Promise.all([...open].map((generation) => generation.close()));
     },
     metrics,
+    scrape: options.worker?.scrape,
     logger,
     now,
   });

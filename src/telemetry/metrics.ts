@@ -307,11 +307,19 @@ function histogram<S extends MetricSpec>(registries: Registries, spec: S, bucket
   return metric;
 }
 
-function scrapeGauge<S extends MetricSpec>(registries: Registries, spec: S, collect: (gauge: Gauge<Labels<S>>) => void): Gauge<Labels<S>> {
+/**
+ * How a gauge's values from several worker processes combine into the one /metrics (http/workers.ts; counters and
+ * histograms add up): `sum` for what each worker holds a part of (requests in flight), `min` for a state every
+ * worker must see (an upstream up, the limit store reachable), `first`/`max` for what is the same everywhere.
+ */
+type WorkerAggregator = 'sum' | 'min' | 'max' | 'first';
+
+function scrapeGauge<S extends MetricSpec>(registries: Registries, spec: S, collect: (gauge: Gauge<Labels<S>>) => void, aggregator: WorkerAggregator = 'sum'): Gauge<Labels<S>> {
   return new Gauge({
     name: spec.name,
     help: spec.help,
     labelNames: spec.labels,
+    aggregator,
     registers: [registries.text, registries.open],
     collect() {
       collect(this);
@@ -372,6 +380,7 @@ export class GatewayMetrics {
     name: METRICS.limitStoreUp.name,
     help: METRICS.limitStoreUp.help,
     labelNames: METRICS.limitStoreUp.labels,
+    aggregator: 'min' satisfies WorkerAggregator,
     registers: [this.registry, this.openMetrics],
   });
   private readonly configReloads = new CounterPair(this.registries, METRICS.configReloads);
@@ -379,6 +388,8 @@ export class GatewayMetrics {
     name: METRICS.configHash.name,
     help: METRICS.configHash.help,
     labelNames: METRICS.configHash.labels,
+    // Every worker's hash shows (workers that disagree after a reload show two series).
+    aggregator: 'max' satisfies WorkerAggregator,
     registers: [this.registry, this.openMetrics],
   });
   private readonly queueWait: Histogram<'model'>;
@@ -401,13 +412,18 @@ export class GatewayMetrics {
     this.queueWait = histogram(registries, METRICS.queueWait, buckets.queueWait);
     this.upstreamFirstOutput = histogram(registries, METRICS.upstreamFirstOutput, buckets.ttft);
     const build = options.build ?? { version: 'unknown', revision: 'unknown' };
-    new Gauge({ name: METRICS.buildInfo.name, help: METRICS.buildInfo.help, labelNames: METRICS.buildInfo.labels, registers: [registries.text, registries.open] }).set(
+    new Gauge({ name: METRICS.buildInfo.name, help: METRICS.buildInfo.help, labelNames: METRICS.buildInfo.labels, aggregator: 'first', registers: [registries.text, registries.open] }).set(
       { version: build.version, revision: build.revision },
       1,
     );
-    scrapeGauge(registries, METRICS.upstreamUp, (gauge) => {
-      for (const upstream of this.sources?.upstreams() ?? []) gauge.set({ upstream: upstream.name }, upstream.up ? 1 : 0);
-    });
+    scrapeGauge(
+      registries,
+      METRICS.upstreamUp,
+      (gauge) => {
+        for (const upstream of this.sources?.upstreams() ?? []) gauge.set({ upstream: upstream.name }, upstream.up ? 1 : 0);
+      },
+      'min',
+    );
     scrapeGauge(registries, METRICS.upstreamInflight, (gauge) => {
       for (const upstream of this.sources?.upstreams() ?? []) gauge.set({ upstream: upstream.name }, upstream.inflight);
     });

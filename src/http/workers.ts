@@ -1,0 +1,293 @@
+/**
+ * `waybill serve` on every core (`server.workers`; docs/operations.md, "Workers"): a primary process forks N workers,
+ * each a whole gateway, and Node's cluster module hands each incoming connection to one of them (round robin: the
+ * primary accepts, a worker serves the connection for its life). The primary serves no request itself. It keeps what
+ * must be one for all workers:
+ *
+ * - **One /metrics, exact.** A worker asked for /metrics asks the primary, which collects every worker's registry
+ *   (prom-client's cluster protocol) and adds them up: counters and histograms sum, each gauge by its own rule
+ *   (telemetry/metrics.ts). Every scrape sees every request once, whichever worker it lands on. (Prometheus text
+ *   only: exemplars do not survive the aggregation.)
+ * - **The tenants' limits.** Without Redis, the count lives in the primary (proxy/cluster-limit-store.ts); with
+ *   `limits.redis_url`, in Redis as for replicas.
+ * - **Signals.** SIGTERM/SIGINT: every worker drains (the same drain as one process), then the primary exits; a
+ *   second signal kills them. SIGHUP: every worker re-reads the configuration. Workers ignore signals sent to them
+ *   directly (a terminal's Ctrl-C reaches the whole process group): they act on their primary's word only, and drain
+ *   by themselves if their primary dies.
+ * - **Crashes.** A worker that dies is replaced, after a pause that doubles while they keep dying (up to 30 s); one
+ *   that fails before the gateway ever listened (a busy port) stops them all with its one-line reason.
+ *
+ * Per-process limits (pool admission, upstream max_inflight) are split between the workers (config/workers.ts).
+ */
+import cluster, { type Worker } from 'node:cluster';
+import { readFileSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
+import type { Logger } from 'pino';
+import { AggregatorRegistry, type Registry } from 'prom-client';
+import { workerCount } from '../config/workers.js';
+import { LimitHost, type LimitCall, type LimitChannel } from '../proxy/cluster-limit-store.js';
+
+/** How a forked worker knows its place. */
+const INDEX_ENV = 'WAYBILL_WORKER_INDEX';
+const COUNT_ENV = 'WAYBILL_WORKERS';
+
+type ToPrimary =
+  | { readonly type: 'waybill:listening'; readonly url: string; readonly adminUrl: string | undefined; readonly models: readonly string[] }
+  | { readonly type: 'waybill:fatal'; readonly problem: string; readonly code: number }
+  | { readonly type: 'waybill:metrics'; readonly id: number }
+  | { readonly type: 'waybill:limit'; readonly id: number; readonly call: LimitCall };
+
+type ToWorker =
+  | { readonly type: 'waybill:drain' }
+  | { readonly type: 'waybill:reload' }
+  | { readonly type: 'waybill:metrics'; readonly id: number; readonly body?: string; readonly error?: string }
+  | { readonly type: 'waybill:limit'; readonly id: number; readonly result?: unknown; readonly error?: string };
+
+/** How long a worker waits for its primary: an aggregated scrape, a limit step. */
+const METRICS_TIMEOUT_MS = 10_000;
+const LIMIT_TIMEOUT_MS = 1_000;
+const RESTART_MAX_MS = 30_000;
+
+/** `server.workers` on this machine: `auto` is its CPU affinity, capped by the cgroup v2 quota. */
+export function workersOnThisMachine(setting: 'auto' | number): number {
+  let cgroupCpuMax: string | undefined;
+  try {
+    cgroupCpuMax = readFileSync('/sys/fs/cgroup/cpu.max', 'utf8');
+  } catch {
+    // No cgroup v2 CPU controller here: the affinity alone.
+  }
+  return workerCount(setting, { availableParallelism: availableParallelism(), cgroupCpuMax });
+}
+
+/** This process's place among the workers, when it is one. */
+export function workerIdentity(): { readonly index: number; readonly count: number } | undefined {
+  if (!cluster.isWorker) return undefined;
+  const index = Number(process.env[INDEX_ENV]);
+  const count = Number(process.env[COUNT_ENV]);
+  return Number.isInteger(index) && Number.isInteger(count) && count > 0 ? { index, count } : undefined;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// A worker's side.
+
+/** A worker's line to its primary: scrapes, limit steps, and what the primary tells it to do. */
+export class WorkerLink {
+  private nextId = 0;
+  private readonly pending = new Map<number, { resolve: (value: ToWorker) => void; reject: (error: Error) => void; timer: NodeJS.Timeout }>();
+  private readonly onReload = new Set<() => void>();
+  private drainRequested: (() => void) | undefined;
+  /** Resolves when the primary asks for a drain, or is gone. */
+  readonly drain: Promise<void>;
+
+  constructor() {
+    this.drain = new Promise((resolve) => (this.drainRequested = resolve));
+    process.on('message', (message: ToWorker) => this.received(message));
+    // The primary died (its IPC channel closed): drain rather than serve on alone, unsupervised.
+    process.once('disconnect', () => this.drainRequested?.());
+    // Signals reach a worker from a terminal's process group too; only its primary's word counts.
+    for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => undefined);
+  }
+
+  /** Answers the primary's requests for this worker's metrics (prom-client's cluster protocol) from `registry`. */
+  serveMetrics(registry: Registry): void {
+    AggregatorRegistry.setRegistries([registry]);
+    // Its constructor installs the worker's listener for the primary's requests.
+    new AggregatorRegistry();
+  }
+
+  /** Every worker's metrics, added up by the primary. */
+  async scrape(): Promise<{ contentType: string; body: string }> {
+    const answer = await this.ask({ type: 'waybill:metrics', id: this.id() }, METRICS_TIMEOUT_MS);
+    if (answer.type !== 'waybill:metrics' || answer.body === undefined) throw new Error(`aggregated metrics unavailable: ${answer.type === 'waybill:metrics' ? (answer.error ?? 'no body') : 'wrong answer'}`);
+    return { contentType: AggregatorRegistry.PROMETHEUS_CONTENT_TYPE, body: answer.body };
+  }
+
+  /** The tenants' limit steps, counted by the primary. */
+  readonly limits: LimitChannel = async (call) => {
+    const answer = await this.ask({ type: 'waybill:limit', id: this.id(), call }, LIMIT_TIMEOUT_MS);
+    if (answer.type !== 'waybill:limit' || answer.error !== undefined) throw new Error(`limit step failed in the primary: ${answer.type === 'waybill:limit' ? answer.error : 'wrong answer'}`);
+    return answer.result;
+  };
+
+  reloads(listener: () => void): void {
+    this.onReload.add(listener);
+  }
+
+  listening(url: string, adminUrl: string | undefined, models: readonly string[]): void {
+    this.send({ type: 'waybill:listening', url, adminUrl, models });
+  }
+
+  /** The worker cannot serve (a busy port): the primary reports `problem` once and stops every worker. */
+  fatal(problem: string, code: number): Promise<void> {
+    const message: ToPrimary = { type: 'waybill:fatal', problem, code };
+    // Written before the channel closes behind it (close).
+    return new Promise((resolve) => (process.connected && process.send !== undefined ? process.send(message, () => resolve()) : resolve()));
+  }
+
+  /** Lets the process end: the IPC channel would otherwise keep it alive. */
+  close(): void {
+    for (const { reject, timer } of this.pending.values()) {
+      clearTimeout(timer);
+      reject(new Error('worker closing'));
+    }
+    this.pending.clear();
+    if (process.connected) process.disconnect();
+  }
+
+  private id(): number {
+    return this.nextId++;
+  }
+
+  private send(message: ToPrimary): void {
+    if (process.connected) process.send?.(message);
+  }
+
+  private ask(message: Extract<ToPrimary, { id: number }>, timeoutMs: number): Promise<ToWorker> {
+    return new Promise((resolve, reject) => {
+      if (!process.connected) {
+        reject(new Error('no primary'));
+        return;
+      }
+      const timer = setTimeout(() => {
+        this.pending.delete(message.id);
+        reject(new Error(`the primary did not answer within ${timeoutMs} ms`));
+      }, timeoutMs);
+      this.pending.set(message.id, { resolve, reject, timer });
+      process.send?.(message);
+    });
+  }
+
+  private received(message: ToWorker): void {
+    if (typeof message !== 'object' || message === null) return;
+    if (message.type === 'waybill:drain') this.drainRequested?.();
+    else if (message.type === 'waybill:reload') for (const listener of this.onReload) listener();
+    else if (message.type === 'waybill:metrics' || message.type === 'waybill:limit') {
+      const waiting = this.pending.get(message.id);
+      if (waiting === undefined) return;
+      this.pending.delete(message.id);
+      clearTimeout(waiting.timer);
+      waiting.resolve(message);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The primary.
+
+export interface PrimaryOptions {
+  readonly count: number;
+  readonly logger: Logger;
+  /** Once every worker listens (the first time): where, for the start-up line. */
+  readonly onListening: (url: string, adminUrl: string | undefined, models: readonly string[]) => void;
+  /** A worker's start-up failure, reported once (the CLI prints it as one line). */
+  readonly onFatal: (problem: string) => void;
+  /** Resolves on the first SIGINT/SIGTERM (the CLI's waitForSignal). */
+  readonly stopSignal: Promise<NodeJS.Signals>;
+}
+
+/** Runs the workers until a signal (then drains them all) or a start-up failure; resolves to the exit code. */
+export async function runPrimary(options: PrimaryOptions): Promise<number> {
+  const { count, logger } = options;
+  const aggregator = new AggregatorRegistry();
+  const limits = new LimitHost(() => performance.now());
+  const listening = new Set<number>();
+  let started = false;
+  let stopping = false;
+  let fatal: { problem: string; code: number } | undefined;
+  let crashes = 0;
+  const workers = new Map<number, Worker>();
+  let allExited: (() => void) | undefined;
+  const exited = new Promise<void>((resolve) => (allExited = resolve));
+
+  const stopAll = () => {
+    if (stopping) return;
+    stopping = true;
+    for (const worker of workers.values()) if (worker.isConnected()) worker.send({ type: 'waybill:drain' } satisfies ToWorker);
+  };
+
+  const fork = (index: number) => {
+    const worker = cluster.fork({ [INDEX_ENV]: String(index), [COUNT_ENV]: String(count) });
+    workers.set(index, worker);
+    worker.on('message', (message: ToPrimary) => {
+      if (typeof message !== 'object' || message === null) return;
+      if (message.type === 'waybill:listening') {
+        listening.add(index);
+        logger.info({ worker: index, pid: worker.process.pid }, 'worker listening');
+        if (!started && listening.size === count) {
+          started = true;
+          options.onListening(message.url, message.adminUrl, message.models);
+        }
+      } else if (message.type === 'waybill:fatal') {
+        if (fatal === undefined) {
+          fatal = { problem: message.problem, code: message.code };
+          if (!started) options.onFatal(message.problem);
+          else logger.error({ worker: index, problem: message.problem }, 'worker cannot serve');
+        }
+        if (!started) stopAll();
+      } else if (message.type === 'waybill:metrics') {
+        aggregator.clusterMetrics().then(
+          (body) => worker.isConnected() && worker.send({ type: 'waybill:metrics', id: message.id, body } satisfies ToWorker),
+          (error: unknown) => worker.isConnected() && worker.send({ type: 'waybill:metrics', id: message.id, error: String(error) } satisfies ToWorker),
+        );
+      } else if (message.type === 'waybill:limit') {
+        let answer: ToWorker;
+        try {
+          answer = { type: 'waybill:limit', id: message.id, result: limits.answer(message.call) };
+        } catch (error) {
+          answer = { type: 'waybill:limit', id: message.id, error: String(error) };
+        }
+        if (worker.isConnected()) worker.send(answer);
+      }
+    });
+    // A worker's last messages (its fatal problem) arrive before its channel's 'disconnect', not always before 'exit'.
+    worker.on('exit', (code, signal) => {
+      if (worker.isConnected()) worker.once('disconnect', () => ended(code, signal));
+      else ended(code, signal);
+    });
+    const ended = (code: number | null, signal: string | null) => {
+      if (workers.get(index) === worker) workers.delete(index);
+      listening.delete(index);
+      if (stopping || (fatal !== undefined && !started)) {
+        if (workers.size === 0) allExited?.();
+        return;
+      }
+      if (!started) {
+        // Died before the gateway ever listened, without saying why: nothing to restart into.
+        fatal = { problem: `waybill serve: worker ${index} exited during start-up (${signal ?? `code ${code}`})`, code: 1 };
+        options.onFatal(fatal.problem);
+        stopAll();
+        if (workers.size === 0) allExited?.();
+        return;
+      }
+      crashes++;
+      const delay = Math.min(RESTART_MAX_MS, 500 * 2 ** Math.min(crashes - 1, 10));
+      logger.error({ worker: index, code, signal, restartInMs: delay }, 'worker died; starting another');
+      setTimeout(() => {
+        if (!stopping) fork(index);
+        else if (workers.size === 0) allExited?.();
+      }, delay).unref();
+    };
+  };
+
+  const onHangup = () => {
+    logger.info({ workers: workers.size }, 'SIGHUP: every worker reloads the configuration');
+    for (const worker of workers.values()) if (worker.isConnected()) worker.send({ type: 'waybill:reload' } satisfies ToWorker);
+  };
+  process.on('SIGHUP', onHangup);
+  for (let index = 0; index < count; index++) fork(index);
+
+  void options.stopSignal.then((signal) => {
+    process.off('SIGHUP', onHangup);
+    process.on('SIGHUP', () => logger.warn('SIGHUP ignored: the gateway is shutting down'));
+    logger.info({ signal, workers: workers.size }, 'shutting down: every worker drains');
+    stopAll();
+    if (workers.size === 0) allExited?.();
+  });
+  // A second signal: the CLI's waitForSignal exits at once; the workers go with it.
+  process.once('exit', () => {
+    for (const worker of workers.values()) worker.process.kill('SIGKILL');
+  });
+
+  await exited;
+  return fatal !== undefined && !started ? fatal.code : 0;
+}

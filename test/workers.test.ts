@@ -1,0 +1,288 @@
+/**
+ * `waybill serve --workers N` (src/http/workers.ts, src/config/workers.ts): the built CLI with two worker processes
+ * in front of in-process simulators, over real sockets.
+ *
+ * - one /metrics for all workers, exact: `waybill load --reconcile` against it finds zero mismatches, and both
+ *   workers served a share of the requests (their request log lines say which);
+ * - the tenants' limits are counted once for all workers (in the primary): exactly the limit is admitted;
+ * - SIGHUP reloads every worker; a worker that dies is replaced; SIGTERM drains every worker, a stream in flight
+ *   included, and the primary exits 0;
+ * and the pure parts: how many workers `auto` means (affinity, cgroup quota), and each worker's share of a limit.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { Agent, request } from 'undici';
+import { stringify } from 'yaml';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseLoadArgs, runLoadWith } from '../load/main.js';
+import { parseConfig } from '../src/config/load.js';
+import type { ConfigInput } from '../src/config/schema.js';
+import { cgroupCpus, forWorker, oversplitLimits, shareOf, workerCount } from '../src/config/workers.js';
+import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { metricValue } from './helpers/stack.js';
+
+const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
+const KEY = 'sk-team-a';
+const FREE_KEY = 'sk-free';
+const sha256 = (text: string) => createHash('sha256').update(text).digest('hex');
+
+interface Line {
+  readonly msg?: string;
+  readonly worker?: number;
+  readonly primary?: boolean;
+  readonly url?: string;
+  readonly [key: string]: unknown;
+}
+
+/** A `waybill serve` process with its JSON lines, awaitable. */
+class Served {
+  readonly lines: Line[] = [];
+  private readonly watchers = new Set<() => void>();
+  readonly exited: Promise<number | null>;
+  base = '';
+
+  constructor(
+    readonly child: ChildProcess,
+    readonly dir: string,
+  ) {
+    this.exited = once(child, 'exit').then(([code]) => code as number | null);
+    createInterface({ input: child.stdout as NodeJS.ReadableStream }).on('line', (line) => {
+      try {
+        this.lines.push(JSON.parse(line) as Line);
+      } catch {
+        this.lines.push({ msg: line });
+      }
+      for (const watcher of this.watchers) watcher();
+    });
+  }
+
+  /** Resolves when `count` lines match (bounded: gives up after `ms`, naming what it waited for). */
+  async until(what: string, match: (line: Line) => boolean, count = 1, ms = 20_000): Promise<Line[]> {
+    const found = () => this.lines.filter(match);
+    if (found().length >= count) return found();
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.watchers.delete(check);
+        reject(new Error(`gave up after ${ms} ms waiting for ${what}; lines:\n${this.lines.map((l) => JSON.stringify(l)).join('\n')}`));
+      }, ms);
+      const check = () => {
+        if (found().length < count) return;
+        clearTimeout(timer);
+        this.watchers.delete(check);
+        resolve(found());
+      };
+      this.watchers.add(check);
+    });
+  }
+
+  async metric(name: string, labels: Record<string, string> = {}): Promise<number> {
+    const response = await request(`${this.base}/metrics`);
+    return metricValue(await response.body.text(), name, labels);
+  }
+
+  async stop(): Promise<number | null> {
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGTERM');
+    const code = await this.exited;
+    rmSync(this.dir, { recursive: true, force: true });
+    return code;
+  }
+}
+
+async function serve(config: ConfigInput, workers = 2): Promise<Served> {
+  const dir = mkdtempSync(join(tmpdir(), 'waybill-workers-'));
+  const file = join(dir, 'waybill.yaml');
+  writeFileSync(file, stringify(config));
+  const child = spawn(process.execPath, [BIN, 'serve', '--config', file, '--workers', String(workers)], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const served = new Served(child, dir);
+  const [listening] = await served.until('waybill listening', (line) => line.msg === 'waybill listening');
+  served.base = listening?.url ?? '';
+  return served;
+}
+
+function baseConfig(sims: readonly string[], extra: Partial<ConfigInput> = {}): ConfigInput {
+  return {
+    server: { host: '127.0.0.1', port: 0 },
+    pools: [{ name: 'sim', models: ['sim-model'], upstreams: sims.map((url, i) => ({ name: `sim-${i}`, url })) }],
+    timeouts: { first_output: '4s', idle: '1s', total: '6s' },
+    retries: { backoff_base: '5ms', backoff_max: '20ms' },
+    health: { interval: '1h' },
+    slo: { ttft: '2s', tpot: '100ms', e2e: '60s' },
+    shutdown: { grace: '0s', drain_timeout: '10s' },
+    ...extra,
+  };
+}
+
+/** A fresh connection per request, so the primary's round robin spreads them over the workers. */
+async function chat(base: string, body: Record<string, unknown>, headers: Record<string, string> = {}): Promise<{ status: number; text: string }> {
+  const dispatcher = new Agent({ pipelining: 0 });
+  try {
+    const response = await request(`${base}/v1/chat/completions`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+    return { status: response.statusCode, text: await response.body.text() };
+  } finally {
+    await dispatcher.close();
+  }
+}
+
+/** Until a request is in flight in some worker (aggregated gauge); polled, bounded: there is no event to await. */
+async function untilInflight(served: Served): Promise<void> {
+  const deadline = performance.now() + 5_000;
+  while ((await served.metric('waybill_inflight_requests')) < 1) {
+    if (performance.now() > deadline) throw new Error('no request in flight after 5 s');
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+const CHAT = { model: 'sim-model', messages: [{ role: 'user', content: 'hi' }], max_tokens: 8 };
+
+describe('how many workers, and their shares', () => {
+  it('reads auto as the CPU affinity, capped by the cgroup v2 quota rounded up', () => {
+    expect(cgroupCpus('max 100000\n')).toBeUndefined();
+    expect(cgroupCpus('150000 100000\n')).toBe(2);
+    expect(cgroupCpus('50000 100000')).toBe(1);
+    expect(cgroupCpus('garbage')).toBeUndefined();
+    expect(cgroupCpus(undefined)).toBeUndefined();
+    expect(workerCount('auto', { availableParallelism: 64, cgroupCpuMax: '200000 100000' })).toBe(2);
+    expect(workerCount('auto', { availableParallelism: 2, cgroupCpuMax: 'max 100000' })).toBe(2);
+    expect(workerCount('auto', { availableParallelism: 4 })).toBe(4);
+    expect(workerCount(3, { availableParallelism: 64, cgroupCpuMax: '100000 100000' })).toBe(3);
+  });
+
+  it('splits a per-process limit so the workers add up to it, each keeping at least 1', () => {
+    for (const [total, count] of [
+      [64, 2],
+      [7, 3],
+      [100, 7],
+      [5, 5],
+    ] as const) {
+      const shares = Array.from({ length: count }, (_, i) => shareOf(total, i, count));
+      expect(shares.reduce((a, b) => a + b, 0), `${total} over ${count}`).toBe(total);
+      expect(Math.max(...shares) - Math.min(...shares)).toBeLessThanOrEqual(1);
+    }
+    expect([0, 1, 2].map((i) => shareOf(2, i, 3))).toEqual([1, 1, 1]);
+    const config = parseConfig(
+      {
+        pools: [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://10.0.0.1:8000', max_inflight: 9 }], admission: { max_inflight: 5, max_queue: 0 } }],
+      },
+      'test',
+    );
+    const [first, second] = [forWorker(config, 0, 2), forWorker(config, 1, 2)];
+    expect([first.pools[0]?.admission?.maxInflight, second.pools[0]?.admission?.maxInflight]).toEqual([3, 2]);
+    expect([first.pools[0]?.admission?.maxQueue, second.pools[0]?.admission?.maxQueue]).toEqual([0, 0]);
+    expect([first.pools[0]?.upstreams[0]?.maxInflight, second.pools[0]?.upstreams[0]?.maxInflight]).toEqual([5, 4]);
+    expect(forWorker(config, 0, 1)).toBe(config);
+    expect(oversplitLimits(config, 6)).toEqual(['pools.p.admission.max_inflight (5)']);
+  });
+});
+
+describe('waybill serve --workers 2', () => {
+  const sims: Simulator[] = [];
+  const simUrls: string[] = [];
+
+  beforeAll(async () => {
+    for (let i = 0; i < 2; i++) {
+      const sim = createSimulator({ ttftMs: 10, itlMs: 2, outputTokens: 32, jitter: 0.2, seed: i + 1, cachedTokens: 16, promptTokensDetails: true });
+      simUrls.push((await sim.listen(0, '127.0.0.1')).url);
+      sims.push(sim);
+    }
+  });
+
+  afterAll(async () => {
+    await Promise.all(sims.map((sim) => sim.close()));
+  });
+
+  it('serves one /metrics for both workers that reconciles exactly with what clients saw', async () => {
+    const served = await serve(baseConfig(simUrls));
+    try {
+      const args = [
+        '--url', served.base,
+        '--model', 'sim-model',
+        '--concurrency', '32',
+        '--requests', '800',
+        '--seed', '11',
+        '--warmup', '64',
+        '--prompt-tokens', '16-500',
+        '--output-tokens', '8-32',
+        '--stream-share', '0.85',
+        '--cancel-share', '0.05',
+        '--fault-share', '0.2',
+        '--slo-ttft', '2s', '--slo-tpot', '100ms', '--slo-e2e', '60s',
+        '--reconcile',
+        '--borderline-margin', '50ms',
+        '--quiet',
+        ...simUrls.flatMap((url) => ['--sim', url]),
+      ];
+      const config = await parseLoadArgs(args);
+      if ('problems' in config) throw new Error(config.problems.join('\n'));
+      const lines: string[] = [];
+      const outcome = await runLoadWith(config, (text) => lines.push(text));
+      const report = lines.join('\n');
+      expect(report).toContain('reconciliation: 0 mismatches');
+      expect(outcome.mismatches, report).toBe(0);
+      // Both workers took a share of the requests (warm-up included): each request's line says which worker.
+      const requests = served.lines.filter((line) => line.msg === 'request');
+      const byWorker = [0, 1].map((worker) => requests.filter((line) => line.worker === worker).length);
+      expect(byWorker[0]! + byWorker[1]!).toBe(864);
+      expect(Math.min(...byWorker), `requests per worker: ${byWorker.join(', ')}`).toBeGreaterThan(100);
+      // The aggregated /metrics counts each of them once.
+      expect(await served.metric('waybill_requests_total')).toBe(864);
+    } finally {
+      expect(await served.stop()).toBe(0);
+    }
+  }, 180_000);
+
+  it('counts a tenant limit once for both workers, reloads both on SIGHUP, replaces a worker that dies, and drains both', async () => {
+    const config = baseConfig(simUrls, {
+      auth: {
+        keys: [
+          { tenant: 'team-a', key_sha256: sha256(KEY) },
+          { tenant: 'free', key_sha256: sha256(FREE_KEY) },
+        ],
+      },
+      tenants: { 'team-a': { limits: { requests_per_minute: 10 } } },
+      logging: { requests: false },
+    });
+    const served = await serve(config);
+    try {
+      // 30 requests over fresh connections, spread over both workers: exactly 10 admitted in the window. (Should a
+      // window boundary fall inside the burst, more pass; the burst takes well under a second of the 60 s window.)
+      const statuses = [];
+      for (let i = 0; i < 30; i++) statuses.push((await chat(served.base, CHAT, { authorization: `Bearer ${KEY}` })).status);
+      expect(statuses.filter((s) => s === 200)).toHaveLength(10);
+      expect(statuses.filter((s) => s === 429)).toHaveLength(20);
+      expect(await served.metric('waybill_rate_limited_total', { tenant: 'team-a', limit: 'requests' })).toBe(20);
+      expect(await served.metric('waybill_requests_total', { tenant: 'team-a' })).toBe(30);
+
+      // SIGHUP to the primary: each worker re-reads the file.
+      served.child.kill('SIGHUP');
+      await served.until('both workers to reload', (line) => typeof line.msg === 'string' && line.msg.startsWith('configuration reloaded'), 2);
+      expect(served.lines.filter((line) => typeof line.msg === 'string' && line.msg.startsWith('configuration reloaded')).map((line) => line.worker).sort()).toEqual([0, 1]);
+      expect(await served.metric('waybill_config_reloads_total', { result: 'ok' })).toBe(2);
+
+      // A worker dies: another takes its place, and requests go on being served.
+      const pids = served.lines.filter((line) => line.msg === 'worker listening').map((line) => line.pid as number);
+      process.kill(pids[0]!, 'SIGKILL');
+      await served.until('the dead worker to be replaced', (line) => line.msg === 'worker listening', 3);
+      expect(served.lines.filter((line) => line.msg === 'worker died; starting another')).toHaveLength(1);
+      // The count outlives the worker (it lives in the primary): team-a is still over its limit; others are served.
+      expect((await chat(served.base, { ...CHAT, stream: true }, { authorization: `Bearer ${KEY}` })).status).toBe(429);
+      expect((await chat(served.base, { ...CHAT, stream: true }, { authorization: `Bearer ${FREE_KEY}` })).status).toBe(200);
+
+      // SIGTERM with a slow stream in flight: it completes; the primary exits 0 once both workers drained.
+      const slow = chat(served.base, { ...CHAT, stream: true, max_tokens: 32 }, { authorization: `Bearer ${FREE_KEY}`, 'x-sim-fault': 'itl_ms=40' });
+      await untilInflight(served);
+      served.child.kill('SIGTERM');
+      const answer = await slow;
+      expect(answer.status).toBe(200);
+      expect(answer.text.trimEnd().endsWith('data: [DONE]')).toBe(true);
+      expect(await served.exited).toBe(0);
+      expect(served.lines.filter((line) => line.msg === 'drained')).toHaveLength(2);
+    } finally {
+      await served.stop();
+    }
+  }, 120_000);
+});

@@ -267,7 +267,8 @@ export function runLine(name: string, file: string, report: LoadReport, width = 
 /** The rows as an aligned plain-text table; worse rows start with "!". */
 export function compareTable(rows: readonly CompareRow[], thresholds: Thresholds): string {
   const head = { label: 'figure', aText: 'A', bText: 'B', changeText: 'change' };
-  const width = (pick: (r: typeof head) => string) => Math.max(pick(head).length, ...rows.map((r) => pick(r).length));
+  // A loop, not Math.max(...rows): a hostile report may hold more outcome rows than a call takes arguments.
+  const width = (pick: (r: typeof head) => string) => rows.reduce((max, r) => Math.max(max, pick(r).length), pick(head).length);
   const wl = width((r) => r.label);
   const wa = width((r) => r.aText);
   const wb = width((r) => r.bText);
@@ -290,9 +291,13 @@ export interface CompareIo {
   readonly readFile: (path: string) => Promise<string>;
 }
 
+/** A report is a file anyone may hand over: its strings reach the terminal without control characters (escapes). */
+// eslint-disable-next-line no-control-regex
+const printable = (text: string) => text.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, '?');
+
 const DEFAULT_IO: CompareIo = {
-  out: (text) => process.stdout.write(`${text}\n`),
-  err: (text) => process.stderr.write(`${text}\n`),
+  out: (text) => process.stdout.write(`${printable(text)}\n`),
+  err: (text) => process.stderr.write(`${printable(text)}\n`),
   readFile: (path) => readFile(path, 'utf8'),
 };
 

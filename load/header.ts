@@ -130,7 +130,17 @@ const URL_USERINFO = /^([a-z][a-z0-9+.-]*:\/\/)[^/@\s]+@/i;
 
 /** A URL without its user:password. */
 export function redactUrl(url: string): string {
-  return url.replace(URL_USERINFO, '$1<redacted>@');
+  // Anything up to the last '@' before the host is userinfo (a password may itself hold '@'); the query may carry a
+  // token: both go. Not a URL: only the userinfo pattern, wherever it is.
+  try {
+    const parsed = new URL(url);
+    if (parsed.username === '' && parsed.password === '' && parsed.search === '') return url;
+    const auth = parsed.username !== '' || parsed.password !== '' ? '<redacted>@' : '';
+    const path = parsed.pathname === '/' && !/^[a-z][a-z0-9+.-]*:\/\/[^/]*\/(?:[?#]|$)/i.test(url) ? '' : parsed.pathname;
+    return `${parsed.protocol}//${auth}${parsed.host}${path}${parsed.search === '' ? '' : '?<redacted>'}`;
+  } catch {
+    return url.replace(URL_USERINFO, '$1<redacted>@');
+  }
 }
 
 /**
@@ -146,6 +156,7 @@ export function redactArgs(argv: readonly string[]): string[] {
       out.push(arg, '<redacted>');
       i++;
     } else if (eq > 0 && SECRET_FLAGS.has(arg.slice(0, eq))) out.push(`${arg.slice(0, eq)}=<redacted>`);
+    else if (eq > 0 && arg.startsWith('--')) out.push(`${arg.slice(0, eq)}=${redactUrl(arg.slice(eq + 1))}`);
     else out.push(redactUrl(arg));
   }
   return out;

@@ -137,6 +137,13 @@ describe('the duration taken, and why it differs from the one asked', () => {
     expect(redactArgs(['--url', 'http://user:pw@gw:8080', '--api-key', 'sk-1', '--api-key=sk-2', '--seed', '3'])).toEqual([
       '--url', 'http://<redacted>@gw:8080', '--api-key', '<redacted>', '--api-key=<redacted>', '--seed', '3',
     ]);
+    // --flag=URL, a password holding '@', a token in the query.
+    expect(redactArgs(['--url=http://alice:s3cret@gw', '--sim=http://a:p@ss@sim:8000/', '--url', 'http://gw/v1?token=abc'])).toEqual([
+      '--url=http://<redacted>@gw',
+      '--sim=http://<redacted>@sim:8000/',
+      '--url',
+      'http://gw/v1?<redacted>',
+    ]);
   });
 });
 

@@ -216,10 +216,13 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
 }
 
 async function serve(argv: string[]): Promise<number> {
-  const config = await configFromServeArgs(argv);
   const workers = await import('./http/workers.js');
   const identity = workers.workerIdentity();
-  if (identity === undefined) {
+  // A worker listens to its primary before anything else: a drain sent during its start-up is not lost.
+  const link = identity === undefined ? undefined : new workers.WorkerLink();
+  const config = await configFromServeArgs(argv);
+  // A cluster worker of another supervisor (no WAYBILL_WORKER_INDEX) runs as one process, never as a primary.
+  if (identity === undefined && !workers.isClusterWorker()) {
     const count = workers.workersOnThisMachine(config.server.workers);
     if (count > 1) return servePrimary(config, count);
   }
@@ -231,7 +234,6 @@ async function serve(argv: string[]): Promise<number> {
   ]);
   const tracing = startTracing(config.tracing);
   // A worker: its primary aggregates the metrics and counts the tenants' limits; its log lines say which it is.
-  const link = identity === undefined ? undefined : new workers.WorkerLink();
   const gateway = createGateway(config, {
     tracing,
     ...(identity !== undefined &&
@@ -429,6 +431,7 @@ structured outputs) answers in prose, so its format_valid check fails (docs/outp
 
 And see what the ledger says — HTTP status, delivery, acceptance:
   curl -s ${base}/metrics | grep -E '^waybill_(requests_total|requests_accepted_total|output_checks_total)'
+or watch it live in a browser: ${base}/status (docs/status-page.md)
 
 Ctrl-C to stop.`);
   await waitForSignal();

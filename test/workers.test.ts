@@ -23,6 +23,8 @@ import { parseLoadArgs, runLoadWith } from '../load/main.js';
 import { parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
 import { cgroupCpus, forWorker, oversplitLimits, shareOf, workerCount } from '../src/config/workers.js';
+import { LimitHost } from '../src/proxy/cluster-limit-store.js';
+import type { Decision } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { metricValue } from './helpers/stack.js';
 
@@ -93,12 +95,17 @@ class Served {
   }
 }
 
-async function serve(config: ConfigInput, workers = 2): Promise<Served> {
+/** `waybill serve --config FILE --workers N`, not yet listening. */
+function serveRaw(config: ConfigInput, workers = 2): Served {
   const dir = mkdtempSync(join(tmpdir(), 'waybill-workers-'));
   const file = join(dir, 'waybill.yaml');
   writeFileSync(file, stringify(config));
   const child = spawn(process.execPath, [BIN, 'serve', '--config', file, '--workers', String(workers)], { stdio: ['ignore', 'pipe', 'inherit'] });
-  const served = new Served(child, dir);
+  return new Served(child, dir);
+}
+
+async function serve(config: ConfigInput, workers = 2): Promise<Served> {
+  const served = serveRaw(config, workers);
   const [listening] = await served.until('waybill listening', (line) => line.msg === 'waybill listening');
   served.base = listening?.url ?? '';
   return served;
@@ -176,6 +183,34 @@ describe('how many workers, and their shares', () => {
     expect([first.pools[0]?.upstreams[0]?.maxInflight, second.pools[0]?.upstreams[0]?.maxInflight]).toEqual([5, 4]);
     expect(forWorker(config, 0, 1)).toBe(config);
     expect(oversplitLimits(config, 6)).toEqual(['pools.p.admission.max_inflight (5)']);
+  });
+});
+
+describe("the primary's count of the tenants' limits", () => {
+  const limits = { tokensPerMinute: 1000, maxConcurrent: 2 };
+  const admitted = (decision: Decision | undefined) => {
+    if (decision === undefined || !decision.admitted) throw new Error('expected an admission');
+    return decision;
+  };
+
+  it("gives back a dead worker's slots, and what a reserve its worker gave up on took", () => {
+    const host = new LimitHost(() => 1_000);
+    const a = admitted(host.answer({ op: 'reserve', tenant: 't', limits, tokens: 100 }, 0, 1));
+    admitted(host.answer({ op: 'reserve', tenant: 't', limits, tokens: 100 }, 1, 1));
+    expect(host.answer({ op: 'reserve', tenant: 't', limits, tokens: 100 }, 1, 2)).toMatchObject({ admitted: false, exceeded: ['concurrent'] });
+    // Worker 1 dies: its slot comes back (its tokens stay counted: the request may have run).
+    expect(host.workerGone(1)).toBe(1);
+    const c = admitted(host.answer({ op: 'reserve', tenant: 't', limits, tokens: 100 }, 1, 7));
+    expect(c.after).toMatchObject({ inflight: 2, tokens: 300 });
+    // Worker 1 gave up waiting for call 7: its tokens and its slot come back; a release after that changes nothing.
+    host.cancel(1, 7);
+    host.answer({ op: 'release', reservation: c.reservation }, 1, 8);
+    const d = admitted(host.answer({ op: 'reserve', tenant: 't', limits, tokens: 0 }, 0, 2));
+    expect(d.after).toMatchObject({ inflight: 2, tokens: 200 });
+    // Released once, however often it is asked.
+    host.answer({ op: 'release', reservation: a.reservation }, 0, 3);
+    host.answer({ op: 'release', reservation: a.reservation }, 0, 4);
+    expect(admitted(host.answer({ op: 'reserve', tenant: 't', limits, tokens: 0 }, 0, 5)).after).toMatchObject({ inflight: 2 });
   });
 });
 
@@ -263,11 +298,14 @@ describe('waybill serve --workers 2', () => {
       expect(served.lines.filter((line) => typeof line.msg === 'string' && line.msg.startsWith('configuration reloaded')).map((line) => line.worker).sort()).toEqual([0, 1]);
       expect(await served.metric('waybill_config_reloads_total', { result: 'ok' })).toBe(2);
 
-      // A worker dies: another takes its place, and requests go on being served.
+      // A worker dies: another takes its place, and requests go on being served. Its counts stay in /metrics as last
+      // collected (the scrapes above): a counter never goes backwards.
       const pids = served.lines.filter((line) => line.msg === 'worker listening').map((line) => line.pid as number);
       process.kill(pids[0]!, 'SIGKILL');
       await served.until('the dead worker to be replaced', (line) => line.msg === 'worker listening', 3);
       expect(served.lines.filter((line) => line.msg === 'worker died; starting another')).toHaveLength(1);
+      expect(await served.metric('waybill_requests_total', { tenant: 'team-a' })).toBe(30);
+      expect(await served.metric('waybill_rate_limited_total', { tenant: 'team-a', limit: 'requests' })).toBe(20);
       // The count outlives the worker (it lives in the primary): team-a is still over its limit; others are served.
       expect((await chat(served.base, { ...CHAT, stream: true }, { authorization: `Bearer ${KEY}` })).status).toBe(429);
       expect((await chat(served.base, { ...CHAT, stream: true }, { authorization: `Bearer ${FREE_KEY}` })).status).toBe(200);
@@ -285,4 +323,44 @@ describe('waybill serve --workers 2', () => {
       await served.stop();
     }
   }, 120_000);
+
+  it('drains a worker told to stop before it listened, and workers whose primary died', async () => {
+    // SIGTERM as soon as the first worker listens: the other may still be starting, and must drain all the same.
+    const early = serveRaw(baseConfig(simUrls));
+    await early.until('a worker to listen', (line) => line.msg === 'worker listening');
+    early.child.kill('SIGTERM');
+    expect(await early.exited).toBe(0);
+    expect(early.lines.filter((line) => line.msg === 'drained')).toHaveLength(2);
+    rmSync(early.dir, { recursive: true, force: true });
+
+    // The primary is killed outright with a stream in flight: its workers drain (the stream completes), then exit.
+    const served = await serve(baseConfig(simUrls));
+    try {
+      const workerPids = served.lines.filter((line) => line.msg === 'worker listening').map((line) => line.pid as number);
+      const slow = chat(served.base, { ...CHAT, stream: true, max_tokens: 32 }, { 'x-sim-fault': 'itl_ms=40' });
+      await untilInflight(served);
+      served.child.kill('SIGKILL');
+      const answer = await slow;
+      expect(answer.status).toBe(200);
+      expect(answer.text.trimEnd().endsWith('data: [DONE]')).toBe(true);
+      await served.until('both orphaned workers to drain', (line) => line.msg === 'drained', 2);
+      for (const pid of workerPids) await untilGone(pid);
+    } finally {
+      await served.stop();
+    }
+  }, 60_000);
 });
+
+/** Until a process no longer exists (polled, bounded: an orphan's exit sends no event to us). */
+async function untilGone(pid: number): Promise<void> {
+  const deadline = performance.now() + 10_000;
+  for (;;) {
+    try {
+      process.kill(pid, 0);
+    } catch {
+      return;
+    }
+    if (performance.now() > deadline) throw new Error(`process ${pid} still running after 10 s`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}

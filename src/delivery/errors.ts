@@ -25,6 +25,8 @@ export const ERRORS = {
   headers_too_large: { status: 431, type: 'invalid_request_error' },
   /** More open client connections than server.max_connections. */
   too_many_connections: { status: 503, type: 'unavailable_error' },
+  /** /metrics of several workers: one of them did not send its metrics in time (operational endpoint only). */
+  metrics_unavailable: { status: 503, type: 'unavailable_error' },
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   body_too_large: { status: 413, type: 'invalid_request_error' },
   model_not_found: { status: 404, type: 'invalid_request_error' },

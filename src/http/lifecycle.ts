@@ -96,8 +96,20 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
   });
 
   ops.get('/metrics', async (request, reply) => {
-    const { contentType, body } = scrape === undefined ? await metrics.scrape(request.headers.accept) : await scrape();
-    void reply.type(contentType).send(body);
+    if (scrape === undefined) {
+      const { contentType, body } = await metrics.scrape(request.headers.accept);
+      void reply.type(contentType).send(body);
+      return;
+    }
+    // Every worker's, added up by the primary; a worker that does not answer in time fails the scrape, never
+    // serves a partial sum (a counter that seems to fall reads as a reset).
+    try {
+      const { contentType, body } = await scrape();
+      void reply.type(contentType).send(body);
+    } catch (error) {
+      logger.warn({ err: error }, 'aggregated metrics unavailable');
+      void reply.code(503).header('retry-after', '1').send(errorBody('metrics_unavailable', 'The metrics of every worker could not be collected in time. Please try again.'));
+    }
   });
 
   // Its paths are reserved (config/load.ts): no pass-through path can claim them.

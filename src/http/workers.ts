@@ -4,18 +4,20 @@
  * primary accepts, a worker serves the connection for its life). The primary serves no request itself. It keeps what
  * must be one for all workers:
  *
- * - **One /metrics, exact.** A worker asked for /metrics asks the primary, which collects every worker's registry
- *   (prom-client's cluster protocol) and adds them up: counters and histograms sum, each gauge by its own rule
- *   (telemetry/metrics.ts). Every scrape sees every request once, whichever worker it lands on. (Prometheus text
- *   only: exemplars do not survive the aggregation.)
+ * - **One /metrics, exact.** A worker asked for /metrics asks the primary, which collects the registry of every worker
+ *   that listens and adds them up (prom-client's aggregation): counters and histograms sum, each gauge by its own
+ *   rule (telemetry/metrics.ts). Every scrape sees every request once, whichever worker it lands on. A worker that
+ *   dies leaves its counters and histograms as last collected (so they never go backwards; what it counted after
+ *   the last scrape is lost with it). (Prometheus text only: exemplars do not survive the aggregation.)
  * - **The tenants' limits.** Without Redis, the count lives in the primary (proxy/cluster-limit-store.ts); with
  *   `limits.redis_url`, in Redis as for replicas.
  * - **Signals.** SIGTERM/SIGINT: every worker drains (the same drain as one process), then the primary exits; a
  *   second signal kills them. SIGHUP: every worker re-reads the configuration. Workers ignore signals sent to them
  *   directly (a terminal's Ctrl-C reaches the whole process group): they act on their primary's word only, and drain
  *   by themselves if their primary dies.
- * - **Crashes.** A worker that dies is replaced, after a pause that doubles while they keep dying (up to 30 s); one
- *   that fails before the gateway ever listened (a busy port) stops them all with its one-line reason.
+ * - **Crashes.** A worker that dies is replaced, after a pause that doubles while they keep dying (up to 30 s, back to
+ *   0.5 s after a minute without a death); the slots it held in the tenants' limits are given back. One that fails
+ *   before the gateway ever listened (a busy port) stops them all with its one-line reason.
  *
  * Per-process limits (pool admission, upstream max_inflight) are split between the workers (config/workers.ts).
  */
@@ -27,6 +29,9 @@ import { AggregatorRegistry, type Registry } from 'prom-client';
 import { workerCount } from '../config/workers.js';
 import { LimitHost, type LimitCall, type LimitChannel } from '../proxy/cluster-limit-store.js';
 
+/** One metric of a worker's registry, as collected (prom-client's JSON form). */
+type MetricJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>[number];
+
 /** How a forked worker knows its place. */
 const INDEX_ENV = 'WAYBILL_WORKER_INDEX';
 const COUNT_ENV = 'WAYBILL_WORKERS';
@@ -35,12 +40,15 @@ type ToPrimary =
   | { readonly type: 'waybill:listening'; readonly url: string; readonly adminUrl: string | undefined; readonly models: readonly string[] }
   | { readonly type: 'waybill:fatal'; readonly problem: string; readonly code: number }
   | { readonly type: 'waybill:metrics'; readonly id: number }
-  | { readonly type: 'waybill:limit'; readonly id: number; readonly call: LimitCall };
+  | { readonly type: 'waybill:collected'; readonly id: number; readonly metrics?: MetricJson[]; readonly error?: string }
+  | { readonly type: 'waybill:limit'; readonly id: number; readonly call: LimitCall }
+  | { readonly type: 'waybill:limit-cancel'; readonly id: number };
 
 type ToWorker =
   | { readonly type: 'waybill:drain' }
   | { readonly type: 'waybill:reload' }
   | { readonly type: 'waybill:metrics'; readonly id: number; readonly body?: string; readonly error?: string }
+  | { readonly type: 'waybill:collect'; readonly id: number }
   | { readonly type: 'waybill:limit'; readonly id: number; readonly result?: unknown; readonly error?: string };
 
 /** How long a worker waits for its primary: an aggregated scrape, a limit step. */
@@ -57,6 +65,11 @@ export function workersOnThisMachine(setting: 'auto' | number): number {
     // No cgroup v2 CPU controller here: the affinity alone.
   }
   return workerCount(setting, { availableParallelism: availableParallelism(), cgroupCpuMax });
+}
+
+/** Whether this process was forked by a cluster primary (ours or another supervisor's). */
+export function isClusterWorker(): boolean {
+  return cluster.isWorker;
 }
 
 /** This process's place among the workers, when it is one. */
@@ -79,20 +92,23 @@ export class WorkerLink {
   /** Resolves when the primary asks for a drain, or is gone. */
   readonly drain: Promise<void>;
 
+  private registry: Registry | undefined;
+
+  /** Made first thing in a worker, so no word of the primary (a drain right after the fork) is missed. */
   constructor() {
     this.drain = new Promise((resolve) => (this.drainRequested = resolve));
     process.on('message', (message: ToWorker) => this.received(message));
-    // The primary died (its IPC channel closed): drain rather than serve on alone, unsupervised.
+    // The primary died (its IPC channel closed): drain rather than serve on alone, unsupervised. Node's cluster
+    // would otherwise exit the worker at once on a disconnect it did not ask for, cutting every stream.
+    if (cluster.worker !== undefined) cluster.worker.exitedAfterDisconnect = true;
     process.once('disconnect', () => this.drainRequested?.());
     // Signals reach a worker from a terminal's process group too; only its primary's word counts.
     for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) process.on(signal, () => undefined);
   }
 
-  /** Answers the primary's requests for this worker's metrics (prom-client's cluster protocol) from `registry`. */
+  /** Answers the primary's collections of this worker's metrics from `registry`. */
   serveMetrics(registry: Registry): void {
-    AggregatorRegistry.setRegistries([registry]);
-    // Its constructor installs the worker's listener for the primary's requests.
-    new AggregatorRegistry();
+    this.registry = registry;
   }
 
   /** Every worker's metrics, added up by the primary. */
@@ -104,7 +120,10 @@ export class WorkerLink {
 
   /** The tenants' limit steps, counted by the primary. */
   readonly limits: LimitChannel = async (call) => {
-    const answer = await this.ask({ type: 'waybill:limit', id: this.id(), call }, LIMIT_TIMEOUT_MS);
+    const id = this.id();
+    // A reserve answered after the deadline took something the request will never give back: the primary undoes it.
+    const onTimeout = call.op === 'reserve' ? () => this.send({ type: 'waybill:limit-cancel', id }) : undefined;
+    const answer = await this.ask({ type: 'waybill:limit', id, call }, LIMIT_TIMEOUT_MS, onTimeout);
     if (answer.type !== 'waybill:limit' || answer.error !== undefined) throw new Error(`limit step failed in the primary: ${answer.type === 'waybill:limit' ? answer.error : 'wrong answer'}`);
     return answer.result;
   };
@@ -134,6 +153,18 @@ export class WorkerLink {
     if (process.connected) process.disconnect();
   }
 
+  private collect(id: number): void {
+    const registry = this.registry;
+    if (registry === undefined) {
+      this.send({ type: 'waybill:collected', id, error: 'not serving yet' });
+      return;
+    }
+    registry.getMetricsAsJSON().then(
+      (metrics) => this.send({ type: 'waybill:collected', id, metrics }),
+      (error: unknown) => this.send({ type: 'waybill:collected', id, error: String(error) }),
+    );
+  }
+
   private id(): number {
     return this.nextId++;
   }
@@ -142,7 +173,7 @@ export class WorkerLink {
     if (process.connected) process.send?.(message);
   }
 
-  private ask(message: Extract<ToPrimary, { id: number }>, timeoutMs: number): Promise<ToWorker> {
+  private ask(message: Extract<ToPrimary, { type: 'waybill:metrics' | 'waybill:limit' }>, timeoutMs: number, onTimeout?: () => void): Promise<ToWorker> {
     return new Promise((resolve, reject) => {
       if (!process.connected) {
         reject(new Error('no primary'));
@@ -150,6 +181,7 @@ export class WorkerLink {
       }
       const timer = setTimeout(() => {
         this.pending.delete(message.id);
+        onTimeout?.();
         reject(new Error(`the primary did not answer within ${timeoutMs} ms`));
       }, timeoutMs);
       this.pending.set(message.id, { resolve, reject, timer });
@@ -161,6 +193,7 @@ export class WorkerLink {
     if (typeof message !== 'object' || message === null) return;
     if (message.type === 'waybill:drain') this.drainRequested?.();
     else if (message.type === 'waybill:reload') for (const listener of this.onReload) listener();
+    else if (message.type === 'waybill:collect') this.collect(message.id);
     else if (message.type === 'waybill:metrics' || message.type === 'waybill:limit') {
       const waiting = this.pending.get(message.id);
       if (waiting === undefined) return;
@@ -188,32 +221,43 @@ export interface PrimaryOptions {
 /** Runs the workers until a signal (then drains them all) or a start-up failure; resolves to the exit code. */
 export async function runPrimary(options: PrimaryOptions): Promise<number> {
   const { count, logger } = options;
-  const aggregator = new AggregatorRegistry();
   const limits = new LimitHost(() => performance.now());
   const listening = new Set<number>();
   let started = false;
   let stopping = false;
   let fatal: { problem: string; code: number } | undefined;
   let crashes = 0;
+  let lastCrash = 0;
   const workers = new Map<number, Worker>();
   let allExited: (() => void) | undefined;
   const exited = new Promise<void>((resolve) => (allExited = resolve));
+  const metrics = new MetricsCollector(logger);
+
+  /** A send to a worker that is going away fails (EPIPE): never the primary's problem. */
+  const tell = (worker: Worker, message: ToWorker) => {
+    if (worker.isConnected()) worker.send(message, (error: Error | null) => error !== null && logger.debug({ err: error }, 'a message to a worker was lost'));
+  };
 
   const stopAll = () => {
     if (stopping) return;
     stopping = true;
-    for (const worker of workers.values()) if (worker.isConnected()) worker.send({ type: 'waybill:drain' } satisfies ToWorker);
+    for (const worker of workers.values()) tell(worker, { type: 'waybill:drain' });
   };
 
   const fork = (index: number) => {
     const worker = cluster.fork({ [INDEX_ENV]: String(index), [COUNT_ENV]: String(count) });
     workers.set(index, worker);
+    // An IPC write to a worker that just died: logged, never an uncaught error that ends the primary (and with it
+    // every worker).
+    worker.on('error', (error: Error) => logger.warn({ worker: index, err: error }, 'worker channel error'));
     worker.on('message', (message: ToPrimary) => {
       if (typeof message !== 'object' || message === null) return;
       if (message.type === 'waybill:listening') {
         listening.add(index);
         logger.info({ worker: index, pid: worker.process.pid }, 'worker listening');
-        if (!started && listening.size === count) {
+        // Told to drain before it could hear it (a signal during its start-up): tell it again.
+        if (stopping) tell(worker, { type: 'waybill:drain' });
+        else if (!started && listening.size === count) {
           started = true;
           options.onListening(message.url, message.adminUrl, message.models);
         }
@@ -225,18 +269,23 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
         }
         if (!started) stopAll();
       } else if (message.type === 'waybill:metrics') {
-        aggregator.clusterMetrics().then(
-          (body) => worker.isConnected() && worker.send({ type: 'waybill:metrics', id: message.id, body } satisfies ToWorker),
-          (error: unknown) => worker.isConnected() && worker.send({ type: 'waybill:metrics', id: message.id, error: String(error) } satisfies ToWorker),
+        const serving = [...listening].map((i) => [i, workers.get(i)] as const).filter((entry): entry is readonly [number, Worker] => entry[1] !== undefined);
+        metrics.collect(serving, tell).then(
+          (body) => tell(worker, { type: 'waybill:metrics', id: message.id, body }),
+          (error: unknown) => tell(worker, { type: 'waybill:metrics', id: message.id, error: String(error) }),
         );
+      } else if (message.type === 'waybill:collected') {
+        metrics.collected(index, message);
       } else if (message.type === 'waybill:limit') {
         let answer: ToWorker;
         try {
-          answer = { type: 'waybill:limit', id: message.id, result: limits.answer(message.call) };
+          answer = { type: 'waybill:limit', id: message.id, result: limits.answer(message.call, index, message.id) };
         } catch (error) {
           answer = { type: 'waybill:limit', id: message.id, error: String(error) };
         }
-        if (worker.isConnected()) worker.send(answer);
+        tell(worker, answer);
+      } else if (message.type === 'waybill:limit-cancel') {
+        limits.cancel(index, message.id);
       }
     });
     // A worker's last messages (its fatal problem) arrive before its channel's 'disconnect', not always before 'exit'.
@@ -247,6 +296,9 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
     const ended = (code: number | null, signal: string | null) => {
       if (workers.get(index) === worker) workers.delete(index);
       listening.delete(index);
+      metrics.retire(index);
+      const freed = limits.workerGone(index);
+      if (freed > 0) logger.warn({ worker: index, slots: freed }, "a worker's tenant-limit slots were given back");
       if (stopping || (fatal !== undefined && !started)) {
         if (workers.size === 0) allExited?.();
         return;
@@ -259,7 +311,10 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
         if (workers.size === 0) allExited?.();
         return;
       }
-      crashes++;
+      // The pause doubles while workers keep dying, and starts over after a minute without a death.
+      const at = performance.now();
+      crashes = at - lastCrash > 60_000 ? 1 : crashes + 1;
+      lastCrash = at;
       const delay = Math.min(RESTART_MAX_MS, 500 * 2 ** Math.min(crashes - 1, 10));
       logger.error({ worker: index, code, signal, restartInMs: delay }, 'worker died; starting another');
       setTimeout(() => {
@@ -271,7 +326,7 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
 
   const onHangup = () => {
     logger.info({ workers: workers.size }, 'SIGHUP: every worker reloads the configuration');
-    for (const worker of workers.values()) if (worker.isConnected()) worker.send({ type: 'waybill:reload' } satisfies ToWorker);
+    for (const worker of workers.values()) tell(worker, { type: 'waybill:reload' });
   };
   process.on('SIGHUP', onHangup);
   for (let index = 0; index < count; index++) fork(index);
@@ -290,4 +345,69 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
 
   await exited;
   return fatal !== undefined && !started ? fatal.code : 0;
+}
+
+/** How long the primary waits for every worker's metrics before a scrape fails (503). */
+const COLLECT_TIMEOUT_MS = 5_000;
+
+/**
+ * The primary's half of /metrics: asks each serving worker for its registry, adds them up with prom-client's
+ * aggregation, and keeps the counters and histograms of workers that died as last collected, so the sums never go
+ * backwards (Prometheus would read a drop as a counter reset). Bounded: one pending collection per scrape, dropped
+ * at its deadline; one snapshot per worker index, the dead ones folded into one.
+ */
+class MetricsCollector {
+  private nextId = 0;
+  private readonly pending = new Map<number, { readonly want: Set<number>; readonly done: (error: Error | undefined) => void }>();
+  /** Each serving worker's last collected metrics. */
+  private readonly last = new Map<number, MetricJson[]>();
+  /** The counters and histograms of workers that died, as last collected, added up. */
+  private retired: MetricJson[] = [];
+
+  constructor(private readonly logger: Logger) {}
+
+  collect(serving: ReadonlyArray<readonly [number, Worker]>, tell: (worker: Worker, message: ToWorker) => void): Promise<string> {
+    const id = this.nextId++;
+    return new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(id);
+        reject(new Error(`workers did not send their metrics within ${COLLECT_TIMEOUT_MS} ms`));
+      }, COLLECT_TIMEOUT_MS);
+      const done = (error: Error | undefined) => {
+        clearTimeout(timer);
+        this.pending.delete(id);
+        if (error === undefined) resolve();
+        else reject(error);
+      };
+      const entry = { want: new Set(serving.map(([index]) => index)), done };
+      this.pending.set(id, entry);
+      if (entry.want.size === 0) done(undefined);
+      for (const [, worker] of serving) tell(worker, { type: 'waybill:collect', id });
+    }).then(() => AggregatorRegistry.aggregate([...this.last.values(), this.retired]).metrics());
+  }
+
+  collected(index: number, message: Extract<ToPrimary, { type: 'waybill:collected' }>): void {
+    if (message.metrics !== undefined) this.last.set(index, message.metrics);
+    const entry = this.pending.get(message.id);
+    if (entry === undefined || !entry.want.delete(index)) return;
+    if (message.error !== undefined) this.logger.warn({ worker: index, error: message.error }, 'a worker could not send its metrics');
+    if (entry.want.size === 0) entry.done(undefined);
+  }
+
+  /** A worker died: its counters and histograms stay in the sums; its gauges (its own state) go with it. */
+  retire(index: number): void {
+    const last = this.last.get(index);
+    this.last.delete(index);
+    for (const entry of this.pending.values()) if (entry.want.delete(index) && entry.want.size === 0) entry.done(undefined);
+    if (last === undefined) return;
+    const kept = last.filter((metric) => String(metric.type) === 'counter' || String(metric.type) === 'histogram');
+    // Folded at once (the next scrape must already see them): prom-client's aggregate registers each result as an
+    // object carrying its values, readable without its async get().
+    this.retired = AggregatorRegistry.aggregate([this.retired, kept])
+      .getMetricsAsArray()
+      .map((metric) => {
+        const { name, help, type, values, aggregator } = metric as unknown as MetricJson;
+        return { name, help, type, values, aggregator } as MetricJson;
+      });
+  }
 }

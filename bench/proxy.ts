@@ -1,9 +1,11 @@
 /**
  * What Waybill costs: the same fixed streaming workload straight to the simulated vLLM and through Waybill (and,
  * when nginx is installed, through nginx as a plain streaming reverse proxy that parses nothing), in one run.
+ * Waybill runs its default configuration (request logs on); lean and tracing rows measure what those cost; the
+ * CPU is split into a cost per request and a cost per event (bench/proxy/fit.ts); issue 15's targets end the report.
  *
  *   npm run bench                                   (= npm run build && node dist/bench/proxy.js)
- *   node dist/bench/proxy.js --seconds 2 --repeats 1 --scenarios c64,max
+ *   node dist/bench/proxy.js --seconds 2 --repeats 1 --scenarios c64s,req
  *   node dist/bench/proxy.js --profile --scenarios none      (CPU profiles of the gateway only)
  *
  * Pinning (2 cores): the proxy under test (Waybill or nginx) alone on core 0; the simulator and this process (the
@@ -19,6 +21,7 @@ import { runLoad, type WindowResult } from './proxy/client.js';
 import {
   affinityOf,
   coreTimes,
+  freePort,
   killAll,
   pinSelf,
   processCpuUs,
@@ -30,6 +33,7 @@ import {
   unpinHelperThreads,
   type Child,
 } from './proxy/procs.js';
+import { fitCost, type CostFit, type CostPoint } from './proxy/fit.js';
 import { perEvent, perfAvailable, startPerf } from './proxy/perf.js';
 import { formatProfile, summariseProfile, type ProfileSummary } from './proxy/profile.js';
 import { distribution, median, type Distribution } from './proxy/stats.js';
@@ -41,35 +45,63 @@ const LOAD_CORE = 1;
 
 // --- scenarios and options ---------------------------------------------------------------------------------------
 
+/**
+ * Extra rows beside direct, `waybill` (the default configuration) and nginx: `lean` a second gateway with request
+ * logs off and level warn (the configuration of the figures before issue 15), `otel` a second gateway with the
+ * default configuration and tracing on to a collector that is down, `contract` the `waybill` process again with
+ * requests that ask for an output contract.
+ */
+type Variant = 'lean' | 'otel' | 'contract' | 'workers';
+
 interface Scenario {
   name: string;
   concurrency: number;
   itlMs: number;
   ttftMs: number;
-  /** Also run the gateway with the per-request wide log line on. */
-  logVariant: boolean;
+  /** Output tokens per request (one per event); `--tokens` overrides it for the streaming scenarios. */
+  tokens: number;
+  /** false: non-streaming completions; the TTFT columns then hold whole-request latency. */
+  stream: boolean;
+  variants: Variant[];
+  /** Part of the default set (the scenarios issue 15's targets need, and `req` for the cost per request). */
+  byDefault: boolean;
+  /** Paced streaming windows that go into the a × requests + b × events fit (bench/proxy/fit.ts). */
+  fit: boolean;
+  /** Read RSS per in-flight stream, after full GCs, before the windows (rssProbe). */
+  rssProbe: boolean;
   note: string;
 }
 
 const SCENARIOS: Scenario[] = [
-  { name: 'c1', concurrency: 1, itlMs: 10, ttftMs: 20, logVariant: false, note: '1 stream, 10 ms inter-token delay' },
-  { name: 'c64', concurrency: 64, itlMs: 10, ttftMs: 20, logVariant: true, note: '64 streams, 10 ms inter-token delay' },
-  { name: 'c256', concurrency: 256, itlMs: 20, ttftMs: 20, logVariant: false, note: '256 streams, 20 ms inter-token delay' },
-  { name: 'max', concurrency: 64, itlMs: 0, ttftMs: 0, logVariant: true, note: '64 streams, no delay (saturation)' },
+  { name: 'c1', concurrency: 1, itlMs: 10, ttftMs: 20, tokens: 200, stream: true, variants: [], byDefault: false, fit: false, rssProbe: false, note: '1 stream × 200 tokens, 10 ms apart' },
+  { name: 'c64s', concurrency: 64, itlMs: 10, ttftMs: 20, tokens: 64, stream: true, variants: ['lean', 'otel', 'workers'], byDefault: true, fit: true, rssProbe: false, note: '64 streams × 64 tokens, 10 ms apart' },
+  { name: 'c256s', concurrency: 256, itlMs: 20, ttftMs: 20, tokens: 64, stream: true, variants: ['lean', 'otel'], byDefault: true, fit: true, rssProbe: true, note: '256 streams × 64 tokens, 20 ms apart' },
+  { name: 'c64', concurrency: 64, itlMs: 10, ttftMs: 20, tokens: 200, stream: true, variants: ['lean', 'otel', 'contract'], byDefault: true, fit: true, rssProbe: false, note: '64 streams × 200 tokens, 10 ms apart' },
+  { name: 'c256', concurrency: 256, itlMs: 20, ttftMs: 20, tokens: 200, stream: true, variants: ['lean'], byDefault: false, fit: true, rssProbe: true, note: '256 streams × 200 tokens, 20 ms apart' },
+  { name: 'max', concurrency: 64, itlMs: 0, ttftMs: 0, tokens: 200, stream: true, variants: ['lean', 'contract', 'workers'], byDefault: true, fit: false, rssProbe: false, note: '64 streams × 200 tokens, no delay (saturation)' },
+  // Answered after 50 ms, ~1,300 requests/s: the gateway stays below saturation at a few hundred µs per request.
+  { name: 'req', concurrency: 64, itlMs: 10, ttftMs: 50, tokens: 1, stream: false, variants: ['lean', 'otel'], byDefault: true, fit: false, rssProbe: false, note: '64 concurrent non-streaming completions, max_tokens 1, answered after 50 ms' },
 ];
 
-/** Figures from /work/shared/docs/peer-figures.md (nginx 1.22, same method), used when nginx is not installed. */
-const PEER_NGINX_US_PER_EVENT: Record<string, number> = { c64: 27.0, c256: 22.7, max: 12.7 };
+/**
+ * Figures from /work/shared/docs/peer-figures.md (nginx 1.22, same method; means of its two repeats), used when
+ * nginx is not installed: c64s and c256s from its 64-token run of 2026-11-30.
+ */
+const PEER_NGINX_US_PER_EVENT: Record<string, number> = { c64: 27.0, c256: 22.7, max: 12.7, c64s: 28.2, c256s: 26.75 };
 
 interface Options {
   seconds: number;
   repeats: number;
   scenarios: Scenario[];
-  outputTokens: number;
+  /** Overrides every streaming scenario's tokens per request. */
+  outputTokens: number | undefined;
   seed: number;
   out: string;
   nginx: string | undefined;
-  logVariant: boolean;
+  lean: boolean;
+  otel: boolean;
+  /** The waybill-2w row. */
+  workers: boolean;
   contractVariant: boolean;
   profile: string[];
   profileDir: string | undefined;
@@ -81,14 +113,16 @@ interface Options {
 const USAGE = `usage: node dist/bench/proxy.js [options]
   --seconds N          measured window per target and repeat (default 10)
   --repeats N          repeats; medians are reported (default 2)
-  --scenarios LIST     c1,c64,c256,max (default all), or none
-  --tokens N           output tokens per request (default 200)
+  --scenarios LIST     any of ${SCENARIOS.map((s) => s.name).join(',')} (default ${SCENARIOS.filter((s) => s.byDefault).map((s) => s.name).join(',')}), or none
+  --tokens N           output tokens per streamed request (default: the scenario's, 64 or 200)
   --seed N             simulator seed (default 1)
   --warmup N           minimum warm-up seconds before each window (default 2)
   --nginx PATH|off     nginx binary (default: nginx on PATH, if any)
-  --no-log-variant     skip the run with the per-request log line on
+  --no-lean            skip the waybill-lean row (request logs off, level warn); --no-log-variant is the same
+  --no-otel            skip the waybill+otel row (tracing on, OTLP to a closed port)
+  --no-workers         skip the waybill-2w row (--workers 2 on the same core: what a second worker costs)
   --no-contract-variant  skip the run whose requests ask for an output contract (response_format json_object)
-  --profile [LIST]     also CPU-profile the gateway under these scenarios (default c64,max)
+  --profile [LIST]     also CPU-profile the gateway under these scenarios (default c64s,max)
   --profile-dir DIR    where the .cpuprofile files go (default a new /tmp directory, kept)
   --perf               with --profile: also count syscalls per event and split CPU by binary with Linux perf,
                        for Waybill and nginx (needs perf on PATH)
@@ -99,12 +133,14 @@ function parseOptions(argv: string[]): Options {
   const options: Options = {
     seconds: 10,
     repeats: 2,
-    scenarios: SCENARIOS,
-    outputTokens: 200,
+    scenarios: SCENARIOS.filter((s) => s.byDefault),
+    outputTokens: undefined,
     seed: 1,
     out: 'bench-results.json',
     nginx: onPath('nginx'),
-    logVariant: true,
+    lean: true,
+    otel: true,
+    workers: true,
     contractVariant: true,
     profile: [],
     profileDir: undefined,
@@ -147,8 +183,15 @@ function parseOptions(argv: string[]): Options {
         options.nginx = path === 'off' ? undefined : path;
         break;
       }
+      case '--no-lean':
       case '--no-log-variant':
-        options.logVariant = false;
+        options.lean = false;
+        break;
+      case '--no-otel':
+        options.otel = false;
+        break;
+      case '--no-workers':
+        options.workers = false;
         break;
       case '--no-contract-variant':
         options.contractVariant = false;
@@ -159,7 +202,7 @@ function parseOptions(argv: string[]): Options {
           i++;
           options.profile = list.split(',').map((name) => scenarioNamed(name).name);
         } else {
-          options.profile = ['c64', 'max'];
+          options.profile = ['c64s', 'max'];
         }
         break;
       }
@@ -189,6 +232,11 @@ function parseOptions(argv: string[]): Options {
 
 class UsageError extends Error {}
 
+/** Output tokens per request in `scenario`, after `--tokens`. */
+function tokensOf(scenario: Scenario, options: Options): number {
+  return scenario.stream ? (options.outputTokens ?? scenario.tokens) : scenario.tokens;
+}
+
 function scenarioNamed(name: string): Scenario {
   const scenario = SCENARIOS.find((s) => s.name === name);
   if (scenario === undefined) throw new UsageError(`unknown scenario "${name}" (one of ${SCENARIOS.map((s) => s.name).join(', ')})`);
@@ -207,9 +255,11 @@ function onPath(command: string): string | undefined {
 // --- one measured window -----------------------------------------------------------------------------------------
 
 interface Target {
-  /** direct, waybill, waybill+log, waybill+contract, nginx */
+  /** direct, waybill (default configuration), waybill-lean, waybill+otel, waybill+contract, nginx */
   name: string;
   origin: string;
+  /** The proxy writes a log line per request (to its log file): log bytes per request are measured. */
+  logsRequests: boolean;
   /** The requests ask for an output contract (response_format json_object): the gateway assembles and checks answers. */
   contract: boolean;
   /** The proxy process (undefined for direct). */
@@ -226,8 +276,8 @@ interface Target {
   startRssKiB: number;
 }
 
-function newTarget(name: string, origin: string, proxy: Child | undefined, gcHook = false): Target {
-  return { name, origin, proxy, gcHook, contract: false, idleRssKiB: Number.NaN, loadedGcRssKiB: Number.NaN, idleCpuMsPerS: Number.NaN, startRssKiB: Number.NaN };
+function newTarget(name: string, origin: string, proxy: Child | undefined, gcHook = false, logsRequests = false): Target {
+  return { name, origin, proxy, gcHook, logsRequests, contract: false, idleRssKiB: Number.NaN, loadedGcRssKiB: Number.NaN, idleCpuMsPerS: Number.NaN, startRssKiB: Number.NaN };
 }
 
 interface WindowFigures {
@@ -237,11 +287,17 @@ interface WindowFigures {
   events: number;
   eventsPerS: number;
   outputEventsPerS: number;
+  /** Requests that ended in the window (complete or not), per second. */
+  requestsPerS: number;
   /** Events per HTTP body chunk the client received (one per write of the sender, simulator or proxy): batching. */
   eventsPerRead: number;
   requestsCompleted: number;
   requestsIncomplete: number;
   errors: number;
+  /** The proxy's CPU in the window, µs (for the a × requests + b × events fit). */
+  proxyCpuUs: number;
+  /** The proxy's CPU in the window per request that ended in it, µs. */
+  proxyUsPerRequest: number;
   errorMessages: string[];
   ttftMs: Distribution;
   itlMs: Distribution;
@@ -266,11 +322,11 @@ interface WindowFigures {
   monoToUs: number;
 }
 
-function requestBody(outputTokens: number, contract = false): Buffer {
+function requestBody(outputTokens: number, contract = false, stream = true): Buffer {
   return Buffer.from(
     JSON.stringify({
       model: 'sim-model',
-      stream: true,
+      stream,
       max_tokens: outputTokens,
       messages: [{ role: 'user', content: 'Benchmark prompt: tell me about waybills.' }],
       // An output contract: every event is then parsed whole and the answer assembled and checked at the end.
@@ -288,14 +344,15 @@ async function measure(
   options: Options,
   hooks: { onWindowStart?: () => void; onWindowEnd?: () => void } = {},
 ): Promise<WindowFigures> {
-  const requestMs = scenario.ttftMs + scenario.itlMs * (options.outputTokens - 1);
+  const tokens = tokensOf(scenario, options);
+  const requestMs = scenario.ttftMs + scenario.itlMs * (tokens - 1);
   const rampMs = scenario.concurrency > 1 ? Math.min(requestMs, 5000) : 0;
   const warmupMs = Math.max(options.minWarmupS * 1000, rampMs + 1000);
   const proxyPid = target.proxy?.pid;
   const cpuOf = (pid: number | undefined) => (pid === undefined ? 0 : processCpuUs(pid));
   const allCpu = () => allProxies.reduce((sum, child) => sum + processCpuUs(child.pid), 0);
   const rss: number[] = [];
-  const logSize = () => (target.proxy !== undefined && target.name.includes('log') ? statSync(target.proxy.logFile).size : 0);
+  const logSize = () => (target.proxy !== undefined && target.logsRequests ? statSync(target.proxy.logFile).size : 0);
   let before = { proxy: 0, sim: 0, ours0: 0, cores: coreTimes(), log: 0, mono: 0 };
   let after = before;
   const read = () => ({
@@ -309,7 +366,8 @@ async function measure(
   const result: WindowResult = await runLoad({
     origin: target.origin,
     path: '/v1/chat/completions',
-    body: requestBody(options.outputTokens, target.contract),
+    body: requestBody(tokens, target.contract, scenario.stream),
+    stream: scenario.stream,
     concurrency: scenario.concurrency,
     rampMs,
     warmupMs,
@@ -349,11 +407,14 @@ async function measure(
     events,
     eventsPerS: events / seconds,
     outputEventsPerS: result.outputEvents / seconds,
+    requestsPerS: requests / seconds,
     eventsPerRead: result.reads > 0 ? events / result.reads : Number.NaN,
     requestsCompleted: result.completed,
     requestsIncomplete: result.incomplete,
     errors: result.errors,
     errorMessages: result.errorMessages,
+    proxyCpuUs: proxyPid === undefined ? Number.NaN : proxyUs,
+    proxyUsPerRequest: proxyPid === undefined || requests === 0 ? Number.NaN : proxyUs / requests,
     ttftMs: distribution(result.ttft),
     itlMs: distribution(result.itl),
     proxyUsPerEvent: proxyPid === undefined ? Number.NaN : perEvent(proxyUs),
@@ -377,12 +438,14 @@ async function measure(
 interface TargetSummary {
   target: string;
   eventsPerS: number;
+  requestsPerS: number;
   eventsPerRead: number;
   ttftP50: number;
   ttftP99: number;
   itlP50: number;
   itlP99: number;
   proxyUsPerEvent: number;
+  proxyUsPerRequest: number;
   proxyCpuShare: number;
   simUsPerEvent: number;
   clientUsPerEvent: number;
@@ -392,9 +455,9 @@ interface TargetSummary {
   rssMedianKiB: number;
   peakRssKiB: number;
   idleCpuMsPerS: number;
-  /** c256: (RSS with the streams in flight - RSS at rest) / streams, both after a full GC. */
+  /** c256, c256s: (RSS with the streams in flight - RSS at rest) / streams, both after a full GC. */
   rssPerStreamKiB: number;
-  /** c256: (median RSS during the measured windows, no forced GC - RSS after start-up) / streams. */
+  /** c256, c256s: (median RSS during the measured windows, no forced GC - RSS after start-up) / streams. */
   rssWindowPerStreamKiB: number;
   loadedGcRssKiB: number;
   startRssKiB: number;
@@ -413,7 +476,7 @@ interface ScenarioResult {
 const GC_HOOK = join(REPO, 'dist', 'bench', 'proxy', 'gc-hook.js');
 
 /**
- * Before the c256 windows: the proxy's memory with the scenario's streams in flight and at rest, each read after a
+ * Before the c256 and c256s windows: the proxy's memory with the scenario's streams in flight and at rest, each read after a
  * full garbage collection (the gateway runs with gc-hook.js: SIGUSR2 → gc()), so the difference is what the streams
  * hold rather than how much garbage V8 let accumulate. Also serves as the warm-up. nginx needs no collection.
  */
@@ -426,13 +489,14 @@ async function rssProbe(scenario: Scenario, target: Target, options: Options): P
     return processMemoryKiB(proxy.pid).rss;
   };
   const loaded: number[] = [];
-  const requestMs = scenario.ttftMs + scenario.itlMs * (options.outputTokens - 1);
+  const tokens = tokensOf(scenario, options);
+  const requestMs = scenario.ttftMs + scenario.itlMs * (tokens - 1);
   const rampMs = Math.min(requestMs, 5000);
   const pending: Promise<number>[] = [];
   await runLoad({
     origin: target.origin,
     path: '/v1/chat/completions',
-    body: requestBody(options.outputTokens),
+    body: requestBody(tokens),
     concurrency: scenario.concurrency,
     rampMs,
     warmupMs: rampMs + 1000,
@@ -458,33 +522,50 @@ async function runScenario(scenario: Scenario, options: Options, dir: string): P
     const sim = await startSim(BIN, LOAD_CORE, scenarioDir, {
       itlMs: scenario.itlMs,
       ttftMs: scenario.ttftMs,
-      outputTokens: options.outputTokens,
+      outputTokens: tokensOf(scenario, options),
       seed: options.seed,
     });
     started.push(sim.child);
     const targets: Target[] = [newTarget('direct', sim.origin, undefined)];
     const proxies: Child[] = [];
-    const addProxy = (name: string, p: { child: Child; origin: string }, gcHook = false) => {
+    const addProxy = (name: string, p: { child: Child; origin: string }, gcHook = false, logsRequests = false) => {
       started.push(p.child);
       proxies.push(p.child);
-      targets.push(newTarget(name, p.origin, p.child, gcHook));
+      targets.push(newTarget(name, p.origin, p.child, gcHook, logsRequests));
     };
-    // The c256 gateway can be asked for a full GC before its RSS is read (see rssProbe).
-    const gcHook = scenario.name === 'c256';
+    // The probed gateway can be asked for a full GC before its RSS is read (see rssProbe).
+    const gcHook = scenario.rssProbe;
     const gatewayFlags = gcHook ? ['--expose-gc', '--import', pathToFileURL(GC_HOOK).href] : [];
     addProxy(
       'waybill',
-      await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill', upstream: sim.origin, requestLogs: false, nodeFlags: gatewayFlags }),
+      await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill', upstream: sim.origin, logging: 'default', nodeFlags: gatewayFlags }),
       gcHook,
+      true,
     );
     if (options.nginx !== undefined) addProxy('nginx', await startNginx(options.nginx, PROXY_CORE, scenarioDir, sim.origin));
-    if (scenario.logVariant && options.contractVariant) {
+    const has = (variant: Variant) => scenario.variants.includes(variant);
+    if (has('lean') && options.lean) {
+      addProxy('waybill-lean', await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill-lean', upstream: sim.origin, logging: 'lean' }));
+    }
+    if (has('otel') && options.otel) {
+      // A collector that is down: a port that was free a moment ago and that nothing listens on (connection refused).
+      const otlpEndpoint = `http://127.0.0.1:${await freePort()}`;
+      addProxy(
+        'waybill+otel',
+        await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill-otel', upstream: sim.origin, logging: 'default', otlpEndpoint }),
+        false,
+        true,
+      );
+    }
+    if (has('workers') && options.workers) {
+      // Two workers and their primary, all on the proxy's core: the CPU of the whole process tree per event, against
+      // one worker's (a second core would add throughput, not lower the cost per event).
+      addProxy('waybill-2w', await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill-2w', upstream: sim.origin, logging: 'default', workers: 2 }), false, true);
+    }
+    if (has('contract') && options.contractVariant) {
       // The same gateway process as `waybill`, measured in its own windows with contract-bearing requests.
       const plain = targets.find((t) => t.name === 'waybill') as Target;
-      targets.push({ ...newTarget('waybill+contract', plain.origin, plain.proxy), contract: true });
-    }
-    if (scenario.logVariant && options.logVariant) {
-      addProxy('waybill+log', await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill-log', upstream: sim.origin, requestLogs: true }));
+      targets.push({ ...newTarget('waybill+contract', plain.origin, plain.proxy, false, true), contract: true });
     }
     for (const child of [sim.child, ...proxies]) {
       const want = child === sim.child ? String(LOAD_CORE) : String(PROXY_CORE);
@@ -504,9 +585,9 @@ async function runScenario(scenario: Scenario, options: Options, dir: string): P
       target.startRssKiB = processMemoryKiB(target.proxy.pid).rss;
       target.idleRssKiB = target.startRssKiB;
     }
-    if (scenario.name === 'c256') {
+    if (scenario.rssProbe) {
       for (const target of targets) {
-        if (target.proxy === undefined || target.name.includes('log')) continue;
+        if (target.name !== 'waybill' && target.name !== 'nginx') continue;
         await rssProbe(scenario, target, options);
         console.log(
           `  ${scenario.name} RSS probe ${target.name}${target.gcHook ? ' (after a full GC)' : ''}: ` +
@@ -520,7 +601,7 @@ async function runScenario(scenario: Scenario, options: Options, dir: string): P
       for (const target of targets) {
         const figures = await measure(scenario, target, repeat, sim.child, proxies, options);
         windows.push(figures);
-        console.log(`  ${scenario.name} #${repeat} ${target.name.padEnd(11)} ${brief(figures)}`);
+        console.log(`  ${scenario.name} #${repeat} ${target.name.padEnd(16)} ${brief(figures, scenario.stream)}`);
         await sleep(300);
       }
     }
@@ -538,12 +619,14 @@ function summarise(scenario: Scenario, target: Target, windows: WindowFigures[])
   return {
     target: target.name,
     eventsPerS: med((w) => w.eventsPerS),
+    requestsPerS: med((w) => w.requestsPerS),
     eventsPerRead: med((w) => w.eventsPerRead),
     ttftP50: med((w) => w.ttftMs.p50),
     ttftP99: med((w) => w.ttftMs.p99),
     itlP50: med((w) => w.itlMs.p50),
     itlP99: med((w) => w.itlMs.p99),
     proxyUsPerEvent: med((w) => w.proxyUsPerEvent),
+    proxyUsPerRequest: med((w) => w.proxyUsPerRequest),
     proxyCpuShare: med((w) => w.proxyCpuShare),
     simUsPerEvent: med((w) => w.simUsPerEvent),
     clientUsPerEvent: med((w) => w.clientUsPerEvent),
@@ -581,7 +664,7 @@ async function perfScenario(scenario: Scenario, options: Options, dir: string, s
     {
       name: 'waybill',
       // --perf-basic-prof: names JIT-compiled functions for perf (a /tmp/perf-PID.map file, removed below).
-      start: () => startGateway(BIN, PROXY_CORE, dir, { name: 'waybill-perf', upstream: sim.origin, requestLogs: false, nodeFlags: ['--perf-basic-prof'] }),
+      start: () => startGateway(BIN, PROXY_CORE, dir, { name: 'waybill-perf', upstream: sim.origin, logging: 'default', nodeFlags: ['--perf-basic-prof'] }),
     },
   ];
   const nginxBin = options.nginx;
@@ -634,14 +717,14 @@ async function profileScenario(
   const sim = await startSim(BIN, LOAD_CORE, scenarioDir, {
     itlMs: scenario.itlMs,
     ttftMs: scenario.ttftMs,
-    outputTokens: options.outputTokens,
+    outputTokens: tokensOf(scenario, options),
     seed: options.seed,
   });
   try {
     const gateway = await startGateway(BIN, PROXY_CORE, scenarioDir, {
       name: 'waybill-profiled',
       upstream: sim.origin,
-      requestLogs: false,
+      logging: 'default',
       nodeFlags: ['--cpu-prof', '--cpu-prof-dir', outDir, '--cpu-prof-interval', '500'],
     });
     // The main thread stays alone on core 0; the sampler (and V8's helper threads) may use either core.
@@ -650,7 +733,7 @@ async function profileScenario(
     const figures = await measure(scenario, target, 1, sim.child, [gateway.child], options);
     window = { fromUs: figures.monoFromUs, toUs: figures.monoToUs };
     cpuShare = figures.proxyCpuShare;
-    console.log(`  profile ${scenario.name} ${brief(figures)}`);
+    console.log(`  profile ${scenario.name} ${brief(figures, scenario.stream)}`);
     // SIGTERM: drains (grace 0, drain timeout 1 s) and exits, which writes the profile.
     await gateway.child.stop(10_000);
     if (options.perf) perf = await perfScenario(scenario, options, scenarioDir, sim);
@@ -691,10 +774,14 @@ const signed = (x: number, digits = 2) => (Number.isFinite(x) ? `${x >= 0 ? '+' 
 const pct = (x: number) => (Number.isFinite(x) ? `${Math.round(x * 100)}%` : '–');
 const mib = (kib: number) => (Number.isFinite(kib) ? (kib / 1024).toFixed(0) : '–');
 
-function brief(w: WindowFigures): string {
+function brief(w: WindowFigures, stream: boolean): string {
+  const traffic = stream
+    ? `${Math.round(w.eventsPerS)} ev/s (${f1(w.eventsPerRead)}/chunk), TTFT p50 ${f2(w.ttftMs.p50)} p99 ${f2(w.ttftMs.p99)} ms, ITL p99 ${f2(w.itlMs.p99)} ms`
+    : `${Math.round(w.requestsPerS)} req/s, latency p50 ${f2(w.ttftMs.p50)} p99 ${f2(w.ttftMs.p99)} ms`;
+  const cpu = stream ? `${f1(w.proxyUsPerEvent)} µs/ev` : `${f1(w.proxyUsPerRequest)} µs/req`;
   return (
-    `${Math.round(w.eventsPerS)} ev/s (${f1(w.eventsPerRead)}/chunk), TTFT p50 ${f2(w.ttftMs.p50)} p99 ${f2(w.ttftMs.p99)} ms, ITL p99 ${f2(w.itlMs.p99)} ms` +
-    (Number.isFinite(w.proxyUsPerEvent) ? `, proxy ${f1(w.proxyUsPerEvent)} µs/ev (${pct(w.proxyCpuShare)} of core 0)` : '') +
+    traffic +
+    (Number.isFinite(w.proxyCpuUs) ? `, proxy ${cpu} (${pct(w.proxyCpuShare)} of core 0)` : '') +
     `, other load core0 ${pct(w.core0Foreign)} core1 ${pct(w.core1Foreign)}` +
     (w.errors + w.requestsIncomplete > 0 ? `, ${w.errors} errors ${w.requestsIncomplete} incomplete ${w.errorMessages.join('; ')}` : '')
   );
@@ -711,8 +798,10 @@ interface Comparison {
   addedTtftP50Ms: number;
   addedTtftP99Ms: number;
   addedItlP99Ms: number;
+  /** Events/s through the proxy ÷ direct; requests/s for a non-streaming scenario. */
   throughputRatio: number;
   usPerEvent: number;
+  usPerRequest: number;
   nginxUsPerEvent: number;
   nginxSource: 'this run' | 'peer-figures.md' | 'none';
   vsNginx: number;
@@ -727,7 +816,8 @@ function compare(results: ScenarioResult[]): Comparison[] {
     const direct = result.targets.find((t) => t.target === 'direct');
     const nginx = result.targets.find((t) => t.target === 'nginx');
     if (direct === undefined) continue;
-    const peer = PEER_NGINX_US_PER_EVENT[result.scenario.name];
+    const { stream, rssProbe } = result.scenario;
+    const peer = stream ? PEER_NGINX_US_PER_EVENT[result.scenario.name] : undefined;
     const nginxUs = nginx?.proxyUsPerEvent ?? peer ?? Number.NaN;
     const nginxSource = nginx !== undefined ? 'this run' : peer !== undefined ? 'peer-figures.md' : 'none';
     for (const t of result.targets) {
@@ -738,18 +828,78 @@ function compare(results: ScenarioResult[]): Comparison[] {
         addedTtftP50Ms: t.ttftP50 - direct.ttftP50,
         addedTtftP99Ms: t.ttftP99 - direct.ttftP99,
         addedItlP99Ms: t.itlP99 - direct.itlP99,
-        throughputRatio: t.eventsPerS / direct.eventsPerS,
+        throughputRatio: stream ? t.eventsPerS / direct.eventsPerS : t.requestsPerS / direct.requestsPerS,
         usPerEvent: t.proxyUsPerEvent,
+        usPerRequest: t.proxyUsPerRequest,
         nginxUsPerEvent: nginxUs,
         nginxSource,
-        vsNginx: t.proxyUsPerEvent / nginxUs,
-        rssPerStreamKiB: result.scenario.name === 'c256' ? t.rssPerStreamKiB : Number.NaN,
-        rssWindowPerStreamKiB: result.scenario.name === 'c256' ? t.rssWindowPerStreamKiB : Number.NaN,
+        // Non-streaming: the ratio of CPU per request (the only unit there).
+        vsNginx: stream ? t.proxyUsPerEvent / nginxUs : t.proxyUsPerRequest / (nginx?.proxyUsPerRequest ?? Number.NaN),
+        rssPerStreamKiB: rssProbe ? t.rssPerStreamKiB : Number.NaN,
+        rssWindowPerStreamKiB: rssProbe ? t.rssWindowPerStreamKiB : Number.NaN,
         peakRssMiB: t.peakRssKiB / 1024,
       });
     }
   }
   return rows;
+}
+
+/** Proxies whose CPU is split into a per-request and a per-event cost. */
+const SPLIT_PROXIES = ['waybill', 'waybill-lean', 'waybill+otel', 'nginx'];
+
+interface CostSplit {
+  proxy: string;
+  /** Scenarios whose windows went into the fit. */
+  scenarios: string[];
+  /** CPU at rest subtracted from each window, ms per second (median over the fitted scenarios). */
+  idleCpuMsPerS: number;
+  fit: CostFit;
+  /** a / (a + b × events per request) at the fit's smallest events per request: the per-request share of short answers. */
+  perRequestShare: number;
+  /** µs per request measured directly by the non-streaming `req` scenario, when it ran. */
+  reqUsPerRequest: number;
+}
+
+/** Issue 15's a × requests + b × events, per proxy, over the paced streaming windows (bench/proxy/fit.ts). */
+function splitCosts(results: ScenarioResult[]): CostSplit[] {
+  const fitted = results.filter((r) => r.scenario.fit && r.scenario.stream);
+  const req = results.find((r) => r.scenario.name === 'req');
+  const splits: CostSplit[] = [];
+  for (const proxy of SPLIT_PROXIES) {
+    const points: CostPoint[] = [];
+    const scenarios: string[] = [];
+    const idle: number[] = [];
+    for (const result of fitted) {
+      const summary = result.targets.find((t) => t.target === proxy);
+      if (summary === undefined) continue;
+      scenarios.push(result.scenario.name);
+      // At rest the gateway still spends a few ms per second (timers, event-loop monitors): not per request or event.
+      const idleMsPerS = Number.isFinite(summary.idleCpuMsPerS) ? summary.idleCpuMsPerS : 0;
+      idle.push(idleMsPerS);
+      for (const w of result.windows.filter((x) => x.target === proxy)) {
+        points.push({
+          label: `${result.scenario.name}#${w.repeat}`,
+          group: result.scenario.name,
+          requests: w.requestsCompleted + w.requestsIncomplete,
+          events: w.events,
+          cpuUs: w.proxyCpuUs - idleMsPerS * w.windowMs,
+        });
+      }
+    }
+    const reqSummary = req?.targets.find((t) => t.target === proxy);
+    if (points.length === 0 && reqSummary === undefined) continue;
+    const fit = fitCost(points);
+    const shortest = fit.eventsPerRequest[0] ?? Number.NaN;
+    splits.push({
+      proxy,
+      scenarios,
+      idleCpuMsPerS: median(idle),
+      fit,
+      perRequestShare: fit.usPerRequest / (fit.usPerRequest + fit.usPerEvent * shortest),
+      reqUsPerRequest: reqSummary?.proxyUsPerRequest ?? Number.NaN,
+    });
+  }
+  return splits;
 }
 
 interface TargetCheck {
@@ -758,6 +908,7 @@ interface TargetCheck {
   met: boolean | undefined;
 }
 
+/** Issue 5's targets (CPU per event vs nginx at c64 and max, RSS per stream), now with the default configuration. */
 function checkTargets(comparisons: Comparison[]): TargetCheck[] {
   const waybill = (scenario: string) => comparisons.find((c) => c.scenario === scenario && c.proxy === 'waybill');
   const checks: TargetCheck[] = [];
@@ -775,20 +926,118 @@ function checkTargets(comparisons: Comparison[]): TargetCheck[] {
       met: Number.isFinite(c.vsNginx) ? c.vsNginx <= 1.5 : undefined,
     });
   }
-  const c256 = waybill('c256');
-  if (c256 !== undefined) {
+  for (const name of ['c256s', 'c256']) {
+    const c = waybill(name);
+    if (c === undefined) continue;
     checks.push({
-      target: 'RSS <= 100 KiB per in-flight stream at c256',
-      measured: `${f1(c256.rssPerStreamKiB)} KiB (after full GCs; without forcing GC: ${f1(c256.rssWindowPerStreamKiB)} KiB)`,
-      met: c256.rssPerStreamKiB <= 100,
+      target: `RSS <= 100 KiB per in-flight stream at ${name}`,
+      measured: `${f1(c.rssPerStreamKiB)} KiB (after full GCs; without forcing GC: ${f1(c.rssWindowPerStreamKiB)} KiB)`,
+      met: Number.isFinite(c.rssPerStreamKiB) ? c.rssPerStreamKiB <= 100 : undefined,
     });
   }
   return checks;
 }
 
-function printReport(results: ScenarioResult[], comparisons: Comparison[], checks: TargetCheck[]): void {
+/**
+ * Issue 15's targets, for `waybill` in its default configuration (request logs on); the waybill+otel figure is
+ * shown beside each, for information. "Throughput 1.00× direct" is met when the ratio rounds to 1.00 (>= 0.995).
+ */
+function checkIssue15(comparisons: Comparison[]): TargetCheck[] {
+  const find = (scenario: string, proxy: string) => comparisons.find((c) => c.scenario === scenario && c.proxy === proxy);
+  const checks: TargetCheck[] = [];
+  /** One target on `waybill` at `scenario`; the same figure for waybill+otel rides along; n/a when the scenario did not run. */
+  const check = (scenario: string, target: string, show: (c: Comparison) => string, value: (c: Comparison) => number, ok: (x: number) => boolean) => {
+    const c = find(scenario, 'waybill');
+    if (c === undefined) {
+      checks.push({ target, measured: `${scenario} not run`, met: undefined });
+      return;
+    }
+    const otel = find(scenario, 'waybill+otel');
+    const x = value(c);
+    checks.push({ target, measured: `${show(c)}${otel === undefined ? '' : `; waybill+otel ${show(otel)}`}`, met: Number.isFinite(x) ? ok(x) : undefined });
+  };
+  check(
+    'c64s',
+    'CPU/event at c64s (64 streams × 64 tokens, 10 ms) <= 1.5x nginx',
+    (c) => `${f1(c.usPerEvent)} vs nginx ${f1(c.nginxUsPerEvent)} µs/ev (${c.nginxSource}) = ${f2(c.vsNginx)}x`,
+    (c) => c.vsNginx,
+    (x) => x <= 1.5,
+  );
+  check(
+    'c256s',
+    'throughput at c256s (256 streams × 64 tokens, 20 ms) = 1.00x direct',
+    (c) => `${f2(c.throughputRatio)}x (${c.throughputRatio.toFixed(4)})`,
+    (c) => c.throughputRatio,
+    (x) => x >= 0.995,
+  );
+  check('c256s', 'added TTFT p99 at c256s <= 10 ms', (c) => `${signed(c.addedTtftP99Ms)} ms`, (c) => c.addedTtftP99Ms, (x) => x <= 10);
+  for (const name of ['c64s', 'c64']) {
+    check(name, `added TTFT p50 at ${name} <= 1 ms`, (c) => `${signed(c.addedTtftP50Ms)} ms`, (c) => c.addedTtftP50Ms, (x) => x <= 1);
+    check(name, `added TTFT p99 at ${name} <= 5 ms`, (c) => `${signed(c.addedTtftP99Ms)} ms`, (c) => c.addedTtftP99Ms, (x) => x <= 5);
+  }
+  // Workers add no cost: two workers (and their primary) on one core, CPU per event against one worker's.
+  for (const name of ['c64s', 'max']) {
+    const one = find(name, 'waybill');
+    const two = find(name, 'waybill-2w');
+    const target = `CPU/event with 2 workers at ${name} within 10% of 1 worker's`;
+    if (one === undefined || two === undefined) checks.push({ target, measured: `${name} or its waybill-2w row not run`, met: undefined });
+    else {
+      const ratio = two.usPerEvent / one.usPerEvent;
+      checks.push({ target, measured: `${f1(two.usPerEvent)} vs ${f1(one.usPerEvent)} µs/ev = ${f2(ratio)}x`, met: Number.isFinite(ratio) ? ratio <= 1.1 : undefined });
+    }
+  }
+  return checks;
+}
+
+function printChecks(title: string, checks: TargetCheck[]): void {
+  if (checks.length === 0) return;
+  console.log(`\n${title}`);
+  for (const check of checks) {
+    const verdict = check.met === undefined ? 'n/a   ' : check.met ? 'met   ' : 'MISSED';
+    console.log(`  ${verdict}  ${check.target}: ${check.measured}`);
+  }
+}
+
+function printCostSplit(splits: CostSplit[]): void {
+  if (splits.length === 0) return;
+  const scenarios = [...new Set(splits.flatMap((s) => s.scenarios))];
+  console.log(
+    `\nCost per request (a) and per event (b): each window's proxy CPU, less its CPU at rest, fitted as a × requests + b × events ` +
+      `(least squares, relative) over the windows of ${scenarios.join(', ') || 'no paced streaming scenario'}; ` +
+      `req = the non-streaming scenario's CPU per request:`,
+  );
+  const rows: string[][] = [['proxy', '', 'a µs/request', 'b µs/event', 'windows', 'events/request', 'rms residual', 'per-request share', 'at rest ms/s', 'req µs/request']];
+  for (const s of splits) {
+    rows.push([
+      s.proxy,
+      '',
+      f1(s.fit.usPerRequest),
+      f2(s.fit.usPerEvent),
+      String(s.fit.windows),
+      s.fit.eventsPerRequest.join(', ') || '–',
+      pct(s.fit.rmsRelativeResidual),
+      Number.isFinite(s.perRequestShare) ? `${pct(s.perRequestShare)} at ${s.fit.eventsPerRequest[0]}` : '–',
+      f1(s.idleCpuMsPerS),
+      f1(s.reqUsPerRequest),
+    ]);
+  }
+  console.log(table(rows));
+  const waybill = splits.find((s) => s.proxy === 'waybill');
+  const nginx = splits.find((s) => s.proxy === 'nginx');
+  if (waybill !== undefined && nginx !== undefined) {
+    console.log(
+      `waybill ÷ nginx: a ${f2(waybill.fit.usPerRequest / nginx.fit.usPerRequest)}x, b ${f2(waybill.fit.usPerEvent / nginx.fit.usPerEvent)}x, ` +
+        `req ${f2(waybill.reqUsPerRequest / nginx.reqUsPerRequest)}x`,
+    );
+  }
+  if (splits.some((s) => s.fit.windows > 0 && !Number.isFinite(s.fit.usPerRequest))) {
+    console.log('a and b need windows with two different events per request (e.g. c64s with c64): undetermined where –');
+  }
+}
+
+function printReport(results: ScenarioResult[], comparisons: Comparison[]): void {
   const raw: string[][] = [
-    ['scenario', 'target', 'events/s', 'ev/chunk', 'TTFT p50', 'TTFT p99', 'ITL p50', 'ITL p99', 'proxy µs/ev', 'proxy CPU', 'idle ms/s', 'sim µs/ev', 'client µs/ev', 'RSS MiB', 'other load c0/c1', 'errors'],
+    ['scenario', 'target', 'events/s', 'req/s', 'ev/chunk', 'TTFT p50', 'TTFT p99', 'ITL p50', 'ITL p99', 'proxy µs/ev', 'µs/req', 'proxy CPU', 'idle ms/s', 'sim µs/ev', 'client µs/ev', 'RSS MiB', 'other load c0/c1', 'errors'],
   ];
   for (const result of results) {
     for (const t of result.targets) {
@@ -796,12 +1045,14 @@ function printReport(results: ScenarioResult[], comparisons: Comparison[], check
         result.scenario.name,
         t.target,
         String(Math.round(t.eventsPerS)),
+        String(Math.round(t.requestsPerS)),
         f2(t.eventsPerRead),
         f2(t.ttftP50),
         f2(t.ttftP99),
         f2(t.itlP50),
         f2(t.itlP99),
         f1(t.proxyUsPerEvent),
+        f1(t.proxyUsPerRequest),
         pct(t.proxyCpuShare),
         f1(t.idleCpuMsPerS),
         f1(t.simUsPerEvent),
@@ -812,11 +1063,11 @@ function printReport(results: ScenarioResult[], comparisons: Comparison[], check
       ]);
     }
   }
-  console.log('\nPer target (medians over repeats; latencies in ms, measured by the client):');
+  console.log('\nPer target (medians over repeats; latencies in ms, measured by the client; for req, TTFT = whole-request latency):');
   console.log(table(raw));
 
   const rows: string[][] = [
-    ['scenario', 'proxy', '+TTFT p50', '+TTFT p99', '+ITL p99', 'throughput', 'CPU µs/event', 'x nginx', 'RSS/stream KiB', 'no-GC KiB', 'peak RSS MiB'],
+    ['scenario', 'proxy', '+TTFT p50', '+TTFT p99', '+ITL p99', 'throughput', 'CPU µs/event', 'µs/request', 'x nginx', 'RSS/stream KiB', 'no-GC KiB', 'peak RSS MiB'],
   ];
   for (const c of comparisons) {
     rows.push([
@@ -827,42 +1078,49 @@ function printReport(results: ScenarioResult[], comparisons: Comparison[], check
       signed(c.addedItlP99Ms),
       `${f2(c.throughputRatio)}x`,
       f1(c.usPerEvent),
+      f1(c.usPerRequest),
       c.proxy === 'nginx' ? '' : `${f2(c.vsNginx)}${c.nginxSource === 'peer-figures.md' ? '*' : ''}`,
       f1(c.rssPerStreamKiB),
       f1(c.rssWindowPerStreamKiB),
       f1(c.peakRssMiB),
     ]);
   }
-  console.log('\nAgainst the direct run (added ms; throughput = events/s through the proxy / direct):');
+  console.log('\nAgainst the direct run (added ms; throughput = events/s through the proxy / direct, requests/s for req; x nginx per event, per request for req):');
   console.log(table(rows));
   if (comparisons.some((c) => c.nginxSource === 'peer-figures.md')) console.log('* nginx not run here: ratio to the nginx figure in peer-figures.md');
   console.log(
-    'RSS/stream (c256): (VmRSS with 256 streams in flight - VmRSS at rest) / 256, both read after a full GC; no-GC: ' +
-      '(median VmRSS during the measured windows - VmRSS after start-up) / 256. Peak: VmHWM at the end of the scenario.',
+    'RSS/stream (c256, c256s): (VmRSS with the streams in flight - VmRSS at rest) / streams, both read after a full GC; no-GC: ' +
+      '(median VmRSS during the measured windows - VmRSS after start-up) / streams. Peak: VmHWM at the end of the scenario.',
   );
-  const logged = results.flatMap((r) => r.targets.filter((t) => t.target === 'waybill+log').map((t) => ({ scenario: r.scenario.name, t })));
-  for (const { scenario, t } of logged) {
-    const plain = results.find((r) => r.scenario.name === scenario)?.targets.find((x) => x.target === 'waybill');
+  for (const result of results) {
+    const targets = result.targets;
+    const plain = targets.find((x) => x.target === 'waybill');
     if (plain === undefined) continue;
-    const perEventDelta = t.proxyUsPerEvent - plain.proxyUsPerEvent;
-    console.log(
-      `wide log line at ${scenario}: ${signed(perEventDelta, 1)} µs/event (${f1(t.proxyUsPerEvent)} vs ${f1(plain.proxyUsPerEvent)}), ` +
-        `${Math.round(t.logBytesPerRequest)} bytes of log per request`,
-    );
-  }
-  const contracted = results.flatMap((r) => r.targets.filter((t) => t.target === 'waybill+contract').map((t) => ({ scenario: r.scenario.name, t })));
-  for (const { scenario, t } of contracted) {
-    const plain = results.find((r) => r.scenario.name === scenario)?.targets.find((x) => x.target === 'waybill');
-    if (plain === undefined) continue;
-    console.log(
-      `output contract (response_format json_object) at ${scenario}: ${signed(t.proxyUsPerEvent - plain.proxyUsPerEvent, 1)} µs/event ` +
-        `(${f1(t.proxyUsPerEvent)} vs ${f1(plain.proxyUsPerEvent)} without a contract)`,
-    );
-  }
-  console.log('\nTargets (issue 5):');
-  for (const check of checks) {
-    const verdict = check.met === undefined ? 'n/a ' : check.met ? 'MET ' : 'MISS';
-    console.log(`  ${verdict}  ${check.target}: ${check.measured}`);
+    const unit = (t: TargetSummary) => (result.scenario.stream ? t.proxyUsPerEvent : t.proxyUsPerRequest);
+    const unitName = result.scenario.stream ? 'µs/event' : 'µs/request';
+    const lean = targets.find((x) => x.target === 'waybill-lean');
+    const perRequest = (a: TargetSummary, b: TargetSummary) =>
+      result.scenario.stream ? `; ${signed(a.proxyUsPerRequest - b.proxyUsPerRequest, 1)} µs/request` : '';
+    if (lean !== undefined) {
+      console.log(
+        `request logs (default config vs lean) at ${result.scenario.name}: ${signed(unit(plain) - unit(lean), 1)} ${unitName} ` +
+          `(${f1(unit(plain))} vs ${f1(unit(lean))}${perRequest(plain, lean)}), ${Math.round(plain.logBytesPerRequest)} bytes of log per request`,
+      );
+    }
+    const otel = targets.find((x) => x.target === 'waybill+otel');
+    if (otel !== undefined) {
+      console.log(
+        `tracing to an unreachable collector at ${result.scenario.name}: ${signed(unit(otel) - unit(plain), 1)} ${unitName} ` +
+          `(${f1(unit(otel))} vs ${f1(unit(plain))}${perRequest(otel, plain)})`,
+      );
+    }
+    const contract = targets.find((x) => x.target === 'waybill+contract');
+    if (contract !== undefined) {
+      console.log(
+        `output contract (response_format json_object) at ${result.scenario.name}: ${signed(contract.proxyUsPerEvent - plain.proxyUsPerEvent, 1)} µs/event ` +
+          `(${f1(contract.proxyUsPerEvent)} vs ${f1(plain.proxyUsPerEvent)} without a contract)`,
+      );
+    }
   }
 }
 
@@ -915,20 +1173,31 @@ async function main(argv: string[]): Promise<number> {
       `the simulator and this load client (pid ${process.pid}) on core ${LOAD_CORE} (taskset)`,
   );
   console.log(
-    `workload: closed loop, chat completions streamed, ${options.outputTokens} output tokens each (1 per event), simulator jitter 0, seed ${options.seed}; ` +
-      `${options.seconds} s windows after a warm-up, ${options.repeats} repeat(s), medians reported`,
+    `workload: closed loop of chat completions, streamed with 1 output token per event (${options.outputTokens ?? 'the scenario\'s'} tokens each) unless ` +
+      `the scenario says non-streaming; simulator jitter 0, seed ${options.seed}; ${options.seconds} s windows after a warm-up, ${options.repeats} repeat(s), medians reported`,
+  );
+  console.log(
+    `rows: waybill = the default configuration (request log line on, level info, stdout to a file), tracing off` +
+      `${options.lean ? '; waybill-lean = logging {level: warn, requests: false}' : ''}` +
+      `${options.otel ? '; waybill+otel = default + OTLP traces to a closed port' : ''}`,
   );
   console.log(`nginx: ${nginx ?? 'not found (figures compared with peer-figures.md instead)'}; load average ${loadBefore.map((l) => l.toFixed(2)).join(' ')}`);
   if (git.dirtySrc) console.log(`note: src/ has uncommitted changes (HEAD ${git.commit.slice(0, 10)})`);
 
   const results: ScenarioResult[] = [];
   for (const scenario of options.scenarios) {
-    console.log(`\n${scenario.name}: ${scenario.note} (TTFT ${scenario.ttftMs} ms)`);
+    console.log(`\n${scenario.name}: ${scenario.note} (TTFT ${scenario.ttftMs} ms, ${tokensOf(scenario, options)} tokens)`);
     results.push(await runScenario(scenario, options, dir));
   }
   const comparisons = compare(results);
   const checks = checkTargets(comparisons);
-  if (results.length > 0) printReport(results, comparisons, checks);
+  const costSplit = splitCosts(results);
+  const issue15 = checkIssue15(comparisons);
+  if (results.length > 0) {
+    printReport(results, comparisons);
+    printCostSplit(costSplit);
+    printChecks('Targets (issue 5; waybill in its default configuration):', checks);
+  }
 
   const profiles: ProfileSummary[] = [];
   const perfResults: PerfResult[] = [];
@@ -949,6 +1218,8 @@ async function main(argv: string[]): Promise<number> {
     }
   }
 
+  printChecks(`Issue 15 targets (waybill, default configuration; ${options.repeats} repeat(s), medians):`, issue15);
+
   const loadAfter = loadavg();
   const report = {
     startedAt: startedAt.toISOString(),
@@ -963,7 +1234,10 @@ async function main(argv: string[]): Promise<number> {
     options: { ...options, scenarios: options.scenarios.map((s) => s.name) },
     scenarios: results.map((r) => ({ ...r.scenario, targets: r.targets, windows: r.windows })),
     comparisons,
+    /** Issue 15: CPU = a × requests + b × events per proxy (bench/proxy/fit.ts), and the non-streaming µs/request. */
+    costSplit,
     targets: checks,
+    issue15Targets: issue15,
     profiles,
     perf: perfResults,
     profileDir: profileDir ?? null,

@@ -7,6 +7,9 @@
  * A run is: warm-up (streams ramped in evenly over `rampMs`, so they do not tick in lockstep), then the measured
  * window, whose start and end call the caller's hooks (where it reads /proc), then every stream is aborted.
  * Only what arrives inside the window is counted; a TTFT is counted for requests started inside it.
+ *
+ * With `stream: false` the requests are plain JSON completions: a 200 that ends is a completed request, and the
+ * TTFT samples hold the whole request's latency (sent → last byte), since there is no first event to time.
  */
 import { performance } from 'node:perf_hooks';
 import { Pool, type Dispatcher } from 'undici';
@@ -25,6 +28,8 @@ export interface LoadSpec {
   origin: string;
   path: string;
   body: Buffer;
+  /** The body asks for a stream (default true); false: count whole responses, time them end to end. */
+  stream?: boolean;
   concurrency: number;
   /** Streams are started evenly over this long at the beginning of the warm-up. */
   rampMs: number;
@@ -54,7 +59,8 @@ export interface WindowResult {
   /** Failed requests (non-200, connection errors) inside the window, and a few messages. */
   errors: number;
   errorMessages: string[];
-  /** ms; TTFT of requests started inside the window, ITL gaps ending inside it (0 for events read together). */
+  /** ms; TTFT of requests started inside the window, ITL gaps ending inside it (0 for events read together).
+   *  Non-streaming: `ttft` is each request's latency (sent → response end), for requests started and ended inside. */
   ttft: Samples;
   itl: Samples;
   /** CPU time of the whole bench process (client) inside the window, µs. */
@@ -143,6 +149,14 @@ class StreamHandler implements Dispatcher.DispatchHandler {
     const t = performance.now();
     const run = this.run;
     const len = chunk.length;
+    if (run.spec.stream === false) {
+      // A JSON body holds no events, and its `"content":"` is the whole answer, not an output event.
+      if (run.inWindow(t)) {
+        run.bytes += len;
+        run.reads++;
+      }
+      return;
+    }
     let events = 0;
     let outputs = 0;
 
@@ -201,7 +215,14 @@ class StreamHandler implements Dispatcher.DispatchHandler {
   onResponseEnd(): void {
     if (this.ended) return;
     this.ended = true;
-    this.run.finished(this, undefined);
+    const run = this.run;
+    if (run.spec.stream === false && this.status === 200) {
+      // A whole JSON body is the non-streaming counterpart of a stream that reached [DONE].
+      this.sawDone = true;
+      const t = performance.now();
+      if (this.startedAt >= run.windowStart && run.inWindow(t)) run.ttft.push(t - this.startedAt);
+    }
+    run.finished(this, undefined);
   }
 
   onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {

@@ -211,20 +211,28 @@ export async function startSim(bin: string, core: number, dir: string, settings:
 export interface GatewaySettings {
   name: string;
   upstream: string;
-  /** Per-request wide log line on (at level info, to a file), or everything below warn off. */
-  requestLogs: boolean;
+  /**
+   * `default`: the configuration's defaults for everything that runs per request — `logging` unset, so level info
+   * and one wide JSON line per request on stdout (which goes to the child's log file, as `serve > file` would).
+   * `lean`: `logging: {level: warn, requests: false}`, the configuration of the figures before issue 15.
+   */
+  logging: 'default' | 'lean';
+  /** Tracing on: OTEL_EXPORTER_OTLP_ENDPOINT for the child (e.g. a closed port: a collector that is down). */
+  otlpEndpoint?: string;
   /** Extra node flags, e.g. --cpu-prof. */
   nodeFlags?: string[];
+  /** `--workers` (default 1: one process, whatever the machine's cores). */
+  workers?: number;
 }
 
 /** `waybill serve --config FILE` on a free port; resolves once /readyz says 200. */
 export async function startGateway(bin: string, core: number, dir: string, settings: GatewaySettings): Promise<{ child: Child; origin: string }> {
   const port = await freePort();
-  // JSON is YAML.
+  // JSON is YAML. Only what the bench needs is set; the shutdown keys only shorten the stop after the last window.
   const config = {
     server: { host: '127.0.0.1', port },
     pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: settings.upstream }] }],
-    logging: settings.requestLogs ? { level: 'info', requests: true } : { level: 'warn', requests: false },
+    ...(settings.logging === 'lean' ? { logging: { level: 'warn', requests: false } } : {}),
     shutdown: { grace: 0, drain_timeout: 1 },
   };
   const configFile = join(dir, `${settings.name}.yaml`);
@@ -234,12 +242,19 @@ export async function startGateway(bin: string, core: number, dir: string, setti
     core,
     dir,
     command: process.execPath,
-    args: [...(settings.nodeFlags ?? []), bin, 'serve', '--config', configFile],
-    // No OTLP endpoint from the environment: tracing off, as configured.
-    env: withoutOtel(process.env),
+    args: [...(settings.nodeFlags ?? []), bin, 'serve', '--config', configFile, '--workers', String(settings.workers ?? 1)],
+    // No OTEL_* from the bench's own environment: tracing is on only where a setting asks for it.
+    env: { ...withoutOtel(process.env), ...(settings.otlpEndpoint !== undefined ? { OTEL_EXPORTER_OTLP_ENDPOINT: settings.otlpEndpoint } : {}) },
   });
   const origin = `http://127.0.0.1:${port}`;
   await waitFor200(`${origin}/readyz`, 15_000, child);
+  if (settings.otlpEndpoint !== undefined) {
+    // `serve` logs where spans go in its start-up line; a row labelled +otel must not run with tracing off.
+    const expected = `"tracing":"${settings.otlpEndpoint.replace(/\/+$/, '')}/v1/traces"`;
+    if (settings.logging === 'default' && !readFileSync(child.logFile, 'utf8').includes(expected)) {
+      throw new Error(`${settings.name}: tracing is not on (no ${expected} in ${child.logFile})`);
+    }
+  }
   return { child, origin };
 }
 
@@ -300,14 +315,41 @@ http {
 
 // --- /proc ------------------------------------------------------------------------------------------------------
 
-/** utime + stime of a process (all its threads), in µs. */
+/** A process and its descendants (a gateway with workers: the primary and its workers). */
+export function processTree(pid: number): number[] {
+  const pids = [pid];
+  for (let i = 0; i < pids.length; i++) {
+    let tasks: string[] = [];
+    try {
+      tasks = readdirSync(`/proc/${pids[i]}/task`);
+    } catch {
+      continue; // gone meanwhile
+    }
+    for (const tid of tasks) {
+      try {
+        for (const child of readFileSync(`/proc/${pids[i]}/task/${tid}/children`, 'utf8').trim().split(/\s+/)) if (child !== '') pids.push(Number(child));
+      } catch {
+        // the thread ended meanwhile
+      }
+    }
+  }
+  return pids;
+}
+
+/** utime + stime of a process (all its threads) and of its descendants still running, in µs. */
 export function processCpuUs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  // Fields after the command name (which may contain spaces), from field 3 (state) on.
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  const utime = Number(fields[11]);
-  const stime = Number(fields[12]);
-  return ((utime + stime) * 1e6) / CLK_TCK;
+  let us = 0;
+  for (const one of processTree(pid)) {
+    try {
+      const stat = readFileSync(`/proc/${one}/stat`, 'utf8');
+      // Fields after the command name (which may contain spaces), from field 3 (state) on.
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      us += ((Number(fields[11]) + Number(fields[12])) * 1e6) / CLK_TCK;
+    } catch {
+      // a descendant that ended meanwhile
+    }
+  }
+  return us;
 }
 
 /**
@@ -326,14 +368,25 @@ export function processRuntimeUs(pid: number): number {
   return ns / 1000;
 }
 
-/** VmRSS and VmHWM (peak RSS) of a process, in KiB. */
+/** VmRSS and VmHWM (peak RSS) of a process, its descendants' added, in KiB. */
 export function processMemoryKiB(pid: number): { rss: number; hwm: number } {
-  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
-  const field = (name: string) => {
-    const match = new RegExp(`^${name}:\\s+(\\d+) kB`, 'm').exec(status);
-    return match === null ? Number.NaN : Number(match[1]);
-  };
-  return { rss: field('VmRSS'), hwm: field('VmHWM') };
+  let rss = 0;
+  let hwm = 0;
+  for (const one of processTree(pid)) {
+    let status: string;
+    try {
+      status = readFileSync(`/proc/${one}/status`, 'utf8');
+    } catch {
+      continue;
+    }
+    const field = (name: string) => {
+      const match = new RegExp(`^${name}:\\s+(\\d+) kB`, 'm').exec(status);
+      return match === null ? Number.NaN : Number(match[1]);
+    };
+    rss += field('VmRSS');
+    hwm += field('VmHWM');
+  }
+  return { rss, hwm };
 }
 
 /** Busy and total time of each CPU, µs (from /proc/stat). */

@@ -562,7 +562,13 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     await setUp();
     // A request lives at most timeouts.total (1 s here; drain_grace 0): its slot expires 1 s + 2 s of margin + the
     // Redis timeout after its admission unless released.
-    const config = gatewayConfig(simUrl, { redis_url: redis.url }, { max_concurrent: 1 }, { timeouts: { total: '1s' }, streaming: { drain_grace: 0 } });
+    // One process (server.workers: 1): several workers would drain when their primary dies, releasing the slot.
+    const config = gatewayConfig(
+      simUrl,
+      { redis_url: redis.url },
+      { max_concurrent: 1 },
+      { server: { host: '127.0.0.1', port: 0, workers: 1 }, timeouts: { total: '1s' }, streaming: { drain_grace: 0 } },
+    );
     const ttl = 1_000 + 0 + 2_000 + 250;
     const crashing = await spawnGateway(config);
     const controller = new AbortController();

@@ -54,16 +54,29 @@ interface RequestDeps extends RoutesDeps {
   readonly limiter: TenantLimiter;
 }
 
+/**
+ * The same for every request of a generation: built once per generation (a reload makes a new one), not once per
+ * request — an object spread per request showed in the per-request profile (docs/performance.md).
+ */
+const depsOfGeneration = new WeakMap<RoutesDeps, WeakMap<FastifyRequest['generation'], RequestDeps>>();
+
 function requestDeps(shared: RoutesDeps, request: FastifyRequest): RequestDeps {
   const generation = request.generation;
-  return {
-    ...shared,
-    config: generation.config,
-    upstreams: generation.upstreams,
-    exchangeDeps: generation.exchangeDeps,
-    limiter: generation.limiter,
-    onExchange: (exchange) => generation.track(exchange),
-  };
+  let byGeneration = depsOfGeneration.get(shared);
+  if (byGeneration === undefined) depsOfGeneration.set(shared, (byGeneration = new WeakMap()));
+  let deps = byGeneration.get(generation);
+  if (deps === undefined) {
+    deps = {
+      ...shared,
+      config: generation.config,
+      upstreams: generation.upstreams,
+      exchangeDeps: generation.exchangeDeps,
+      limiter: generation.limiter,
+      onExchange: (exchange) => generation.track(exchange),
+    };
+    byGeneration.set(generation, deps);
+  }
+  return deps;
 }
 
 export function registerApiRoutes(app: FastifyInstance, shared: RoutesDeps): void {

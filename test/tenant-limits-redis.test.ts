@@ -370,6 +370,44 @@ afterEach(async () => {
   if (failures.length > 0) throw failures[0];
 });
 
+/**
+ * A client (a raw socket: closed for good) sends a chat request and leaves while its admission's script is held in
+ * `proxy`; resolves once the gateway saw it go (its connections are back to what they were: a keep-alive connection
+ * of an earlier request stays). What is awaited in the proxy is the admission's script, the only command naming the
+ * in-flight key: an earlier request's settlement may still be on its way. The caller releases the proxy.
+ */
+async function leaveWhileAdmitting(g: TestGateway, proxy: RedisProxy, chatBody: Record<string, unknown>): Promise<void> {
+  const connections = () => new Promise<number>((resolve, reject) => g.gateway.app.server.getConnections((error, n) => (error ? reject(error) : resolve(n))));
+  const before = await connections();
+  const arrived = proxy.hold(':inflight');
+  const body = JSON.stringify(chatBody);
+  const client = connect(Number(new URL(g.base).port), '127.0.0.1');
+  client.on('error', () => undefined);
+  client.write(`POST ${CHAT_PATH} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\nauthorization: Bearer ${KEY}\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+  await arrived;
+  client.destroy();
+  await until('the gateway to see its client go', 2_000, async () => ((await connections()) === before ? true : undefined));
+}
+
+/** A store talking to the test's Redis through a RedisProxy (which can hold or cut), with its errors and up/down states. */
+async function proxiedStore(keyPrefix: string, timeoutMs: number): Promise<{ proxy: RedisProxy; store: RedisLimitStore; errors: string[]; states: boolean[] }> {
+  const proxy = new RedisProxy(redis.port);
+  cleanups.push(() => proxy.close());
+  const port = await proxy.port;
+  const errors: string[] = [];
+  const states: boolean[] = [];
+  const store = new RedisLimitStore({
+    url: `redis://127.0.0.1:${port}`,
+    timeoutMs,
+    keyPrefix,
+    inflightTtlMs: 60_000,
+    onError: (op) => errors.push(op),
+    onState: (up) => states.push(up),
+  });
+  cleanups.push(() => store.close());
+  return { proxy, store, errors, states };
+}
+
 /** A fresh redis-server, a client to look into it, and a simulator: closed after the test. */
 async function setUp(): Promise<void> {
   redis = await RedisServer.start();
@@ -622,21 +660,8 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     await g.logged(/^limit store answers/);
     await awayFromWindowEnd(inspect, 10_000);
 
-    // The admission's script waits in the proxy; the client gives up meanwhile (a raw socket: closed for good).
-    const arrived = proxy.hold();
-    const body = JSON.stringify({ ...CHAT, max_tokens: 100 });
-    const client = connect(Number(new URL(g.base).port), '127.0.0.1');
-    client.on('error', () => undefined);
-    client.write(
-      `POST ${CHAT_PATH} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\nauthorization: Bearer ${KEY}\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
-    );
-    await arrived;
-    client.destroy();
-    // The gateway saw its client go (the connection closed on its side) before Redis answers.
-    await until('the gateway to see its client go', 2_000, async () => {
-      const count = await new Promise<number>((resolve, reject) => g.gateway.app.server.getConnections((error, n) => (error ? reject(error) : resolve(n))));
-      return count === 0 ? true : undefined;
-    });
+    // The admission's script waits in the proxy; the client gives up meanwhile.
+    await leaveWhileAdmitting(g, proxy, { ...CHAT, max_tokens: 100 });
     proxy.release();
     const [settlement] = await g.settled(1);
     expect(settlement).toMatchObject({ outcome: 'client_cancelled', code: 499 });
@@ -666,20 +691,8 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     await awayFromWindowEnd(inspect, 10_000);
     expect((await chat(g.base)).status).toBe(200);
 
-    // The second request would be refused; its client leaves before Redis says so. (The first one's keep-alive
-    // connection stays open: the gateway's connections go back to what they were before this client came.)
-    const connections = () => new Promise<number>((resolve, reject) => g.gateway.app.server.getConnections((error, n) => (error ? reject(error) : resolve(n))));
-    const before = await connections();
-    // The first request's settlement may still be on its way to Redis: what is awaited is the admission's script
-    // (the only command naming the in-flight key).
-    const arrived = proxy.hold(':inflight');
-    const body = JSON.stringify(CHAT);
-    const client = connect(Number(new URL(g.base).port), '127.0.0.1');
-    client.on('error', () => undefined);
-    client.write(`POST ${CHAT_PATH} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\nauthorization: Bearer ${KEY}\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
-    await arrived;
-    client.destroy();
-    await until('the gateway to see its client go', 2_000, async () => ((await connections()) === before ? true : undefined));
+    // The second request would be refused; its client leaves before Redis says so.
+    await leaveWhileAdmitting(g, proxy, CHAT);
     proxy.release();
     const settled = await g.settled(2);
     expect(settled[1]).toMatchObject({ outcome: 'client_cancelled', code: 499 });
@@ -692,20 +705,7 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
 
   it('fails a command Redis does not answer within the deadline, and takes back the slot it may have taken', async () => {
     await setUp();
-    const proxy = new RedisProxy(redis.port);
-    cleanups.push(() => proxy.close());
-    const port = await proxy.port;
-    const errors: string[] = [];
-    const states: boolean[] = [];
-    const slow = new RedisLimitStore({
-      url: `redis://127.0.0.1:${port}`,
-      timeoutMs: 200,
-      keyPrefix: 'slow',
-      inflightTtlMs: 60_000,
-      onError: (op) => errors.push(op),
-      onState: (up) => states.push(up),
-    });
-    cleanups.push(() => slow.close());
+    const { proxy, store: slow, errors, states } = await proxiedStore('slow', 200);
     await awayFromWindowEnd(inspect, 10_000);
     expect((await slow.reserve('t', { requestsPerMinute: 5, maxConcurrent: 5 }, 0, 0)).admitted).toBe(true);
     // Redis stops answering (the proxy holds what the store sends): the admission fails at its deadline.
@@ -730,20 +730,7 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
 
   it('undoes every admission Redis makes after a stall, and fails at once after STALL_AFTER deadlines in a row', async () => {
     await setUp();
-    const proxy = new RedisProxy(redis.port);
-    cleanups.push(() => proxy.close());
-    const port = await proxy.port;
-    const errors: string[] = [];
-    const states: boolean[] = [];
-    const stalled = new RedisLimitStore({
-      url: `redis://127.0.0.1:${port}`,
-      timeoutMs: 100,
-      keyPrefix: 'stall',
-      inflightTtlMs: 60_000,
-      onError: (op) => errors.push(op),
-      onState: (up) => states.push(up),
-    });
-    cleanups.push(() => stalled.close());
+    const { proxy, store: stalled, errors, states } = await proxiedStore('stall', 100);
     const limits: TenantLimits = { requestsPerMinute: 100, tokensPerMinute: 100_000, maxConcurrent: 100 };
     await awayFromWindowEnd(inspect, 10_000);
     const first = await stalled.reserve('t', limits, 40, 0);

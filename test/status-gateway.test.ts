@@ -10,7 +10,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfig, type Config } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
-import { statusSettings, type StatusSnapshot } from '../src/http/status-page.js';
+import type { StatusSnapshot } from '../src/http/status-page.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { CHAT, metricValue, post, startStack, type Stack, type StackOptions } from './helpers/stack.js';
 
@@ -107,8 +107,8 @@ async function gatewayWith(status: { enabled: boolean; maxClients: number }, inp
 
 describe('status configuration', () => {
   it('resolves status.enabled and status.max_clients, on by default with 16 streams', () => {
-    expect(statusSettings(parseConfig({ pools: POOLS }, 'test', {}))).toEqual({ enabled: true, maxClients: 16 });
-    expect(statusSettings(parseConfig({ pools: POOLS, status: { enabled: false, max_clients: 2 } }, 'test', {}))).toEqual({ enabled: false, maxClients: 2 });
+    expect(parseConfig({ pools: POOLS }, 'test', {}).status).toEqual({ enabled: true, maxClients: 16 });
+    expect(parseConfig({ pools: POOLS, status: { enabled: false, max_clients: 2 } }, 'test', {}).status).toEqual({ enabled: false, maxClients: 2 });
     expect(() => parseConfig({ pools: POOLS, status: { max_clients: 0 } }, 'test', {})).toThrow(/status\.max_clients/);
     expect(() => parseConfig({ pools: POOLS, status: { page: true } }, 'test', {})).toThrow(/status: unknown key "page"/);
   });

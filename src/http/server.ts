@@ -26,7 +26,7 @@ import type { Generation } from './generation.js';
 import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.js';
 import { createAuthenticator } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
-import { createStatusPage, statusSettings } from './status-page.js';
+import { createStatusPage } from './status-page.js';
 import { forWorker } from '../config/workers.js';
 import type { LimitStore } from '../proxy/tenant-limits.js';
 
@@ -118,7 +118,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     onSettled: [
       ...(options.onSettled === undefined ? [] : [options.onSettled]),
       (settlement, requestId, traceId) => {
-        if (statusSettings(current.config).enabled) statusWindow.record(settlement, requestId, traceId);
+        if (current.config.status.enabled) statusWindow.record(settlement, requestId, traceId);
       },
     ],
     evaluation: config.evaluation,

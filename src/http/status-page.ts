@@ -24,18 +24,6 @@ export const STATUS_INTERVAL_MS = 1000;
 /** The reconnection delay the streams ask EventSource for (the `retry` field). */
 const RETRY_MS = 2000;
 
-export interface StatusSettings {
-  /** status.enabled: false answers the paths 404, like any unknown path. */
-  readonly enabled: boolean;
-  /** status.max_clients: event streams open at once; more get 503. */
-  readonly maxClients: number;
-}
-
-/** `status.*` of a configuration, read at each request (a reload applies it). */
-export function statusSettings(config: Config): StatusSettings {
-  return config.status;
-}
-
 export interface UpstreamRow extends Omit<UpstreamActivity, 'name'> {
   name: string;
   pool: string;
@@ -169,7 +157,7 @@ export function createStatusPage(deps: StatusPageDeps): StatusPage {
   }
 
   function enabled(): boolean {
-    return statusSettings(current().config).enabled;
+    return current().config.status.enabled;
   }
 
   function refuse(reply: FastifyReply, code: 'too_many_connections' | 'shutting_down', message: string): void {
@@ -208,7 +196,7 @@ export function createStatusPage(deps: StatusPageDeps): StatusPage {
         refuse(reply, 'shutting_down', 'the gateway is shutting down; the status stream is closed');
         return;
       }
-      const { maxClients } = statusSettings(current().config);
+      const { maxClients } = current().config.status;
       if (streams.size >= maxClients) {
         refuse(reply, 'too_many_connections', `${maxClients} status pages already follow the live stream (status.max_clients); retry later`);
         return;

@@ -55,34 +55,35 @@ interface RequestDeps extends RoutesDeps {
 }
 
 /**
- * The same for every request of a generation: built once per generation (a reload makes a new one), not once per
- * request — an object spread per request showed in the per-request profile (docs/performance.md).
+ * A request's deps, the same for every request of a generation: built once per generation (a reload makes a new
+ * one), not once per request — an object spread per request showed in the per-request profile
+ * (docs/performance.md).
  */
-const depsOfGeneration = new WeakMap<RoutesDeps, WeakMap<FastifyRequest['generation'], RequestDeps>>();
-
-function requestDeps(shared: RoutesDeps, request: FastifyRequest): RequestDeps {
-  const generation = request.generation;
-  let byGeneration = depsOfGeneration.get(shared);
-  if (byGeneration === undefined) depsOfGeneration.set(shared, (byGeneration = new WeakMap()));
-  let deps = byGeneration.get(generation);
-  if (deps === undefined) {
-    deps = {
-      ...shared,
-      config: generation.config,
-      upstreams: generation.upstreams,
-      exchangeDeps: generation.exchangeDeps,
-      limiter: generation.limiter,
-      onExchange: (exchange) => generation.track(exchange),
-    };
-    byGeneration.set(generation, deps);
-  }
-  return deps;
+function requestDepsOf(shared: RoutesDeps): (request: FastifyRequest) => RequestDeps {
+  const byGeneration = new WeakMap<FastifyRequest['generation'], RequestDeps>();
+  return (request) => {
+    const generation = request.generation;
+    let deps = byGeneration.get(generation);
+    if (deps === undefined) {
+      deps = {
+        ...shared,
+        config: generation.config,
+        upstreams: generation.upstreams,
+        exchangeDeps: generation.exchangeDeps,
+        limiter: generation.limiter,
+        onExchange: (exchange) => generation.track(exchange),
+      };
+      byGeneration.set(generation, deps);
+    }
+    return deps;
+  };
 }
 
 export function registerApiRoutes(app: FastifyInstance, shared: RoutesDeps): void {
+  const requestDeps = requestDepsOf(shared);
   for (const [apiPath, route] of API_PATHS) {
     app.post(apiPath, { config: { waybillRoute: route } }, (request, reply) => {
-      const deps = requestDeps(shared, request);
+      const deps = requestDeps(request);
       const { config, upstreams, answers } = deps;
       const charsPerToken = config.metrics.charsPerToken;
       const parsed = request.body as ParsedBody | undefined;
@@ -112,7 +113,7 @@ export function registerApiRoutes(app: FastifyInstance, shared: RoutesDeps): voi
 
   for (const [apiPath, route] of FORM_PATHS) {
     app.post(apiPath, { config: { waybillRoute: route } }, (request, reply) => {
-      const deps = requestDeps(shared, request);
+      const deps = requestDeps(request);
       const { upstreams, answers } = deps;
       const parsed = request.body as ParsedBody | undefined;
       if (parsed?.form !== true) {
@@ -142,7 +143,7 @@ export function registerApiRoutes(app: FastifyInstance, shared: RoutesDeps): voi
       url: `/v1/responses/:id${suffix}`,
       config: { waybillRoute: route },
       handler: async (request, reply) => {
-        const deps = requestDeps(shared, request);
+        const deps = requestDeps(request);
         const { upstreams, answers } = deps;
         const id = (request.params as { id: string }).id;
         const query = request.url.indexOf('?');
@@ -197,7 +198,7 @@ export function registerApiRoutes(app: FastifyInstance, shared: RoutesDeps): voi
       url: entry.path,
       config: { waybillRoute: 'passthrough' },
       handler: (request, reply) => {
-        const deps = requestDeps(shared, request);
+        const deps = requestDeps(request);
         const { upstreams, answers } = deps;
         const parsed = request.body as ParsedBody | undefined;
         if (parsed?.form === true) {

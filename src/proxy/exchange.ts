@@ -21,6 +21,7 @@ import type { RequestTrace } from '../telemetry/request-trace.js';
 import type { PublishSettlement } from '../telemetry/settlement.js';
 import type { Admission } from './admission.js';
 import { Attempt } from './attempt.js';
+import { ClientWriter } from './client-writer.js';
 import type { ResponseHomes } from './response-homes.js';
 import { usedTokens, type LimitTicket } from './tenant-limits.js';
 import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
@@ -101,6 +102,8 @@ export class Exchange {
   private readonly observe: (observation: Observation) => void;
   /** How attempts report: straight into the event queue. */
   private readonly report = (event: MachineEvent) => this.send(event);
+  private readonly drained = () => this.send({ type: 'client_drain' });
+  private readonly writer: ClientWriter;
 
   constructor(
     private readonly deps: ExchangeDeps,
@@ -109,6 +112,7 @@ export class Exchange {
   ) {
     const { config, guard } = deps;
     this.socket = res.socket;
+    this.writer = new ClientWriter(res, this.socket, this.drained);
     this.controls = deps.upstreams.controls(request.model);
     const itl = deps.metrics.interTokenLatency(request.model);
     this.observe = createDeliveryObserver(deps, request.model, request.requestId, request.trace);
@@ -133,7 +137,7 @@ export class Exchange {
   start(): void {
     this.res.on('close', () => this.send({ type: 'client_close' }));
     this.res.on('finish', () => this.send({ type: 'client_finish', socketDestroyed: this.socket?.destroyed === true }));
-    this.res.on('drain', () => this.send({ type: 'client_drain' }));
+    this.res.on('drain', this.drained);
     this.send({ type: 'start' });
     // The client may have left before the exchange began (while a stored response was looked up, or an admission
     // waited on a shared store): its 'close' has already fired, so it is told here, once.
@@ -201,7 +205,7 @@ export class Exchange {
         this.res.writeHead(effect.status, effect.headers);
         return;
       case 'write':
-        if (!this.res.write(effect.data)) this.send({ type: 'client_blocked' });
+        if (!this.writer.write(effect.data)) this.send({ type: 'client_blocked' });
         return;
       case 'end':
         if (effect.data === undefined) this.res.end();
@@ -224,6 +228,7 @@ export class Exchange {
         if (this.request.route === 'responses') this.learnHome(effect.settlement.responseId, effect.settlement.attempts);
         // The home it was sent to no longer holds it (restarted, or a lookup long ago): ask everyone next time.
         if (this.request.storedId !== undefined && effect.settlement.code === 404) this.deps.homes?.forget(this.request.storedId);
+        this.writer.detach();
         const at = this.deps.now();
         this.deps.publish(effect.settlement, this.request.requestId, this.request.trace, true, at);
         this.deps.onDone?.(this);

@@ -1,0 +1,151 @@
+/**
+ * Two builds of Waybill, A and B, on the same workload in one run: is B cheaper than A, and by how much?
+ *
+ *   npm run build && node dist/bench/ab.js --a /path/to/other/checkout [--b .] [--scenario c64s] [--rounds 6]
+ *
+ * A and B are checkouts with `dist/` built (e.g. `git worktree add /tmp/base main && cd /tmp/base && npm run build`,
+ * with node_modules linked). One simulator; both gateways, default configuration, alive on core 0 for the whole run;
+ * rounds alternate A, B, B, A, … so drift in the machine's state falls on both. A gateway's CPU per event differs by
+ * ±15% between two processes of the same build (docs/performance.md), more than most changes: the figure to read is
+ * the median of the paired ratios B/A over the rounds, with their spread. Requests per event stay the same across
+ * rows, so the ratio holds for per-request costs too when the scenario is `req`.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { runLoad } from './proxy/client.js';
+import { killAll, pinSelf, processCpuUs, startGateway, startSim, type Child } from './proxy/procs.js';
+import { distribution, median } from './proxy/stats.js';
+
+const PROXY_CORE = 0;
+const LOAD_CORE = 1;
+
+interface Workload {
+  concurrency: number;
+  itlMs: number;
+  ttftMs: number;
+  tokens: number;
+  stream: boolean;
+}
+
+/** The same workloads as bench/proxy.ts's scenarios of those names. */
+const WORKLOADS: Record<string, Workload> = {
+  c64s: { concurrency: 64, itlMs: 10, ttftMs: 20, tokens: 64, stream: true },
+  c256s: { concurrency: 256, itlMs: 20, ttftMs: 20, tokens: 64, stream: true },
+  c64: { concurrency: 64, itlMs: 10, ttftMs: 20, tokens: 200, stream: true },
+  max: { concurrency: 64, itlMs: 0, ttftMs: 0, tokens: 200, stream: true },
+  req: { concurrency: 64, itlMs: 10, ttftMs: 50, tokens: 1, stream: false },
+};
+
+interface Options {
+  a: string;
+  b: string;
+  scenario: string;
+  rounds: number;
+  seconds: number;
+}
+
+function parse(argv: string[]): Options {
+  const options: Options = { a: '', b: '.', scenario: 'c64s', rounds: 6, seconds: 4 };
+  for (let i = 0; i < argv.length; i++) {
+    const flag = argv[i];
+    const value = argv[++i];
+    if (value === undefined) throw new Error(`${flag}: needs a value`);
+    if (flag === '--a') options.a = value;
+    else if (flag === '--b') options.b = value;
+    else if (flag === '--scenario') options.scenario = value;
+    else if (flag === '--rounds') options.rounds = Number(value);
+    else if (flag === '--seconds') options.seconds = Number(value);
+    else throw new Error(`unknown flag ${flag}`);
+  }
+  if (options.a === '') throw new Error('--a DIR is required (a checkout with dist/ built)');
+  if (WORKLOADS[options.scenario] === undefined) throw new Error(`--scenario: one of ${Object.keys(WORKLOADS).join(', ')}`);
+  return options;
+}
+
+interface Round {
+  build: 'A' | 'B';
+  usPerEvent: number;
+  usPerRequest: number;
+  ttftP50: number;
+  ttftP99: number;
+}
+
+async function main(): Promise<void> {
+  const options = parse(process.argv.slice(2));
+  const workload = WORKLOADS[options.scenario] as Workload;
+  pinSelf(LOAD_CORE);
+  const dir = mkdtempSync(join(tmpdir(), 'waybill-ab-'));
+  const bin = (checkout: string) => join(resolve(checkout), 'bin', 'waybill.js');
+  const sim = await startSim(bin(options.b), LOAD_CORE, dir, { itlMs: workload.itlMs, ttftMs: workload.ttftMs, outputTokens: workload.tokens, seed: 1 });
+  const gateways: Record<'A' | 'B', { child: Child; origin: string }> = {
+    A: await startGateway(bin(options.a), PROXY_CORE, dir, { name: 'waybill-a', upstream: sim.origin, logging: 'default' }),
+    B: await startGateway(bin(options.b), PROXY_CORE, dir, { name: 'waybill-b', upstream: sim.origin, logging: 'default' }),
+  };
+  const body = Buffer.from(
+    JSON.stringify({ model: 'sim-model', stream: workload.stream, max_tokens: workload.tokens, messages: [{ role: 'user', content: 'Benchmark prompt: tell me about waybills.' }] }),
+  );
+  const requestMs = workload.ttftMs + workload.itlMs * (workload.tokens - 1);
+  const rounds: Round[] = [];
+  try {
+    for (let i = 0; i < options.rounds * 2; i++) {
+      // A B B A A B …: each build goes first as often as second.
+      const build: 'A' | 'B' = (i % 4 === 0 || i % 4 === 3) ? 'A' : 'B';
+      const { child, origin } = gateways[build];
+      let before = 0;
+      let after = 0;
+      const result = await runLoad({
+        origin,
+        path: '/v1/chat/completions',
+        body,
+        stream: workload.stream,
+        concurrency: workload.concurrency,
+        rampMs: Math.min(requestMs, 5000),
+        warmupMs: Math.max(2000, Math.min(requestMs, 5000) + 1000),
+        windowMs: options.seconds * 1000,
+        onWindowStart: () => (before = processCpuUs(child.pid)),
+        onWindowEnd: () => (after = processCpuUs(child.pid)),
+      });
+      const cpu = after - before;
+      const requests = result.completed + result.incomplete;
+      const ttft = distribution(result.ttft);
+      const round: Round = {
+        build,
+        usPerEvent: cpu / Math.max(1, result.events),
+        usPerRequest: cpu / Math.max(1, requests),
+        ttftP50: ttft.p50,
+        ttftP99: ttft.p99,
+      };
+      rounds.push(round);
+      console.log(
+        `  ${build} ${round.usPerEvent.toFixed(1)} µs/ev ${round.usPerRequest.toFixed(0)} µs/req TTFT p50 ${round.ttftP50.toFixed(2)} p99 ${round.ttftP99.toFixed(2)} ms (${result.events} events, ${result.errors} errors)`,
+      );
+    }
+  } finally {
+    await gateways.A.child.stop();
+    await gateways.B.child.stop();
+    await sim.child.stop();
+    killAll();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const of = (build: 'A' | 'B', pick: (r: Round) => number) => rounds.filter((r) => r.build === build).map(pick);
+  const ratios: number[] = [];
+  for (let i = 0; i + 1 < rounds.length; i += 2) {
+    const [x, y] = [rounds[i] as Round, rounds[i + 1] as Round];
+    const [a, b] = x.build === 'A' ? [x, y] : [y, x];
+    ratios.push(workload.stream ? b.usPerEvent / a.usPerEvent : b.usPerRequest / a.usPerRequest);
+  }
+  const unit = workload.stream ? 'µs/event' : 'µs/request';
+  const cost = (r: Round) => (workload.stream ? r.usPerEvent : r.usPerRequest);
+  console.log(`\n${options.scenario}, ${options.rounds} rounds × ${options.seconds} s`);
+  console.log(`  A ${options.a}: median ${median(of('A', cost)).toFixed(1)} ${unit}, TTFT p50 ${median(of('A', (r) => r.ttftP50)).toFixed(2)} p99 ${median(of('A', (r) => r.ttftP99)).toFixed(2)} ms`);
+  console.log(`  B ${options.b}: median ${median(of('B', cost)).toFixed(1)} ${unit}, TTFT p50 ${median(of('B', (r) => r.ttftP50)).toFixed(2)} p99 ${median(of('B', (r) => r.ttftP99)).toFixed(2)} ms`);
+  const sorted = [...ratios].sort((x, y) => x - y);
+  console.log(`  B/A paired: median ${median(ratios).toFixed(3)} (range ${(sorted[0] ?? NaN).toFixed(3)}–${(sorted[sorted.length - 1] ?? NaN).toFixed(3)})`);
+}
+
+main().catch((error: unknown) => {
+  killAll();
+  console.error(error instanceof Error ? error.message : error);
+  process.exit(1);
+});

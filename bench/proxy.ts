@@ -28,6 +28,7 @@ import {
   processMemoryKiB,
   processRuntimeUs,
   startGateway,
+  startFloor,
   startNginx,
   startSim,
   unpinHelperThreads,
@@ -40,6 +41,7 @@ import { distribution, median, type Distribution } from './proxy/stats.js';
 
 const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const BIN = join(REPO, 'bin', 'waybill.js');
+const FLOOR = join(REPO, 'dist', 'bench', 'proxy', 'floor.js');
 const PROXY_CORE = 0;
 const LOAD_CORE = 1;
 
@@ -98,6 +100,8 @@ interface Options {
   seed: number;
   out: string;
   nginx: string | undefined;
+  /** The node-floor row (bench/proxy/floor.ts). */
+  floor: boolean;
   lean: boolean;
   otel: boolean;
   /** The waybill-2w row. */
@@ -119,6 +123,7 @@ const USAGE = `usage: node dist/bench/proxy.js [options]
   --warmup N           minimum warm-up seconds before each window (default 2)
   --nginx PATH|off     nginx binary (default: nginx on PATH, if any)
   --no-lean            skip the waybill-lean row (request logs off, level warn); --no-log-variant is the same
+  --no-floor           skip the node-floor row (bench/proxy/floor.ts: Node's HTTP server and undici, nothing else)
   --no-otel            skip the waybill+otel row (tracing on, OTLP to a closed port)
   --no-workers         skip the waybill-2w row (--workers 2 on the same core: what a second worker costs)
   --no-contract-variant  skip the run whose requests ask for an output contract (response_format json_object)
@@ -138,6 +143,7 @@ function parseOptions(argv: string[]): Options {
     seed: 1,
     out: 'bench-results.json',
     nginx: onPath('nginx'),
+    floor: true,
     lean: true,
     otel: true,
     workers: true,
@@ -186,6 +192,9 @@ function parseOptions(argv: string[]): Options {
       case '--no-lean':
       case '--no-log-variant':
         options.lean = false;
+        break;
+      case '--no-floor':
+        options.floor = false;
         break;
       case '--no-otel':
         options.otel = false;
@@ -543,6 +552,7 @@ async function runScenario(scenario: Scenario, options: Options, dir: string): P
       true,
     );
     if (options.nginx !== undefined) addProxy('nginx', await startNginx(options.nginx, PROXY_CORE, scenarioDir, sim.origin));
+    if (options.floor) addProxy('node-floor', await startFloor(FLOOR, PROXY_CORE, scenarioDir, sim.origin));
     const has = (variant: Variant) => scenario.variants.includes(variant);
     if (has('lean') && options.lean) {
       addProxy('waybill-lean', await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill-lean', upstream: sim.origin, logging: 'lean' }));

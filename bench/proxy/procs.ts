@@ -313,6 +313,18 @@ http {
   return { child, origin };
 }
 
+/**
+ * The floor of a Node.js proxy (bench/proxy/floor.ts): Node's HTTP server and undici, one write per upstream chunk,
+ * nothing else.
+ */
+export async function startFloor(script: string, core: number, dir: string, upstream: string): Promise<{ child: Child; origin: string }> {
+  const port = await freePort();
+  const child = spawnPinned({ name: 'node-floor', core, dir, command: process.execPath, args: [script, '--port', String(port), '--upstream', upstream] });
+  const origin = `http://127.0.0.1:${port}`;
+  await waitFor200(`${origin}/health`, 10_000, child);
+  return { child, origin };
+}
+
 // --- /proc ------------------------------------------------------------------------------------------------------
 
 /** A process and its descendants (a gateway with workers: the primary and its workers). */

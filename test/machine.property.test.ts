@@ -475,6 +475,23 @@ describe('the delivery machine, found in review', () => {
     expect(kinds(m.handle({ type: 'client_blocked' }, 4))).toEqual([]);
   });
 
+  it('the idle clock runs from the last whole event: armed once per period, re-armed for what is left when it fires', () => {
+    const m = machine(false);
+    const token = (content: string) => data(chunk([{ index: 0, delta: { content }, finish_reason: null }]));
+    const arms = (effects: readonly Effect[]) => effects.filter((e) => e.kind === 'arm' && e.timer === 'idle');
+    m.handle({ type: 'start' }, 0);
+    m.handle({ type: 'attempt_started', attempt: 1, upstream: 'a' }, 0);
+    m.handle({ type: 'response_start', attempt: 1, status: 200, contentType: 'text/event-stream', retryAfterMs: undefined }, 1);
+    expect(arms(m.handle(token('a'), 10))).toEqual([{ kind: 'arm', timer: 'idle', at: 210, ms: 200 }]);
+    // Later events move the deadline without an effect of their own.
+    expect(arms(m.handle(token('b'), 100))).toEqual([]);
+    expect(arms(m.handle(token('c'), 150))).toEqual([]);
+    // Fired at 210, 60 ms after the last event: armed again for the 140 ms left, nothing else.
+    expect(m.handle({ type: 'timer', timer: 'idle' }, 210)).toEqual([{ kind: 'arm', timer: 'idle', at: 350, ms: 140 }]);
+    // At 350, 200 ms after the last event: the stream is idle.
+    expect(m.handle({ type: 'timer', timer: 'idle' }, 350)).toContainEqual({ kind: 'abort_attempt', reason: 'idle_timeout' });
+  });
+
   it('an admission granted after the request settled is given back', () => {
     const m = machine(true);
     m.handle({ type: 'start' }, 0);

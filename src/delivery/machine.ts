@@ -141,11 +141,22 @@ export interface MachineDeps {
 /** Retry-After Waybill sends with its own 429: the queue is a second's worth of work for a healthy pool. */
 const OVERLOADED_RETRY_AFTER_S = '1';
 
+/** A step without effects. Not frozen: the shell iterates it where it iterates `effects`, and V8 iterates a frozen array
+ *  through a slow, allocating path (and the loop that sees both arrays with it). */
+const EMPTY = Buffer.alloc(0);
+
+const NO_EFFECTS: readonly Effect[] = [];
+
 const TIMERS: readonly TimerName[] = ['total', 'first_output', 'idle', 'drain', 'retry', 'linger'];
 
 export class DeliveryMachine {
   readonly ledger: RequestLedger;
-  private effects: Effect[] = [];
+  /**
+   * The current step's effects are its first `effectCount` entries. Reused across steps and never emptied by setting
+   * its length to 0, which makes V8 drop the array's backing store: a new one for every step, per event.
+   */
+  private readonly effects: Effect[] = [];
+  private effectCount = 0;
   /** The current event's time: every decision of one step uses it. */
   private at = 0;
   private readonly armed = new Set<TimerName>();
@@ -160,7 +171,9 @@ export class DeliveryMachine {
   private readonly tried = new Set<string>();
   private held: Buffer[] = [];
   private heldBytes = 0;
-  private out: Buffer[] = [];
+  /** Bytes forwarded since the last write (the end of the upstream read): the first `outCount` entries, reused. */
+  private readonly out: Buffer[] = [];
+  private outCount = 0;
 
   private headSent = false;
   /** Waybill has ended the client response (or the client left): nothing more is written. */
@@ -176,6 +189,12 @@ export class DeliveryMachine {
   /** The gateway's drain deadline passed: no further attempt, the upstream pools are closing. */
   private shuttingDown = false;
   private lingering = false;
+  /**
+   * Where the idle clock last started: the last whole event read, or where it was armed. The idle timer is armed once
+   * per idle period, not re-armed per event (an effect and a timer refresh for every event): when it fires with
+   * events read meanwhile, it is armed again for what is left of the period since the last one.
+   */
+  private idleFrom = 0;
   /** The retry timer fired while the failed attempt was still closing: start the next one when it has. */
   private retryDue = false;
 
@@ -195,13 +214,13 @@ export class DeliveryMachine {
    * the request is ended from what is certain — see crash().
    */
   handle(event: MachineEvent, at: number): readonly Effect[] {
-    this.effects.length = 0;
+    this.effectCount = 0;
     if (this.settled) {
       // After settlement only what keeps shared state balanced: an attempt's end (upstream in-flight, health) and an
       // admission slot granted too late (given back).
       if (event.type === 'attempt_settled') this.emit({ kind: 'attempt_over', attempt: event.attempt, record: this.ledger.attemptAt(event.attempt - 1) });
       else if (event.type === 'admission' && event.admitted) this.emit({ kind: 'release_admission' });
-      return this.effects;
+      return this.stepEffects();
     }
     this.at = at;
     // What the shell has been told so far: a step that throws is discarded whole, including a settlement it had
@@ -212,12 +231,19 @@ export class DeliveryMachine {
     try {
       this.step(event);
     } catch (error) {
-      this.effects.length = 0;
+      this.effectCount = 0;
       this.headSent = headSent;
       this.responseEnded = responseEnded;
       this.settled = settled;
       this.crash(error);
     }
+    return this.stepEffects();
+  }
+
+  private stepEffects(): readonly Effect[] {
+    if (this.effectCount === 0) return NO_EFFECTS;
+    // Shortening keeps the backing store (V8 trims only arrays far larger than their length).
+    this.effects.length = this.effectCount;
     return this.effects;
   }
 
@@ -356,7 +382,7 @@ export class DeliveryMachine {
     this.tried.add(upstream);
     this.held = [];
     this.heldBytes = 0;
-    this.out = [];
+    this.dropOut();
     this.attempt = attempt;
     this.attemptFinished = false;
     this.retryAfterMs = undefined;
@@ -408,13 +434,13 @@ export class DeliveryMachine {
       // Blank lines alone are not events: never held (one Buffer per blank line is how a drip of them filled memory),
       // and they do not keep the idle clock going. Comments do: they are the upstream's keep-alives.
       if (isBlankLines(raw)) {
-        if (ledger.committed && ledger.ending === undefined) this.out.push(raw);
+        if (ledger.committed && ledger.ending === undefined) this.forward(raw);
         return;
       }
       this.refreshIdle();
       // Comments: keep them with their neighbours (a keep-alive means something to the client).
       if (ledger.ending !== undefined) return;
-      if (ledger.committed) this.out.push(raw);
+      if (ledger.committed) this.forward(raw);
       else this.hold(raw);
       return;
     }
@@ -428,13 +454,13 @@ export class DeliveryMachine {
       case 'commit':
         this.commit();
         if (ledger.firstOutputWrittenAt !== undefined) this.observe({ type: 'first_output' });
-        for (const piece of this.held) this.out.push(piece);
+        for (const piece of this.held) this.forward(piece);
         this.held = [];
         this.heldBytes = 0;
-        this.out.push(raw);
+        this.forward(raw);
         return;
       case 'forward':
-        if (!this.responseEnded) this.out.push(raw);
+        if (!this.responseEnded) this.forward(raw);
         return;
       case 'drop':
         return;
@@ -457,11 +483,16 @@ export class DeliveryMachine {
   private commit(): void {
     this.clear('first_output');
     this.writeHead(200, { 'content-type': this.contentType ?? 'text/event-stream; charset=utf-8', ...SSE_HEADERS });
+    this.armIdle();
+  }
+
+  private armIdle(): void {
+    this.idleFrom = this.at;
     this.arm('idle', this.deps.settings.idleMs);
   }
 
   private refreshIdle(): void {
-    if (this.armed.has('idle')) this.arm('idle', this.deps.settings.idleMs);
+    if (this.armed.has('idle')) this.idleFrom = this.at;
   }
 
   // --- Deciding and ending --------------------------------------------------------------------------------------
@@ -542,11 +573,21 @@ export class DeliveryMachine {
     this.emit({ kind: 'write_head', status, headers: { ...headers, 'x-request-id': this.request.requestId } });
   }
 
+  private forward(raw: Buffer): void {
+    this.out[this.outCount++] = raw;
+  }
+
+  /** Forgets the forwarded bytes (written, or never to be), keeping the array's storage. */
+  private dropOut(): void {
+    for (let i = 0; i < this.outCount; i++) this.out[i] = EMPTY;
+    this.outCount = 0;
+  }
+
   /** Writes the events forwarded so far, in one write. */
   private flush(): void {
-    if (this.out.length === 0) return;
-    const data = coalesce(this.out);
-    this.out = [];
+    if (this.outCount === 0) return;
+    const data = this.outCount === 1 ? (this.out[0] as Buffer) : coalesce(this.out.slice(0, this.outCount));
+    this.dropOut();
     if (!this.responseEnded) this.emit({ kind: 'write', data });
   }
 
@@ -577,7 +618,7 @@ export class DeliveryMachine {
     if (!this.waitingForDrain) return;
     this.waitingForDrain = false;
     if (this.attemptFinished) return;
-    if (!this.responseEnded) this.arm('idle', this.deps.settings.idleMs);
+    if (!this.responseEnded) this.armIdle();
     this.emit({ kind: 'resume_attempt' });
   }
 
@@ -602,9 +643,13 @@ export class DeliveryMachine {
 
   private onTimer(timer: TimerName): void {
     switch (timer) {
+      case 'idle': {
+        const left = this.idleFrom + this.deps.settings.idleMs - this.at;
+        if (left > 0) return this.arm('idle', left);
+        return this.onDeadline(timer);
+      }
       case 'total':
       case 'first_output':
-      case 'idle':
         return this.onDeadline(timer);
       case 'drain':
         this.ledger.attemptReleased(this.at);
@@ -731,11 +776,11 @@ export class DeliveryMachine {
   // --- Effects --------------------------------------------------------------------------------------------------
 
   private emit(effect: Effect): void {
-    this.effects.push(effect);
+    this.effects[this.effectCount++] = effect;
   }
 
   private observe(observation: Observation): void {
-    this.effects.push({ kind: 'observe', observation });
+    this.effects[this.effectCount++] = { kind: 'observe', observation };
   }
 
   private arm(timer: TimerName, ms: number): void {

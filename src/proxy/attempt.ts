@@ -48,6 +48,8 @@ export class Attempt implements Dispatcher.DispatchHandler {
   private contentType: string | undefined;
   /** Names this attempt to its upstream's circuit breaker. */
   ticket = 0;
+  /** Reported after every read of a stream: one object for all of them (the machine never keeps or changes events). */
+  private readonly chunkDone: AttemptEvent;
 
   constructor(
     readonly upstream: Upstream,
@@ -61,7 +63,9 @@ export class Attempt implements Dispatcher.DispatchHandler {
       /** Wall-clock milliseconds, to read a Retry-After date. */
       wallNow: () => number;
     },
-  ) {}
+  ) {
+    this.chunkDone = { type: 'chunk_done', attempt: number };
+  }
 
   get finished(): boolean {
     return this.done;
@@ -147,7 +151,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.done || this.abortReason !== undefined) return;
     if (this.framer !== undefined) {
       this.framer.feed(chunk);
-      this.report({ type: 'chunk_done', attempt: this.number });
+      this.report(this.chunkDone);
       return;
     }
     const isError = this.status < 200 || this.status >= 300;
@@ -173,7 +177,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
     if (this.framer !== undefined) {
       // end() may still dispatch a block: one whose last line ended in a CR that could have begun a CRLF.
       this.framer.end();
-      this.report({ type: 'chunk_done', attempt: this.number });
+      this.report(this.chunkDone);
       this.report({ type: 'stream_end', attempt: this.number, how: 'eof' });
     } else {
       this.reportBody();

@@ -237,7 +237,7 @@ export class Exchange {
     }
   }
 
-  /** Re-arming a timer with the same duration refreshes it (the idle clock, once per event) instead of replacing it. */
+  /** Re-arming a timer with the same duration refreshes it instead of replacing it. */
   private arm(name: TimerName, at: number, ms: number): void {
     const armed = this.timers.get(name);
     if (armed !== undefined && armed.ms === ms) {

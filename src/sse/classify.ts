@@ -25,12 +25,12 @@ export type EventFacts =
   | {
       kind: 'chunk';
       /** Choice indices for which this event carries generated output (content, reasoning, tool calls, text). */
-      output: number[];
+      output: readonly number[];
       /** Choice indices for which this event carries an answer: content, text, or a tool call naming its function (not reasoning). */
-      answers: number[];
+      answers: readonly number[];
       /** Choice indices this event names at all (role chunks included). */
-      choices: number[];
-      finishes: ChoiceFinish[];
+      choices: readonly number[];
+      finishes: readonly ChoiceFinish[];
       /** Valid usage, or undefined when absent or invalid (see usageInvalid). */
       usage: Usage | undefined;
       /** The event carried a `usage` object whose numbers cannot be counted. */
@@ -388,6 +388,17 @@ function scanDelta(s: string): number {
   }
 }
 
+// Shared, as the types say (readonly): facts are read, never changed, and this path runs for every event. Not frozen:
+// V8 iterates a frozen array through its generic path, allocating for every element.
+const NO_INDICES: readonly number[] = [];
+const NO_FINISHES: readonly ChoiceFinish[] = [];
+/** `[i]` for the first choices. */
+const INDEX_ONLY: readonly (readonly number[])[] = Array.from({ length: 8 }, (_, i) => [i]);
+
+function indexOnly(index: number): readonly number[] {
+  return INDEX_ONLY[index] ?? [index];
+}
+
 /**
  * The fast path alone: the facts for vLLM's ordinary one-choice, unfinished delta chunk (the grammar above), or
  * undefined when `data` is anything else. Exported for the tests; callers use `classifyEventData`.
@@ -432,12 +443,13 @@ export function fastClassify(data: string): EventFacts | undefined {
   pos += TAIL.length;
   if (data.startsWith(STOP_REASON_NULL, pos)) pos += STOP_REASON_NULL.length;
   if (pos + END.length !== data.length || !data.endsWith(END)) return undefined;
+  const only = indexOnly(index);
   return {
     kind: 'chunk',
-    output: output !== 0 ? [index] : [],
-    answers: (output & ANSWER_BIT) !== 0 ? [index] : [],
-    choices: [index],
-    finishes: [],
+    output: output !== 0 ? only : NO_INDICES,
+    answers: (output & ANSWER_BIT) !== 0 ? only : NO_INDICES,
+    choices: only,
+    finishes: NO_FINISHES,
     usage: undefined,
     usageInvalid: false,
     usageOnly: false,

@@ -2,6 +2,7 @@
  * Two builds of Waybill, A and B, on the same workload in one run: is B cheaper than A, and by how much?
  *
  *   npm run build && node dist/bench/ab.js --a /path/to/other/checkout [--b .] [--scenario c64s] [--rounds 6]
+ *   node dist/bench/ab.js --a . --b . --b-flags '--max-semi-space-size=64'     (one build, a node flag or not)
  *
  * A and B are checkouts with `dist/` built (e.g. `git worktree add /tmp/base main && cd /tmp/base && npm run build`,
  * with node_modules linked). One simulator; both gateways, default configuration, alive on core 0 for the whole run;
@@ -40,19 +41,24 @@ const WORKLOADS: Record<string, Workload> = {
 interface Options {
   a: string;
   b: string;
+  /** Extra node flags for A's / B's gateway (e.g. --max-semi-space-size=64): the same build with and without. */
+  aFlags: string[];
+  bFlags: string[];
   scenario: string;
   rounds: number;
   seconds: number;
 }
 
 function parse(argv: string[]): Options {
-  const options: Options = { a: '', b: '.', scenario: 'c64s', rounds: 6, seconds: 4 };
+  const options: Options = { a: '', b: '.', aFlags: [], bFlags: [], scenario: 'c64s', rounds: 6, seconds: 4 };
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i];
     const value = argv[++i];
     if (value === undefined) throw new Error(`${flag}: needs a value`);
     if (flag === '--a') options.a = value;
     else if (flag === '--b') options.b = value;
+    else if (flag === '--a-flags') options.aFlags = value.split(' ').filter((f) => f !== '');
+    else if (flag === '--b-flags') options.bFlags = value.split(' ').filter((f) => f !== '');
     else if (flag === '--scenario') options.scenario = value;
     else if (flag === '--rounds') options.rounds = Number(value);
     else if (flag === '--seconds') options.seconds = Number(value);
@@ -79,8 +85,8 @@ async function main(): Promise<void> {
   const bin = (checkout: string) => join(resolve(checkout), 'bin', 'waybill.js');
   const sim = await startSim(bin(options.b), LOAD_CORE, dir, { itlMs: workload.itlMs, ttftMs: workload.ttftMs, outputTokens: workload.tokens, seed: 1 });
   const gateways: Record<'A' | 'B', { child: Child; origin: string }> = {
-    A: await startGateway(bin(options.a), PROXY_CORE, dir, { name: 'waybill-a', upstream: sim.origin, logging: 'default' }),
-    B: await startGateway(bin(options.b), PROXY_CORE, dir, { name: 'waybill-b', upstream: sim.origin, logging: 'default' }),
+    A: await startGateway(bin(options.a), PROXY_CORE, dir, { name: 'waybill-a', upstream: sim.origin, logging: 'default', nodeFlags: options.aFlags }),
+    B: await startGateway(bin(options.b), PROXY_CORE, dir, { name: 'waybill-b', upstream: sim.origin, logging: 'default', nodeFlags: options.bFlags }),
   };
   const body = Buffer.from(
     JSON.stringify({ model: 'sim-model', stream: workload.stream, max_tokens: workload.tokens, messages: [{ role: 'user', content: 'Benchmark prompt: tell me about waybills.' }] }),

@@ -63,6 +63,7 @@ describe('configuration', () => {
       maxHeldEvents: 64,
       injectUsage: true,
       drainGraceMs: 1000,
+      turnBudgetMs: 2,
     });
     expect(config.pools[0]?.upstreams[0]).toMatchObject({ name: '127.0.0.1:8000', weight: 1 });
     expect(config.metrics.promptLenClasses).toEqual(['0-1k', '1k-4k', '4k-16k', '16k-64k', '64k+', 'unknown']);

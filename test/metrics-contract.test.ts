@@ -150,6 +150,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.limitStoreUp('redis', false);
     metrics.configReloaded('ok');
     metrics.configInForce('0123456789ab');
+    metrics.turnYielded();
     metrics.observe({
       upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
       queues: () => [{ model: 'm', depth: 3 }],
@@ -159,14 +160,18 @@ describe('the exported text carries exactly the contracted label names', () => {
     for (const spec of Object.values(METRICS)) {
       expect(text, spec.name).toContain(`# HELP ${spec.name} ${spec.help}`);
       expect(text, spec.name).toContain(`# TYPE ${spec.name} ${spec.type}`);
-      const series = text.split('\n').filter((line) => line.startsWith(`${spec.name}{`) || line.startsWith(`${spec.name}_bucket{`));
+      const series = text
+        .split('\n')
+        .filter((line) => line.startsWith(`${spec.name}{`) || line.startsWith(`${spec.name} `) || line.startsWith(`${spec.name}_bucket{`));
       expect(series.length, spec.name).toBeGreaterThan(0);
       for (const line of series) {
-        const labels = [...(line.slice(line.indexOf('{') + 1, line.indexOf('}')).matchAll(/(\w+)="/g))].map((m) => m[1]);
+        const labelText = line.includes('{') ? line.slice(line.indexOf('{') + 1, line.indexOf('}')) : '';
+        const labels = [...labelText.matchAll(/(\w+)="/g)].map((m) => m[1]);
         expect(labels.filter((l) => l !== 'le'), line).toEqual([...spec.labels]);
       }
     }
     // Values, not just presence.
+    expect(text).toContain('waybill_turn_yields_total 1');
     expect(text).toContain('waybill_requests_total{model="m",tenant="_anonymous",route="chat_completions",stream="true",code="200",outcome="delivered"} 1');
     expect(text).toContain('waybill_requests_total{model="m",tenant="_anonymous",route="chat_completions",stream="true",code="499",outcome="client_cancelled"} 1');
     expect(text).toContain('waybill_stream_anomalies_total{model="m",upstream="u0",kind="malformed_event"} 1');

@@ -326,6 +326,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
       maxHeldEvents: raw.streaming.max_held_events,
       injectUsage: raw.streaming.inject_usage,
       drainGraceMs: raw.streaming.drain_grace,
+      turnBudgetMs: raw.streaming.turn_budget,
     },
     slo: { defaults: Object.freeze(defaults), models: Object.freeze(models) },
     metrics: {

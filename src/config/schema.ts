@@ -289,6 +289,11 @@ export const configSchema = z.strictObject({
       inject_usage: z.boolean().default(true),
       /** After an upstream error event or [DONE], how long to keep reading the upstream for accounting. */
       drain_grace: duration.prefault(1),
+      /**
+       * CPU per event-loop turn that streams already answering may take before they yield to streams still waiting for
+       * their first token (proxy/read-turns.ts); 0: never yield.
+       */
+      turn_budget: duration.prefault('2ms'),
     })
     .prefault({}),
   slo: z

@@ -26,6 +26,7 @@ import type { Generation } from './generation.js';
 import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.js';
 import { createAuthenticator } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
+import { ReadTurns } from '../proxy/read-turns.js';
 import { createStatusPage } from './status-page.js';
 import { forWorker } from '../config/workers.js';
 import type { LimitStore } from '../proxy/tenant-limits.js';
@@ -125,6 +126,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   });
   const schemas = new SchemaCache({ size: config.outputChecks.schemaCacheSize, maxSchemaChars: config.outputChecks.maxSchemaChars });
   const homes = new ResponseHomes(config.responses.maxRememberedIds, config.responses.lookupTimeoutMs);
+  // One per process, whatever the generation: the event loop's turns are the process's.
+  const readTurns = new ReadTurns({ onYield: () => guard.run('metrics', () => metrics.turnYielded()) });
 
   /** Generations not yet closed: the current one, and those a reload retired while requests still held them. */
   const open = new Set<Built>();
@@ -170,6 +173,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
         release();
       },
       homes,
+      readTurns,
     };
     const generation: Built = {
       config: next,

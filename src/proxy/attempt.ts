@@ -6,6 +6,7 @@ import type { Dispatcher } from 'undici';
 import type { ProtocolViolation } from '../accounting/ledger.js';
 import type { AbortReason, MachineEvent, NetworkFailure } from '../delivery/machine.js';
 import { createFramer, type Framer } from '../sse/framer.js';
+import type { ReadTurns, Yielding } from './read-turns.js';
 import { parseRetryAfter } from './retry-after.js';
 import type { Upstream } from './upstreams.js';
 
@@ -35,7 +36,16 @@ function isCompressed(headers: Record<string, string | string[] | undefined>): b
   return value !== '' && value !== 'identity';
 }
 
-export class Attempt implements Dispatcher.DispatchHandler {
+/** The shared budget of answering streams' reads per event-loop turn (read-turns.ts). */
+export interface TurnShare {
+  readonly turns: ReadTurns;
+  /** `streaming.turn_budget_ms`; 0: never yield. */
+  readonly budgetMs: number;
+  /** Monotonic milliseconds, sub-millisecond (performance.now). */
+  readonly now: () => number;
+}
+
+export class Attempt implements Dispatcher.DispatchHandler, Yielding {
   private controller: Dispatcher.DispatchController | undefined;
   private framer: Framer | undefined;
   private body: Buffer[] = [];
@@ -50,6 +60,11 @@ export class Attempt implements Dispatcher.DispatchHandler {
   ticket = 0;
   /** Reported after every read of a stream: one object for all of them (the machine never keeps or changes events). */
   private readonly chunkDone: AttemptEvent;
+  /** The client has been written to from this attempt: its reads share the turn budget. */
+  answering = false;
+  /** Paused because the client's socket is full / because the turn's budget ran out: it reads again when neither is. */
+  private clientPaused = false;
+  private yieldedTurn = false;
 
   constructor(
     readonly upstream: Upstream,
@@ -62,6 +77,7 @@ export class Attempt implements Dispatcher.DispatchHandler {
       maxErrorBodyBytes: number;
       /** Wall-clock milliseconds, to read a Retry-After date. */
       wallNow: () => number;
+      turnShare?: TurnShare | undefined;
     },
   ) {
     this.chunkDone = { type: 'chunk_done', attempt: number };
@@ -87,11 +103,18 @@ export class Attempt implements Dispatcher.DispatchHandler {
   }
 
   pause(): void {
+    this.clientPaused = true;
     this.controller?.pause();
   }
 
   resume(): void {
-    this.controller?.resume();
+    this.clientPaused = false;
+    if (!this.yieldedTurn) this.controller?.resume();
+  }
+
+  resumeTurn(): void {
+    this.yieldedTurn = false;
+    if (!this.clientPaused && !this.done) this.controller?.resume();
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
@@ -150,8 +173,15 @@ export class Attempt implements Dispatcher.DispatchHandler {
   onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.done || this.abortReason !== undefined) return;
     if (this.framer !== undefined) {
+      const share = this.answering ? this.options.turnShare : undefined;
+      const start = share === undefined ? 0 : share.now();
       this.framer.feed(chunk);
       this.report(this.chunkDone);
+      if (share !== undefined && share.turns.spent(share.now() - start, share.budgetMs) && !this.done && !this.yieldedTurn) {
+        this.yieldedTurn = true;
+        this.controller?.pause();
+        share.turns.yield(this, share.budgetMs);
+      }
       return;
     }
     const isError = this.status < 200 || this.status >= 300;

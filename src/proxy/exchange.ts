@@ -20,8 +20,9 @@ import type { GatewayMetrics } from '../telemetry/metrics.js';
 import type { RequestTrace } from '../telemetry/request-trace.js';
 import type { PublishSettlement } from '../telemetry/settlement.js';
 import type { Admission } from './admission.js';
-import { Attempt } from './attempt.js';
+import { Attempt, type TurnShare } from './attempt.js';
 import { ClientWriter } from './client-writer.js';
+import type { ReadTurns } from './read-turns.js';
 import type { ResponseHomes } from './response-homes.js';
 import { usedTokens, type LimitTicket } from './tenant-limits.js';
 import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
@@ -44,6 +45,8 @@ export interface ExchangeDeps {
   readonly onDone?: (exchange: Exchange) => void;
   /** Which upstream holds each stored response: learned from every /v1/responses answer. */
   readonly homes?: ResponseHomes;
+  /** The process's turns, whose budget answering streams share (read-turns.ts); absent: they never yield. */
+  readonly readTurns?: ReadTurns;
 }
 
 export interface CompletionRequest {
@@ -205,6 +208,8 @@ export class Exchange {
         this.res.writeHead(effect.status, effect.headers);
         return;
       case 'write':
+        // Only the current attempt writes: from its first write on, it is answering.
+        if (this.current !== undefined) this.current.answering = true;
         if (!this.writer.write(effect.data)) this.send({ type: 'client_blocked' });
         return;
       case 'end':
@@ -286,6 +291,7 @@ export class Exchange {
       maxResponseBytes: config.streaming.maxResponseBytes,
       maxErrorBodyBytes: config.streaming.maxErrorBodyBytes,
       wallNow: this.deps.wallNow,
+      turnShare: this.turnShare(),
     });
     this.current = attempt;
     this.attempts.set(number, attempt);
@@ -302,6 +308,12 @@ export class Exchange {
       },
       attempt,
     );
+  }
+
+  private turnShare(): TurnShare | undefined {
+    const turns = this.deps.readTurns;
+    const budgetMs = this.deps.config.streaming.turnBudgetMs;
+    return turns === undefined || budgetMs === 0 || !this.request.stream ? undefined : { turns, budgetMs, now: this.deps.now };
   }
 
   /** A response id and the upstream whose answer carried it: where GET /v1/responses/{id} will find it. */

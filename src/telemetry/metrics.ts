@@ -168,6 +168,12 @@ export const METRICS = {
     labels: ['component'],
     help: 'Errors inside Waybill that were caught so the request could still be answered and counted, by component.',
   },
+  turnYields: {
+    name: 'waybill_turn_yields_total',
+    type: 'counter',
+    labels: [],
+    help: 'Reads of answering streams that yielded the rest of an event-loop turn to streams waiting for their first token (streaming.turn_budget): the process was behind.',
+  },
   probeFailures: {
     name: 'waybill_upstream_probe_failures_total',
     type: 'counter',
@@ -370,6 +376,7 @@ export class GatewayMetrics {
   private readonly retryBudgetExhausted = new CounterPair(this.registries, METRICS.retryBudgetExhausted);
   private readonly upstreamEjections = new CounterPair(this.registries, METRICS.upstreamEjections);
   private readonly internalErrors = new CounterPair(this.registries, METRICS.internalErrors);
+  private readonly turnYields = new CounterPair(this.registries, METRICS.turnYields);
   private readonly probeFailures = new CounterPair(this.registries, METRICS.probeFailures);
   private readonly outputChecks = new CounterPair(this.registries, METRICS.outputChecks);
   private readonly accepted = new CounterPair(this.registries, METRICS.accepted);
@@ -401,6 +408,7 @@ export class GatewayMetrics {
     // At zero from the start, so an alert on any increase sees the first one.
     for (const component of INTERNAL_ERROR_COMPONENTS) this.internalErrors.inc({ component }, 0);
     for (const result of CONFIG_RELOAD_RESULTS) this.configReloads.inc({ result }, 0);
+    this.turnYields.inc({}, 0);
     this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
     // Observed per event, on the hot path: a histogram of its own (no label hashing, no exemplars).
     this.itl = new EventHistogram(METRICS.itl.name, METRICS.itl.help, buckets.itl);
@@ -480,6 +488,11 @@ export class GatewayMetrics {
 
   internalError(component: InternalErrorComponent): void {
     this.internalErrors.inc({ component });
+  }
+
+  /** An answering stream's read yielded the rest of the turn (proxy/read-turns.ts). */
+  turnYielded(): void {
+    this.turnYields.inc({});
   }
 
   probeFailed(upstream: string, probe: 'health' | 'discovery'): void {

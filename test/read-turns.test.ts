@@ -82,6 +82,21 @@ describe('ReadTurns', () => {
     expect(turns.yielded).toBe(0);
   });
 
+  it('a resume that throws does not strand the streams behind it', () => {
+    const { turns, endTurn, pending } = manual();
+    const broken = new Stream(() => {
+      throw new Error('resume failed');
+    });
+    const after = new Stream();
+    turns.spent(3, 2);
+    turns.yield(broken, 2);
+    turns.yield(after, 2);
+    expect(endTurn).toThrow('resume failed');
+    expect(pending()).toBe(1);
+    endTurn();
+    expect(after.resumed).toBe(1);
+  });
+
   it('a resumed stream that yields again goes to the back, behind those still waiting', () => {
     const { turns, endTurn } = manual();
     const order: string[] = [];

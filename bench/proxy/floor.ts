@@ -56,7 +56,7 @@ class Relay implements Dispatcher.DispatchHandler {
       if (!written) socket.once('drain', () => controller.resume());
     } else {
       written = this.res.write(chunk);
-      this.headOut = true;
+      this.headOut = socket !== null && (socket as { _httpMessage?: unknown })._httpMessage === this.res && (this.res as { chunkedEncoding?: boolean }).chunkedEncoding === true;
     }
     if (!written) controller.pause();
   }

@@ -141,10 +141,10 @@ export interface MachineDeps {
 /** Retry-After Waybill sends with its own 429: the queue is a second's worth of work for a healthy pool. */
 const OVERLOADED_RETRY_AFTER_S = '1';
 
-/** A step without effects. Not frozen: the shell iterates it where it iterates `effects`, and V8 iterates a frozen array
- *  through a slow, allocating path (and the loop that sees both arrays with it). */
 const EMPTY = Buffer.alloc(0);
 
+/** A step without effects. Not frozen: the shell iterates it where it iterates `effects`, and V8 iterates a frozen array
+ *  through a slow, allocating path (and the loop that sees both arrays with it). */
 const NO_EFFECTS: readonly Effect[] = [];
 
 const TIMERS: readonly TimerName[] = ['total', 'first_output', 'idle', 'drain', 'retry', 'linger'];

@@ -39,7 +39,7 @@ function isCompressed(headers: Record<string, string | string[] | undefined>): b
 /** The shared budget of answering streams' reads per event-loop turn (read-turns.ts). */
 export interface TurnShare {
   readonly turns: ReadTurns;
-  /** `streaming.turn_budget_ms`; 0: never yield. */
+  /** `streaming.turn_budget` in milliseconds; 0: never yield. */
   readonly budgetMs: number;
   /** Monotonic milliseconds, sub-millisecond (performance.now). */
   readonly now: () => number;

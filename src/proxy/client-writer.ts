@@ -58,9 +58,12 @@ export class ClientWriter {
 
   /** Writes body bytes; false when the client's socket is full (resume on onDrain), as `ServerResponse.write`. */
   write(data: Buffer): boolean {
+    // An empty chunk would be `0\r\n\r\n`, the end of the body (Node's own write skips them too).
+    if (data.length === 0) return true;
     const socket = this.socket;
     if (
       this.headOut &&
+      !this.res.writableEnded &&
       socket !== null &&
       (socket as SocketInternals)._httpMessage === this.res &&
       (this.res as ResponseInternals).chunkedEncoding === true &&

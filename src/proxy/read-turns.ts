@@ -9,7 +9,7 @@
  * under 1 ms).
  *
  * So answering streams — those that already wrote to their client — share a budget of CPU per turn
- * (`streaming.turn_budget_ms`). A stream whose read ends past the budget yields: its upstream is paused (the bytes
+ * (`streaming.turn_budget`). A stream whose read ends past the budget yields: its upstream is paused (the bytes
  * wait in the kernel and in undici, TCP pushes back on the upstream) and it is resumed, in order of yielding, at the
  * end of the turn, while the next turn's budget lasts; one that is still over is left for a later turn. Streams that
  * have not answered yet are never paused and not counted: their work is what the budget keeps room for. Below
@@ -77,12 +77,15 @@ export class ReadTurns {
   private nextTurn(): void {
     this.turnOpen = false;
     this.spentMs = 0;
-    // Each stream resumed reads what it holds at once (counted by spent()); one still over yields again, to the back.
-    for (let n = this.waiting.length; n > 0 && this.spentMs <= this.budgetMs; n--) {
-      const stream = this.waiting.shift() as Yielding;
-      if (!stream.finished) stream.resumeTurn();
+    try {
+      // Each stream resumed reads what it holds at once (counted by spent()); one still over yields again, to the back.
+      for (let n = this.waiting.length; n > 0 && this.spentMs <= this.budgetMs; n--) {
+        const stream = this.waiting.shift() as Yielding;
+        if (!stream.finished) stream.resumeTurn();
+      }
+    } finally {
+      // What is left (the budget ran out, or a resume threw) waits for the end of the next turn: never stranded.
+      if (this.waiting.length > 0) this.open();
     }
-    // What is left (the budget ran out) waits for the end of the next turn.
-    if (this.waiting.length > 0) this.open();
   }
 }

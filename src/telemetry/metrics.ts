@@ -172,7 +172,7 @@ export const METRICS = {
     name: 'waybill_turn_yields_total',
     type: 'counter',
     labels: [],
-    help: 'Reads of answering streams that yielded the rest of an event-loop turn to streams waiting for their first token (streaming.turn_budget): the process was behind.',
+    help: 'Reads of answering streams that ended past their event-loop turn\'s budget (streaming.turn_budget) and paused their upstream until a later turn; steady growth: the process is behind.',
   },
   probeFailures: {
     name: 'waybill_upstream_probe_failures_total',

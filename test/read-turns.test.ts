@@ -158,8 +158,15 @@ describe('a gateway whose answering streams yield at every read', () => {
     // 1 µs per turn: every read of an answering stream ends past it and yields.
     stack = await startStack({ sim: { ttftMs: 1, itlMs: 0, outputTokens: TOKENS }, config: { streaming: { turn_budget: '0.001ms' } } });
     const s = stack;
-    // Twelve streams, one of them a client that stops reading for a while (its pause and the yields overlap).
-    const bodies = await Promise.all([...Array.from({ length: 11 }, () => stream(s.base)), stream(s.base, 50)]);
+    // Twelve clients, three streams each one after the other, so new streams keep arriving while others answer; one
+    // client stops reading for a while in each of its streams (its pause and the yields overlap).
+    const client = async (pauseMs: number) => {
+      const bodies: string[] = [];
+      for (let i = 0; i < 3; i++) bodies.push(await stream(s.base, pauseMs));
+      return bodies;
+    };
+    const bodies = (await Promise.all([...Array.from({ length: 11 }, () => client(0)), client(50)])).flat();
+    expect(bodies).toHaveLength(36);
     for (const body of bodies) {
       const data = eventData(body);
       expect(data[data.length - 1]).toBe('[DONE]');
@@ -169,9 +176,10 @@ describe('a gateway whose answering streams yield at every read', () => {
       expect(contents).toHaveLength(TOKENS);
       expect(chunks[chunks.length - 1]?.choices[0]?.finish_reason).toBe('stop');
     }
-    const settled = await s.settled(12);
-    expect(settled.map((x) => x.outcome)).toEqual(Array(12).fill('delivered'));
-    expect(await s.metric('waybill_turn_yields_total')).toBeGreaterThan(12);
+    const settled = await s.settled(36);
+    expect(settled.map((x) => x.outcome)).toEqual(Array(36).fill('delivered'));
+    const yields = await s.metric('waybill_turn_yields_total');
+    expect(yields).toBeGreaterThan(0);
   });
 
   it('with turn_budget 0 nobody yields', async () => {

@@ -12,7 +12,10 @@
  * (`streaming.turn_budget`). A stream whose read ends past the budget yields: its upstream is paused (the bytes
  * wait in the kernel and in undici, TCP pushes back on the upstream) and it is resumed, in order of yielding, at the
  * end of the turn, while the next turn's budget lasts; one that is still over is left for a later turn. Streams that
- * have not answered yet are never paused and not counted: their work is what the budget keeps room for. Below
+ * have not answered yet are never paused and not counted: their work is what the budget keeps room for. Answering
+ * streams yield whenever the turn is over budget, not only while a dispatched stream waits for its first token: a new
+ * request is invisible until its body has been read and routed — the very turns this keeps short — and counting only
+ * dispatched streams lost most of the gain (TTFT p50 at saturation 22.5 ms against 11.6, docs/performance.md). Below
  * saturation nobody yields (a turn's reads take far less than the budget), and the cost is two clock reads per read.
  *
  * Bookkeeping only: callers measure their reads, and the end of the turn is setImmediate (it runs after the turn's

@@ -53,7 +53,7 @@ const LOAD_CORE = 1;
  * default configuration and tracing on to a collector that is down, `contract` the `waybill` process again with
  * requests that ask for an output contract.
  */
-type Variant = 'lean' | 'otel' | 'contract' | 'workers';
+type Variant = 'lean' | 'otel' | 'contract' | 'workers' | 'turnsOff';
 
 interface Scenario {
   name: string;
@@ -80,7 +80,7 @@ const SCENARIOS: Scenario[] = [
   { name: 'c256s', concurrency: 256, itlMs: 20, ttftMs: 20, tokens: 64, stream: true, variants: ['lean', 'otel'], byDefault: true, fit: true, rssProbe: true, note: '256 streams × 64 tokens, 20 ms apart' },
   { name: 'c64', concurrency: 64, itlMs: 10, ttftMs: 20, tokens: 200, stream: true, variants: ['lean', 'otel', 'contract'], byDefault: true, fit: true, rssProbe: false, note: '64 streams × 200 tokens, 10 ms apart' },
   { name: 'c256', concurrency: 256, itlMs: 20, ttftMs: 20, tokens: 200, stream: true, variants: ['lean'], byDefault: false, fit: true, rssProbe: true, note: '256 streams × 200 tokens, 20 ms apart' },
-  { name: 'max', concurrency: 64, itlMs: 0, ttftMs: 0, tokens: 200, stream: true, variants: ['lean', 'contract', 'workers'], byDefault: true, fit: false, rssProbe: false, note: '64 streams × 200 tokens, no delay (saturation)' },
+  { name: 'max', concurrency: 64, itlMs: 0, ttftMs: 0, tokens: 200, stream: true, variants: ['lean', 'contract', 'workers', 'turnsOff'], byDefault: true, fit: false, rssProbe: false, note: '64 streams × 200 tokens, no delay (saturation)' },
   // Answered after 50 ms, ~1,300 requests/s: the gateway stays below saturation at a few hundred µs per request.
   { name: 'req', concurrency: 64, itlMs: 10, ttftMs: 50, tokens: 1, stream: false, variants: ['lean', 'otel'], byDefault: true, fit: false, rssProbe: false, note: '64 concurrent non-streaming completions, max_tokens 1, answered after 50 ms' },
 ];
@@ -107,6 +107,8 @@ interface Options {
   /** The waybill-2w row. */
   workers: boolean;
   contractVariant: boolean;
+  /** The waybill-turns-off row at max: streaming.turn_budget 0, what fairness under saturation buys. */
+  turnsOff: boolean;
   profile: string[];
   profileDir: string | undefined;
   perf: boolean;
@@ -123,6 +125,7 @@ const USAGE = `usage: node dist/bench/proxy.js [options]
   --warmup N           minimum warm-up seconds before each window (default 2)
   --nginx PATH|off     nginx binary (default: nginx on PATH, if any)
   --no-lean            skip the waybill-lean row (request logs off, level warn); --no-log-variant is the same
+  --no-turns-off       skip the waybill-turns-off row at max (streaming.turn_budget 0: no fairness under saturation)
   --no-floor           skip the node-floor row (bench/proxy/floor.ts: Node's HTTP server and undici, nothing else)
   --no-otel            skip the waybill+otel row (tracing on, OTLP to a closed port)
   --no-workers         skip the waybill-2w row (--workers 2 on the same core: what a second worker costs)
@@ -148,6 +151,7 @@ function parseOptions(argv: string[]): Options {
     otel: true,
     workers: true,
     contractVariant: true,
+    turnsOff: true,
     profile: [],
     profileDir: undefined,
     perf: false,
@@ -192,6 +196,9 @@ function parseOptions(argv: string[]): Options {
       case '--no-lean':
       case '--no-log-variant':
         options.lean = false;
+        break;
+      case '--no-turns-off':
+        options.turnsOff = false;
         break;
       case '--no-floor':
         options.floor = false;
@@ -571,6 +578,15 @@ async function runScenario(scenario: Scenario, options: Options, dir: string): P
       // Two workers and their primary, all on the proxy's core: the CPU of the whole process tree per event, against
       // one worker's (a second core would add throughput, not lower the cost per event).
       addProxy('waybill-2w', await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill-2w', upstream: sim.origin, logging: 'default', workers: 2 }), false, true);
+    }
+    if (has('turnsOff') && options.turnsOff) {
+      // The default configuration with the read turns off: answering streams never yield (src/proxy/read-turns.ts).
+      addProxy(
+        'waybill-turns-off',
+        await startGateway(BIN, PROXY_CORE, scenarioDir, { name: 'waybill-turns-off', upstream: sim.origin, logging: 'default', turnBudget: '0ms' }),
+        false,
+        true,
+      );
     }
     if (has('contract') && options.contractVariant) {
       // The same gateway process as `waybill`, measured in its own windows with contract-bearing requests.
@@ -984,6 +1000,22 @@ function checkIssue15(comparisons: Comparison[]): TargetCheck[] {
   for (const name of ['c64s', 'c64']) {
     check(name, `added TTFT p50 at ${name} <= 1 ms`, (c) => `${signed(c.addedTtftP50Ms)} ms`, (c) => c.addedTtftP50Ms, (x) => x <= 1);
     check(name, `added TTFT p99 at ${name} <= 5 ms`, (c) => `${signed(c.addedTtftP99Ms)} ms`, (c) => c.addedTtftP99Ms, (x) => x <= 5);
+  }
+  // Fair under saturation: a new stream's first token does not wait behind the established streams' events. The bound
+  // chosen (the issue names none): 10 ms added at the median; the turns-off row shows what the read turns buy.
+  {
+    const target = 'new streams at saturation (max): added TTFT p50 <= 10 ms';
+    const c = find('max', 'waybill');
+    const off = find('max', 'waybill-turns-off');
+    if (c === undefined) checks.push({ target, measured: 'max not run', met: undefined });
+    else {
+      const offText = off === undefined ? '' : `; waybill-turns-off ${signed(off.addedTtftP50Ms)} / ${signed(off.addedTtftP99Ms)} ms`;
+      checks.push({
+        target,
+        measured: `${signed(c.addedTtftP50Ms)} ms (p99 ${signed(c.addedTtftP99Ms)} ms)${offText}`,
+        met: Number.isFinite(c.addedTtftP50Ms) ? c.addedTtftP50Ms <= 10 : undefined,
+      });
+    }
   }
   // Workers add no cost: two workers (and their primary) on one core, CPU per event against one worker's.
   for (const name of ['c64s', 'max']) {

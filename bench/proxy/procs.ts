@@ -223,6 +223,8 @@ export interface GatewaySettings {
   nodeFlags?: string[];
   /** `--workers` (default 1: one process, whatever the machine's cores). */
   workers?: number;
+  /** `streaming.turn_budget` (default: the configuration's, 2ms); '0ms' turns the read turns off. */
+  turnBudget?: string;
 }
 
 /** `waybill serve --config FILE` on a free port; resolves once /readyz says 200. */
@@ -233,6 +235,7 @@ export async function startGateway(bin: string, core: number, dir: string, setti
     server: { host: '127.0.0.1', port },
     pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: settings.upstream }] }],
     ...(settings.logging === 'lean' ? { logging: { level: 'warn', requests: false } } : {}),
+    ...(settings.turnBudget !== undefined ? { streaming: { turn_budget: settings.turnBudget } } : {}),
     shutdown: { grace: 0, drain_timeout: 1 },
   };
   const configFile = join(dir, `${settings.name}.yaml`);

@@ -51,7 +51,8 @@ const LOAD_CORE = 1;
  * Extra rows beside direct, `waybill` (the default configuration) and nginx: `lean` a second gateway with request
  * logs off and level warn (the configuration of the figures before issue 15), `otel` a second gateway with the
  * default configuration and tracing on to a collector that is down, `contract` the `waybill` process again with
- * requests that ask for an output contract.
+ * requests that ask for an output contract, `workers` a gateway with `--workers 2` on the same core, `turnsOff` a
+ * gateway with `streaming.turn_budget: 0ms` (answering streams never yield).
  */
 type Variant = 'lean' | 'otel' | 'contract' | 'workers' | 'turnsOff';
 
@@ -627,14 +628,32 @@ async function runScenario(scenario: Scenario, options: Options, dir: string): P
       for (const target of targets) {
         const figures = await measure(scenario, target, repeat, sim.child, proxies, options);
         windows.push(figures);
-        console.log(`  ${scenario.name} #${repeat} ${target.name.padEnd(16)} ${brief(figures, scenario.stream)}`);
+        console.log(`  ${scenario.name} #${repeat} ${target.name.padEnd(18)} ${brief(figures, scenario.stream)}`);
         await sleep(300);
       }
+    }
+    // A row labelled turns-off must have run with the turns off, and the default one with them on (at saturation).
+    for (const target of targets) {
+      if (target.name !== 'waybill-turns-off' && !(target.name === 'waybill' && has('turnsOff'))) continue;
+      const yields = await metricOf(target.origin, 'waybill_turn_yields_total');
+      const ok = target.name === 'waybill-turns-off' ? yields === 0 : yields > 0;
+      if (!ok) console.log(`  WARNING: ${target.name} at ${scenario.name}: waybill_turn_yields_total ${yields}, expected ${target.name === 'waybill' ? '> 0' : '0'}`);
     }
     const summaries = targets.map((target) => summarise(scenario, target, windows.filter((w) => w.target === target.name)));
     return { scenario, windows, targets: summaries };
   } finally {
     await Promise.all(started.map((child) => child.stop()));
+  }
+}
+
+/** One unlabelled series of a gateway's /metrics (NaN when unreadable). */
+async function metricOf(origin: string, name: string): Promise<number> {
+  try {
+    const text = await (await fetch(`${origin}/metrics`)).text();
+    const line = text.split('\n').find((l) => l.startsWith(`${name} `));
+    return line === undefined ? Number.NaN : Number(line.slice(name.length + 1));
+  } catch {
+    return Number.NaN;
   }
 }
 

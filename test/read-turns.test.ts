@@ -7,6 +7,7 @@ import type { IncomingMessage } from 'node:http';
 import { request as httpRequest } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ReadTurns, type Yielding } from '../src/proxy/read-turns.js';
+import { choiceText } from '../src/sim/wire.js';
 import { CHAT, eventData, startStack, type Stack } from './helpers/stack.js';
 
 class Stream implements Yielding {
@@ -128,7 +129,9 @@ describe('a gateway whose answering streams yield at every read', () => {
     stack = undefined;
   });
 
-  const TOKENS = 300;
+  // ~110 KB per answer: more than one 64 KiB socket read even when a loaded machine lets it all pile up, so every stream
+  // has a read after its first write (its reads from then on are answering reads).
+  const TOKENS = 1000;
 
   /** Streams one chat completion with the raw client, optionally pausing it once mid-stream. */
   function stream(base: string, pauseMs = 0): Promise<string> {
@@ -159,7 +162,7 @@ describe('a gateway whose answering streams yield at every read', () => {
     stack = await startStack({ sim: { ttftMs: 1, itlMs: 0, outputTokens: TOKENS }, config: { streaming: { turn_budget: '0.001ms' } } });
     const s = stack;
     // Twelve clients, three streams each one after the other, so new streams keep arriving while others answer; one
-    // client stops reading for a while in each of its streams (its pause and the yields overlap).
+    // client also stops reading for 50 ms in each of its streams.
     const client = async (pauseMs: number) => {
       const bodies: string[] = [];
       for (let i = 0; i < 3; i++) bodies.push(await stream(s.base, pauseMs));
@@ -174,19 +177,25 @@ describe('a gateway whose answering streams yield at every read', () => {
       // The role chunk, one chunk per token, the finish: nothing lost, nothing doubled.
       const contents = chunks.map((c) => c.choices[0]?.delta.content ?? '').filter((t) => t !== '');
       expect(contents).toHaveLength(TOKENS);
+      // In order: the simulator's words for choice 0, as it sent them.
+      expect(contents.join('')).toBe(choiceText(0, 0, TOKENS));
       expect(chunks[chunks.length - 1]?.choices[0]?.finish_reason).toBe('stop');
     }
     const settled = await s.settled(36);
     expect(settled.map((x) => x.outcome)).toEqual(Array(36).fill('delivered'));
-    const yields = await s.metric('waybill_turn_yields_total');
-    expect(yields).toBeGreaterThan(0);
+    // At least one yield per stream: every stream has an answering read, and each ends past a 1 µs budget.
+    expect(await s.metric('waybill_turn_yields_total')).toBeGreaterThanOrEqual(36);
   });
 
-  it('with turn_budget 0 nobody yields', async () => {
+  it('with turn_budget 0 nobody yields, on the same workload', async () => {
     stack = await startStack({ sim: { ttftMs: 1, itlMs: 0, outputTokens: TOKENS }, config: { streaming: { turn_budget: 0 } } });
     const s = stack;
-    await Promise.all(Array.from({ length: 4 }, () => stream(s.base)));
-    await s.settled(4);
+    const client = async () => {
+      for (let i = 0; i < 3; i++) await stream(s.base);
+    };
+    await Promise.all(Array.from({ length: 12 }, () => client()));
+    const settled = await s.settled(36);
+    expect(settled.map((x) => x.outcome)).toEqual(Array(36).fill('delivered'));
     expect(await s.metric('waybill_turn_yields_total')).toBe(0);
   });
 });

@@ -15,7 +15,8 @@
  * have not answered yet are never paused and not counted: their work is what the budget keeps room for. Answering
  * streams yield whenever the turn is over budget, not only while a dispatched stream waits for its first token: a new
  * request is invisible until its body has been read and routed — the very turns this keeps short — and counting only
- * dispatched streams lost most of the gain (TTFT p50 at saturation 22.5 ms against 11.6, docs/performance.md). Below
+ * dispatched streams lost most of the gain (TTFT p50 at saturation 22.5 ms against 26.8 without any turns in the same
+ * run, where the kept design gave 11.0–11.6 ms in others; docs/performance.md). Below
  * saturation nobody yields (a turn's reads take far less than the budget), and the cost is two clock reads per read.
  *
  * Bookkeeping only: callers measure their reads, and the end of the turn is setImmediate (it runs after the turn's

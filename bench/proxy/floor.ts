@@ -11,6 +11,7 @@
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { Pool, type Dispatcher } from 'undici';
+import { chunkFrame } from '../../src/proxy/client-writer.js';
 
 function arg(name: string): string {
   const at = process.argv.indexOf(name);
@@ -46,13 +47,7 @@ class Relay implements Dispatcher.DispatchHandler {
     const socket = this.socket;
     let written: boolean;
     if (this.headOut && socket !== null && (socket as { _httpMessage?: unknown })._httpMessage === this.res && socket.writable) {
-      const size = chunk.length.toString(16);
-      const frame = Buffer.allocUnsafe(size.length + chunk.length + 4);
-      let at = frame.write(size, 0, 'latin1');
-      at += frame.write('\r\n', at, 'latin1');
-      at += chunk.copy(frame, at);
-      frame.write('\r\n', at, 'latin1');
-      written = socket.write(frame);
+      written = socket.write(chunkFrame(chunk));
       if (!written) socket.once('drain', () => controller.resume());
     } else {
       written = this.res.write(chunk);

@@ -290,8 +290,8 @@ export const configSchema = z.strictObject({
       /** After an upstream error event or [DONE], how long to keep reading the upstream for accounting. */
       drain_grace: duration.prefault(1),
       /**
-       * CPU per event-loop turn that streams already answering may take before they yield to streams still waiting for
-       * their first token (proxy/read-turns.ts); 0: never yield.
+       * Time per event-loop turn that streams already answering may spend reading before they yield, so streams that
+       * have not answered yet get their turns (proxy/read-turns.ts); 0: never yield.
        */
       turn_budget: duration.prefault('2ms'),
     })

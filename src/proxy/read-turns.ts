@@ -18,6 +18,8 @@
  * dispatched streams lost most of the gain (TTFT p50 at saturation 22.5 ms against 26.8 without any turns in the same
  * run, where the kept design gave 11.0–11.6 ms in others; docs/performance.md). Below
  * saturation nobody yields (a turn's reads take far less than the budget), and the cost is two clock reads per read.
+ * The reads are timed on the wall clock (performance.now): time the process spends preempted inside a read counts, so
+ * a CPU-starved process yields somewhat more, which is the direction that keeps new streams served.
  *
  * Bookkeeping only: callers measure their reads, and the end of the turn is setImmediate (it runs after the turn's
  * reads, and one scheduled while the immediates run waits for the next turn), injectable for tests.
@@ -35,6 +37,8 @@ export class ReadTurns {
   private spentMs = 0;
   private turnOpen = false;
   private readonly waiting: Yielding[] = [];
+  /** The budget of the turn in which yielded streams are resumed: the latest a yielding stream was given. */
+  private budgetMs = 0;
   private readonly endTurn = () => this.nextTurn();
 
   constructor(
@@ -68,9 +72,6 @@ export class ReadTurns {
     this.hooks.onYield?.();
     this.open();
   }
-
-  /** The budget of the turn in which yielded streams are resumed: the latest a yielding stream was given. */
-  private budgetMs = 0;
 
   private open(): void {
     if (this.turnOpen) return;

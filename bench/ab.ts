@@ -16,27 +16,12 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { runLoad } from './proxy/client.js';
 import { killAll, pinSelf, processCpuUs, startGateway, startSim, type Child } from './proxy/procs.js';
+import { requestBody, SCENARIOS, type Scenario } from './proxy/scenarios.js';
 import { distribution, median } from './proxy/stats.js';
 
 const PROXY_CORE = 0;
 const LOAD_CORE = 1;
 
-interface Workload {
-  concurrency: number;
-  itlMs: number;
-  ttftMs: number;
-  tokens: number;
-  stream: boolean;
-}
-
-/** The same workloads as bench/proxy.ts's scenarios of those names. */
-const WORKLOADS: Record<string, Workload> = {
-  c64s: { concurrency: 64, itlMs: 10, ttftMs: 20, tokens: 64, stream: true },
-  c256s: { concurrency: 256, itlMs: 20, ttftMs: 20, tokens: 64, stream: true },
-  c64: { concurrency: 64, itlMs: 10, ttftMs: 20, tokens: 200, stream: true },
-  max: { concurrency: 64, itlMs: 0, ttftMs: 0, tokens: 200, stream: true },
-  req: { concurrency: 64, itlMs: 10, ttftMs: 50, tokens: 1, stream: false },
-};
 
 interface Options {
   a: string;
@@ -65,7 +50,7 @@ function parse(argv: string[]): Options {
     else throw new Error(`unknown flag ${flag}`);
   }
   if (options.a === '') throw new Error('--a DIR is required (a checkout with dist/ built)');
-  if (WORKLOADS[options.scenario] === undefined) throw new Error(`--scenario: one of ${Object.keys(WORKLOADS).join(', ')}`);
+  if (!SCENARIOS.some((s) => s.name === options.scenario)) throw new Error(`--scenario: one of ${SCENARIOS.map((s) => s.name).join(', ')}`);
   return options;
 }
 
@@ -79,7 +64,7 @@ interface Round {
 
 async function main(): Promise<void> {
   const options = parse(process.argv.slice(2));
-  const workload = WORKLOADS[options.scenario] as Workload;
+  const workload = SCENARIOS.find((s) => s.name === options.scenario) as Scenario;
   pinSelf(LOAD_CORE);
   const dir = mkdtempSync(join(tmpdir(), 'waybill-ab-'));
   const bin = (checkout: string) => join(resolve(checkout), 'bin', 'waybill.js');
@@ -88,9 +73,7 @@ async function main(): Promise<void> {
     A: await startGateway(bin(options.a), PROXY_CORE, dir, { name: 'waybill-a', upstream: sim.origin, logging: 'default', nodeFlags: options.aFlags }),
     B: await startGateway(bin(options.b), PROXY_CORE, dir, { name: 'waybill-b', upstream: sim.origin, logging: 'default', nodeFlags: options.bFlags }),
   };
-  const body = Buffer.from(
-    JSON.stringify({ model: 'sim-model', stream: workload.stream, max_tokens: workload.tokens, messages: [{ role: 'user', content: 'Benchmark prompt: tell me about waybills.' }] }),
-  );
+  const body = requestBody(workload.tokens, false, workload.stream);
   const requestMs = workload.ttftMs + workload.itlMs * (workload.tokens - 1);
   const rounds: Round[] = [];
   try {

@@ -53,7 +53,7 @@ describe('configuration', () => {
       max_choices: 128,
       max_upload_bytes: 26 * 1024 * 1024,
     });
-    expect(config.responses).toEqual({ maxRememberedIds: 100_000, lookupTimeoutMs: 2000 });
+    expect(config.responses).toEqual({ maxRememberedIds: 100_000, lookupTimeoutMs: 2000, maxLookupsPerTenant: 4, negativeCacheTtlMs: 1000, idSecret: undefined });
     expect(config.passthrough).toEqual([]);
     expect(config.timeouts).toEqual({ connectMs: 5000, firstOutputMs: 120_000, idleMs: 30_000, totalMs: 600_000 });
     expect(config.streaming).toEqual({
@@ -200,6 +200,7 @@ describe('configuration', () => {
       tracing: { endpoint: 'http://collector:4318/v1/traces' },
       evaluation: { evaluator_header: 'x-waybill-evaluator' },
       limits: { redis_url: 'redis://r:6379', redis_password_env: 'P' },
+      responses: { id_secret_env: 'S' },
     });
     const { all, leaves } = keyPaths(parsed);
     for (const leaf of leaves) expect(documented, `undocumented key ${leaf}`).toContain(leaf);

@@ -132,6 +132,9 @@ export type EjectionReason = (typeof EJECTION_REASONS)[number];
 /** Label value for a model (or upstream) name outside the configured and discovered set. */
 export const OTHER = '_other';
 
+/** `model` of a stored-response lookup's attempts (response-homes.ts): sent before the response's model is known. */
+export const LOOKUP = '_lookup';
+
 /** `tenant` of a request served without a client key (no keys configured, or keys optional and none given). */
 export const ANONYMOUS = '_anonymous';
 /** `tenant` of a request refused for a missing or wrong client key (or answered before any key was read). */

@@ -99,6 +99,14 @@ function resolveRedis(raw: RawConfig['limits'], problems: string[], env: NodeJS.
   };
 }
 
+/** An optional secret read from the environment variable `name`: it must be set when `name` is. */
+function resolveSecret(name: string | undefined, field: string, problems: string[], env: NodeJS.ProcessEnv): string | undefined {
+  if (name === undefined) return undefined;
+  const value = env[name];
+  if (value === undefined || value === '') problems.push(`${field}: environment variable ${name} is not set`);
+  return value;
+}
+
 export type Config = DeepReadonly<ReturnType<typeof resolve>>;
 
 /** What deepFreeze makes of a value, as a type (a URL stays a URL). */
@@ -357,7 +365,14 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
       Object.entries(raw.tenants).map(([name, rules]) => [name, { models: rules.models === undefined ? undefined : [...rules.models], limits: tenantLimits(rules.limits) }]),
     ),
     limits: { defaultMaxTokens: raw.limits.default_max_tokens, anonymous: tenantLimits(raw.limits.anonymous), redis: resolveRedis(raw.limits, problems, env) },
-    responses: { maxRememberedIds: raw.responses.max_remembered_ids, lookupTimeoutMs: raw.responses.lookup_timeout },
+    responses: {
+      maxRememberedIds: raw.responses.max_remembered_ids,
+      lookupTimeoutMs: raw.responses.lookup_timeout,
+      maxLookupsPerTenant: raw.responses.max_lookups_per_tenant,
+      negativeCacheTtlMs: raw.responses.negative_cache_ttl,
+      /** From id_secret_env; undefined: the built-in key. Never logged. */
+      idSecret: resolveSecret(raw.responses.id_secret_env, 'responses.id_secret_env', problems, env),
+    },
     status: { enabled: raw.status.enabled, maxClients: raw.status.max_clients },
     passthrough: Object.freeze(raw.passthrough.paths.map((entry) => Object.freeze({ ...entry, methods: [...entry.methods] }))),
     logging: Object.freeze(raw.logging),

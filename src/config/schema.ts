@@ -146,6 +146,19 @@ export const configSchema = z.strictObject({
       max_remembered_ids: z.number().int().min(0).default(100_000),
       /** How long asking the upstreams for an unknown response id may take. */
       lookup_timeout: positiveDuration.prefault(2),
+      /**
+       * Lookups of unknown ids (a GET to every upstream each) one tenant may have in flight at once; past it the
+       * tenant's request gets 429 `rate_limited` (docs/security.md "tenant model for stored responses").
+       */
+      max_lookups_per_tenant: z.number().int().positive().max(1024).default(4),
+      /** How long a lookup that found an id nowhere is remembered (0: not at all); at most 10,000 ids are. */
+      negative_cache_ttl: duration.prefault('1s'),
+      /**
+       * The environment variable holding the secret Waybill signs the response ids it chooses with (the tenant
+       * binding, docs/security.md); unset: a built-in key, which binds as well but lets anyone holding an id test
+       * which tenant name created it. Give every replica the same secret.
+       */
+      id_secret_env: z.string().min(1).optional(),
     })
     .prefault({}),
   auth: z

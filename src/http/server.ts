@@ -26,6 +26,7 @@ import type { Generation } from './generation.js';
 import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.js';
 import { createAuthenticator } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
+import { ResponseOwners } from '../proxy/response-owners.js';
 import { ReadTurns } from '../proxy/read-turns.js';
 import { createStatusPage } from './status-page.js';
 import { forWorker } from '../config/workers.js';
@@ -125,7 +126,14 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     evaluation: config.evaluation,
   });
   const schemas = new SchemaCache({ size: config.outputChecks.schemaCacheSize, maxSchemaChars: config.outputChecks.maxSchemaChars });
-  const homes = new ResponseHomes(config.responses.maxRememberedIds, config.responses.lookupTimeoutMs);
+  const homes = new ResponseHomes(config.responses.maxRememberedIds, config.responses.lookupTimeoutMs, {
+    maxLookupsPerTenant: config.responses.maxLookupsPerTenant,
+    negativeTtlMs: config.responses.negativeCacheTtlMs,
+    onLookup: (upstream, result) => guard.run('metrics', () => metrics.lookupAttempt(upstream.name, result)),
+    now,
+  });
+  // Whose each stored response is (docs/security.md): an id that nobody owns is usable only without client keys.
+  const owners = new ResponseOwners({ secret: config.responses.idSecret, capacity: config.responses.maxRememberedIds, unownedUsable: config.auth.keys.length === 0 });
   // One per process, whatever the generation: the event loop's turns are the process's.
   const readTurns = new ReadTurns({ onYield: () => guard.run('metrics', () => metrics.turnYielded()) });
 
@@ -173,6 +181,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
         release();
       },
       homes,
+      owners,
       readTurns,
     };
     const generation: Built = {
@@ -261,7 +270,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   });
   if (config.auth.keys.length === 0) logger.warn('no client keys are configured (auth.keys): every client is served, counted as tenant _anonymous');
   installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing, current: () => current });
-  registerApiRoutes(app, { config, tracer, guard, answers, schemas, homes, metrics });
+  registerApiRoutes(app, { config, tracer, guard, answers, schemas, homes, owners, metrics });
 
   /** Reloads run one at a time, in the order asked. */
   let reloading: Promise<unknown> = Promise.resolve();

@@ -24,6 +24,7 @@ import { Attempt, type TurnShare } from './attempt.js';
 import { ClientWriter } from './client-writer.js';
 import type { ReadTurns } from './read-turns.js';
 import type { ResponseHomes } from './response-homes.js';
+import type { ResponseOwners } from './response-owners.js';
 import { usedTokens, type LimitTicket } from './tenant-limits.js';
 import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
 
@@ -45,6 +46,8 @@ export interface ExchangeDeps {
   readonly onDone?: (exchange: Exchange) => void;
   /** Which upstream holds each stored response: learned from every /v1/responses answer. */
   readonly homes?: ResponseHomes;
+  /** Whose each stored response is: the tenant of every /v1/responses answer's id. */
+  readonly owners?: ResponseOwners;
   /** The process's turns, whose budget answering streams share (read-turns.ts); absent: they never yield. */
   readonly readTurns?: ReadTurns;
 }
@@ -319,7 +322,9 @@ export class Exchange {
   /** A response id and the upstream whose answer carried it: where GET /v1/responses/{id} will find it. */
   private learnHome(responseId: string | undefined, attempts: readonly { readonly upstream: string }[]): void {
     const last = attempts[attempts.length - 1];
-    if (responseId !== undefined && last !== undefined) this.deps.homes?.learn(responseId, last.upstream);
+    if (responseId === undefined || last === undefined) return;
+    this.deps.homes?.learn(responseId, last.upstream);
+    if (this.request.tenant !== undefined) this.deps.owners?.bind(responseId, this.request.tenant);
   }
 
   private attemptOver(number: number, effect: Extract<Effect, { kind: 'attempt_over' }>): void {

@@ -8,7 +8,7 @@ import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
 import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
-import { ANONYMOUS, GENERATION_ROUTES, OUTPUT_CHECKS, reportsUsage, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
+import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, OUTPUT_CHECKS, reportsUsage, type AttemptResult, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -501,6 +501,11 @@ export class GatewayMetrics {
 
   evaluationSampled(model: string): void {
     this.evaluationSamples.inc({ model });
+  }
+
+  /** One stored-response lookup GET to `upstream` (response-homes.ts), counted as an attempt of model `_lookup`. */
+  lookupAttempt(upstream: string, result: AttemptResult): void {
+    this.attempts.inc({ model: LOOKUP, upstream, result });
   }
 
   /** A request refused for its tenant's `limit`; `count` 0 declares the series (at start-up, for each limit configured). */

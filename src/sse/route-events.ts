@@ -13,8 +13,11 @@ import { isRecord } from '../util/json.js';
 import { readError, type EventFacts, type Usage } from './classify.js';
 import type { OutputPart } from './output-parts.js';
 
-/** The finish reason of an answer whose stop reason is null (vLLM's Messages maps abort and repetition to null). */
-export const NULL_STOP_REASON = '(null)';
+/**
+ * The finish reason of an answer whose stop reason is null: vLLM's Messages converter maps both `abort` and
+ * `repetition` to null, so which of the two it was is lost. A named reason, not `none` (a choice that never got one).
+ */
+export const NULL_STOP_REASON = 'abort_or_repetition';
 
 type ChunkFacts = Extract<EventFacts, { kind: 'chunk' }>;
 

@@ -60,6 +60,8 @@ export interface RequestInfo {
   readonly evaluator?: boolean | undefined;
   /** Keep the answer's text for the request's evaluation sample (evaluation.capture_content, and sampled). */
   readonly captureAnswer?: boolean | undefined;
+  /** The client SDK's retry count of this HTTP request (`x-stainless-retry-count`, validated); undefined: not sent. */
+  readonly clientRetry?: number | undefined;
 }
 
 /** What the shell does with the bytes of one upstream event. */
@@ -161,6 +163,8 @@ export interface Settlement {
   readonly accepted: boolean;
   /** The checks that failed on some choice, each named once. */
   readonly failedChecks: readonly OutputCheck[];
+  /** The client SDK's retry count of this HTTP request (RequestInfo.clientRetry). */
+  readonly clientRetry?: number | undefined;
   /** Each choice's content, only for a delivered response whose request asked to capture it (undefined past the cap). */
   readonly answerText?: readonly (string | undefined)[];
 }
@@ -572,6 +576,7 @@ export class RequestLedger {
       checks,
       accepted: outcome === 'delivered' && failedChecks.length === 0,
       failedChecks,
+      clientRetry: this.info.clientRetry,
       ...(this.info.captureAnswer === true && outcome === 'delivered' ? { answerText: this.answerText() } : {}),
     };
   }
@@ -788,6 +793,7 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
     checks: [],
     accepted: false,
     failedChecks: [],
+    clientRetry: info.clientRetry,
   };
 }
 

@@ -239,8 +239,9 @@ const FAULT_EFFECTS: Readonly<Record<'chat' | 'responses' | 'messages', Readonly
     data_after_done: { anomalies: ['data_after_done'], outcome: 'delivered' },
   },
   messages: {
-    // `event: error` and a clean end, no `message_stop`: before output a 502 (no code, so not retried).
-    error_before_output: { anomalies: ['error_payload'], outcome: 'failed' },
+    // `event: error` and a clean end, no `message_stop`: before output the status of the code vLLM's converter
+    // keeps in its message (docs/errors.md) — the simulator's lazy validation, a 400, not retried.
+    error_before_output: { anomalies: ['error_payload'], outcome: 'rejected' },
     error_after: { anomalies: ['error_payload'], outcome: 'stream_error' },
     end_after: { anomalies: ['missing_done', 'missing_finish_reason'], outcome: 'incomplete' },
     no_done: { anomalies: ['missing_done'], outcome: 'incomplete' },

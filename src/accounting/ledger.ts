@@ -20,6 +20,7 @@ import {
   type SloResult,
 } from './outcomes.js';
 import { classifyPromptLen } from './prompt-len.js';
+import { clientStatus, errorShapeOf, type UpstreamSignal } from '../delivery/status-map.js';
 import { contractNeedsText, notTruncated, OutputAssembly, type ChoiceChecks, type OutputContract } from './output-contract.js';
 import { ANONYMOUS, OUTPUT_CHECKS, type OutputCheck } from './outcomes.js';
 
@@ -59,6 +60,8 @@ export interface RequestInfo {
   readonly evaluator?: boolean | undefined;
   /** Keep the answer's text for the request's evaluation sample (evaluation.capture_content, and sampled). */
   readonly captureAnswer?: boolean | undefined;
+  /** The client SDK's retry count of this HTTP request (`x-stainless-retry-count`, validated); undefined: not sent. */
+  readonly clientRetry?: number | undefined;
 }
 
 /** What the shell does with the bytes of one upstream event. */
@@ -160,6 +163,8 @@ export interface Settlement {
   readonly accepted: boolean;
   /** The checks that failed on some choice, each named once. */
   readonly failedChecks: readonly OutputCheck[];
+  /** The client SDK's retry count of this HTTP request (RequestInfo.clientRetry). */
+  readonly clientRetry?: number | undefined;
   /** Each choice's content, only for a delivered response whose request asked to capture it (undefined past the cap). */
   readonly answerText?: readonly (string | undefined)[];
 }
@@ -324,7 +329,7 @@ export class RequestLedger {
           this.endingValue = { kind: 'upstream_error' };
           return 'forward';
         }
-        this.fail(attempt, 'error_payload', failureForErrorPayload(facts));
+        this.fail(attempt, 'error_payload', failureForErrorPayload(facts, this.info.route));
         return 'drop';
       }
       case 'done':
@@ -366,7 +371,7 @@ export class RequestLedger {
     if (this.unfinishedChoices() > 0) {
       this.anomaly(attempt, 'missing_finish_reason');
       if (this.committed) this.endingValue = { kind: 'gateway_error', cause: 'unfinished_choices' };
-      else this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
+      else this.fail(attempt, 'incomplete', { status: statusOf({ kind: 'incomplete' }), outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
       return committedNow ? 'commit' : 'drop';
     }
     this.endingValue = { kind: 'complete' };
@@ -412,8 +417,8 @@ export class RequestLedger {
     const cause: FailureCause = result;
     const failure: Failure =
       result === 'timeout'
-        ? { status: 504, outcome: 'timeout', cause, upstreamError: undefined }
-        : { status: 502, outcome: 'failed', cause, upstreamError: undefined };
+        ? { status: statusOf({ kind: 'first_output_timeout' }), outcome: 'timeout', cause, upstreamError: undefined }
+        : { status: statusOf({ kind: result }), outcome: 'failed', cause, upstreamError: undefined };
     this.fail(attempt, result, failure);
   }
 
@@ -427,24 +432,26 @@ export class RequestLedger {
       if (status >= 300 && status < 400) {
         // Never followed: a redirect from an inference server is a misconfiguration (a URL missing its path, a
         // login page in front of it), and following it would send the prompt somewhere nobody configured.
-        this.fail(attempt, 'http_3xx', { status: 502, outcome: 'failed', cause: 'upstream_3xx', upstreamError: undefined });
+        this.fail(attempt, 'http_3xx', { status: statusOf({ kind: 'http', status }), outcome: 'failed', cause: 'upstream_3xx', upstreamError: undefined });
       } else if (status >= 400 && status < 500) {
-        this.fail(attempt, 'http_4xx', { status, outcome: 'rejected', cause: 'upstream_4xx', upstreamError });
+        this.fail(attempt, 'http_4xx', { status: statusOf({ kind: 'http', status }), outcome: 'rejected', cause: 'upstream_4xx', upstreamError });
       } else {
-        this.fail(attempt, 'http_5xx', { status: 502, outcome: 'failed', cause: 'upstream_5xx', upstreamError });
+        // 502 — but on /v1/messages an upstream 529 stays 529 (overloaded_error), as the Anthropic SDK reads it.
+        const answered = clientStatus({ kind: 'http', status }, errorShapeOf(this.info.route));
+        this.fail(attempt, 'http_5xx', { status: answered, outcome: 'failed', cause: 'upstream_5xx', upstreamError });
       }
       return;
     }
     if (facts.kind === 'error') {
       this.anomaly(attempt, 'error_payload');
-      this.fail(attempt, 'error_payload', failureForErrorPayload(facts));
+      this.fail(attempt, 'error_payload', failureForErrorPayload(facts, this.info.route));
       return;
     }
     if (facts.kind !== 'chunk' || this.info.stream) {
       // Not a completion body, or JSON where an event stream was asked for: the upstream broke the protocol.
       this.anomaly(attempt, 'malformed_event');
       const cause: FailureCause = this.info.stream ? 'not_event_stream' : 'malformed_body';
-      this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause, upstreamError: undefined });
+      this.fail(attempt, 'incomplete', { status: statusOf({ kind: 'unreadable' }), outcome: 'failed', cause, upstreamError: undefined });
       return;
     }
     this.recordFinishes(attempt, facts);
@@ -471,7 +478,7 @@ export class RequestLedger {
     const attempt = this.attempt();
     attempt.endedAt = at;
     this.anomaly(attempt, 'malformed_event');
-    this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: violation, upstreamError: undefined });
+    this.fail(attempt, 'incomplete', { status: statusOf({ kind: 'unreadable' }), outcome: 'failed', cause: violation, upstreamError: undefined });
   }
 
   /**
@@ -569,6 +576,7 @@ export class RequestLedger {
       checks,
       accepted: outcome === 'delivered' && failedChecks.length === 0,
       failedChecks,
+      clientRetry: this.info.clientRetry,
       ...(this.info.captureAnswer === true && outcome === 'delivered' ? { answerText: this.answerText() } : {}),
     };
   }
@@ -785,6 +793,7 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
     checks: [],
     accepted: false,
     failedChecks: [],
+    clientRetry: info.clientRetry,
   };
 }
 
@@ -801,10 +810,14 @@ function errorOf(facts: Extract<EventFacts, { kind: 'error' }>): UpstreamError {
   return { code: facts.code, type: facts.type, message: facts.message, param: facts.param };
 }
 
-/** An error event or error body under HTTP 200, before any output: the status its `code` names. */
-function failureForErrorPayload(facts: Extract<EventFacts, { kind: 'error' }>): Failure {
-  const code = facts.code;
-  const status = code !== undefined && code >= 400 && code <= 599 ? code : 502;
+/** The client's status for a failure whose status does not depend on the route's error shape (delivery/status-map.ts). */
+function statusOf(signal: UpstreamSignal): number {
+  return clientStatus(signal, 'openai');
+}
+
+/** An error event or error body under HTTP 200, before any output: the status its `code` names (else 502). */
+function failureForErrorPayload(facts: Extract<EventFacts, { kind: 'error' }>, route: Route): Failure {
+  const status = clientStatus({ kind: 'event', code: facts.code }, errorShapeOf(route));
   return {
     status,
     outcome: status < 500 ? 'rejected' : 'failed',
@@ -836,8 +849,11 @@ function resultForEnd(how: StreamEnd): AttemptResult {
 function failureForEnd(how: StreamEnd): Failure {
   // Shutting down is not the upstream's failure: 503, so clients and load balancers go elsewhere.
   if (how === 'shutdown') return { status: 503, outcome: 'failed', cause: 'shutdown', upstreamError: undefined };
-  if (how === 'oversized') return { status: 502, outcome: 'failed', cause: 'oversized', upstreamError: undefined };
+  if (how === 'oversized') return { status: statusOf({ kind: 'unreadable' }), outcome: 'failed', cause: 'oversized', upstreamError: undefined };
   const result = resultForEnd(how);
-  if (result === 'timeout') return { status: 504, outcome: 'timeout', cause: 'timeout', upstreamError: undefined };
-  return { status: 502, outcome: 'failed', cause: result === 'reset' ? 'reset' : 'incomplete', upstreamError: undefined };
+  if (result === 'timeout') {
+    return { status: statusOf({ kind: how === 'total_timeout' ? 'total_timeout' : 'first_output_timeout' }), outcome: 'timeout', cause: 'timeout', upstreamError: undefined };
+  }
+  const cause = result === 'reset' ? 'reset' : 'incomplete';
+  return { status: statusOf({ kind: cause }), outcome: 'failed', cause, upstreamError: undefined };
 }

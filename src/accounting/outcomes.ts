@@ -2,7 +2,6 @@
  * The closed label sets of the metrics contract. Every label value Waybill exports comes from one of these
  * lists or from configuration; docs/metrics.md lists the same values and test/metrics-contract.test.ts checks it.
  */
-import { NULL_STOP_REASON } from '../sse/route-events.js';
 
 /** Routes whose answers are generated, streamed or not, and checked choice by choice. */
 export const GENERATION_ROUTES = ['chat_completions', 'completions'] as const;
@@ -110,6 +109,8 @@ export const FINISH_REASONS = [
   'function_call',
   'abort',
   'repetition',
+  /** `/v1/messages` with `stop_reason: null`: vLLM maps both abort and repetition to null. */
+  'abort_or_repetition',
   'other',
   'none',
 ] as const;
@@ -142,9 +143,9 @@ export const UNAUTHENTICATED = '_unauthenticated';
 
 const KNOWN_FINISH = new Set<string>(FINISH_REASONS);
 
-/** Maps an upstream finish_reason to the closed set; `none` is for a choice that never got one, or a null one. */
+/** Maps an upstream finish_reason to the closed set; `none` is for a choice that never got one. */
 export function finishReasonLabel(reason: string | undefined): FinishReason {
-  if (reason === undefined || reason === NULL_STOP_REASON) return 'none';
+  if (reason === undefined) return 'none';
   return KNOWN_FINISH.has(reason) && reason !== 'none' && reason !== 'other' ? (reason as FinishReason) : 'other';
 }
 

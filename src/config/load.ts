@@ -419,13 +419,14 @@ function deepFreeze<T>(value: T): T {
 export function requestInfo(
   config: Config,
   request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'> &
-    Partial<Pick<RequestInfo, 'tenant' | 'promptTokensEstimate' | 'contract' | 'evaluator' | 'captureAnswer'>>,
+    Partial<Pick<RequestInfo, 'tenant' | 'promptTokensEstimate' | 'contract' | 'evaluator' | 'captureAnswer' | 'clientRetry'>>,
 ): RequestInfo {
   return {
     tenant: request.tenant,
     contract: request.contract,
     evaluator: request.evaluator,
     captureAnswer: request.captureAnswer,
+    clientRetry: request.clientRetry,
     maxOutputChars: config.outputChecks.maxOutputChars,
     promptTokensEstimate: request.promptTokensEstimate,
     model: request.model,

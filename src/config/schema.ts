@@ -256,7 +256,7 @@ export const configSchema = z.strictObject({
       max_attempts: z.number().int().min(1).max(10).default(3),
       backoff_base: positiveDuration.prefault(0.025),
       backoff_max: positiveDuration.prefault(1),
-      /** Also retry an upstream HTTP 500 (vLLM answers 500 when its engine died). */
+      /** Also retry an upstream HTTP 500, or an error event with code 500 before any output (vLLM answers 500 when its engine died). */
       retry_on_500: z.boolean().default(false),
       /** Longest Retry-After of a 429/408 that is honoured; longer fails the request. */
       retry_after_max: positiveDuration.prefault(5),

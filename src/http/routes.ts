@@ -31,6 +31,7 @@ import { inSample, sampleRate } from '../telemetry/evaluation.js';
 import type { GatewayMetrics } from '../telemetry/metrics.js';
 import { canonicalJson } from '../config/reload.js';
 import type { Logger } from 'pino';
+import { clientRetryOf } from './client-retry.js';
 
 export interface RoutesDeps {
   /** The configuration the app started with: its pass-through routes (fastify's routes are fixed once it listens). */
@@ -432,6 +433,7 @@ function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyRepl
     evaluator: evaluatorValue !== undefined && evaluatorValue !== '',
     // The sample is decided from the request id alone: the same decision the settlement recorder makes.
     captureAnswer: evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
+    clientRetry: clientRetryOf(request.headers),
     dropUsageChunk: p.dropUsageChunk === true,
     requestId: request.id,
     ...(limit !== undefined && { limit }),

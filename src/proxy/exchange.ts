@@ -79,6 +79,8 @@ export interface CompletionRequest {
   readonly evaluator: boolean;
   /** Keep the answer's text for its evaluation sample. */
   readonly captureAnswer: boolean;
+  /** The client SDK's retry count (`x-stainless-retry-count`), validated; undefined: not sent. */
+  readonly clientRetry?: number | undefined;
   readonly dropUsageChunk: boolean;
   readonly requestId: string;
   /** Headers for every upstream attempt (see upstreamHeaders). */

@@ -192,6 +192,12 @@ export const METRICS = {
     labels: ['model', 'tenant', 'route', 'stream'],
     help: 'Logical requests delivered with every applicable output check passed: a subset of waybill_requests_total{outcome="delivered"}.',
   },
+  clientRetries: {
+    name: 'waybill_client_retries_total',
+    type: 'counter',
+    labels: ['model', 'route'],
+    help: 'Logical requests that were a client SDK\'s retry (x-stainless-retry-count of 1 or more): user calls are waybill_requests_total minus these.',
+  },
   evaluationSamples: {
     name: 'waybill_evaluation_samples_total',
     type: 'counter',
@@ -357,6 +363,7 @@ export class GatewayMetrics {
   private readonly anomalies = new CounterPair(this.registries, METRICS.anomalies);
   private readonly finishReasons = new CounterPair(this.registries, METRICS.finishReasons);
   private readonly cancellations = new CounterPair(this.registries, METRICS.cancellations);
+  private readonly clientRetries = new CounterPair(this.registries, METRICS.clientRetries);
   private readonly ttft: Histogram<'model' | 'prompt_len'>;
   private readonly itl: EventHistogram;
   private readonly tpot: Histogram<'model'>;
@@ -466,6 +473,7 @@ export class GatewayMetrics {
         }
         for (const promptLen of promptLenClasses) this.slo.inc({ model, tenant, prompt_len: promptLen, result: 'met' }, 0);
       }
+      for (const route of GENERATION_ROUTES) this.clientRetries.inc({ model, route }, 0);
     }
   }
 
@@ -559,6 +567,7 @@ export class GatewayMetrics {
     if (started) this.inflight.dec({ model });
     const tenant = s.tenant;
     this.requests.inc({ model, tenant, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplar);
+    if (s.clientRetry !== undefined && s.clientRetry > 0) this.clientRetries.inc({ model, route: s.route });
     for (const attempt of s.attempts) {
       this.attempts.inc({ model, upstream: attempt.upstream, result: attempt.result ?? 'cancelled' });
       // Per upstream, so one slow or overloaded replica stands out of the pool's TTFT.

@@ -169,6 +169,40 @@ describe('a port that cannot be listened on', () => {
   });
 });
 
+describe('waybill load against a target it cannot use', () => {
+  /** Exit 2, one line on stderr, no stack trace. */
+  function expectOneLine(result: { code: number | null; stderr: string }, line: RegExp): void {
+    expect(result.code).toBe(2);
+    const lines = ownStderr(result.stderr);
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(line);
+    expect(result.stderr).not.toMatch(/^\s+at /m);
+  }
+
+  it('an unreachable --url: one line and exit 2, with or without --model', async () => {
+    // Port 9 (discard): privileged, nothing listens there.
+    expectOneLine(await run(['load', '--url', 'http://127.0.0.1:9', '--concurrency', '1', '--requests', '1']), /^waybill load: cannot reach http:\/\/127\.0\.0\.1:9: connect ECONNREFUSED 127\.0\.0\.1:9$/);
+    expectOneLine(
+      await run(['load', '--url', 'http://127.0.0.1:9', '--model', 'm', '--concurrency', '1', '--requests', '1', '--reconcile']),
+      /^waybill load: cannot reach http:\/\/127\.0\.0\.1:9: connect ECONNREFUSED/,
+    );
+  });
+
+  it('--reconcile against something that is not Waybill (the simulator itself): says so in one line, exit 2, before any load', async () => {
+    const sim = createSimulator({ models: ['sim-model'] });
+    const { url } = await sim.listen(0, '127.0.0.1');
+    try {
+      expectOneLine(
+        await run(['load', '--url', url, '--concurrency', '1', '--requests', '1', '--reconcile', '--sim', url]),
+        new RegExp(`^waybill load: --reconcile: ${url.replaceAll('.', '\\.')} is not a Waybill gateway \\(its /metrics has no waybill_\\* metrics\\)`),
+      );
+      expect(sim.stats().requests).toBe(0);
+    } finally {
+      await sim.close();
+    }
+  });
+});
+
 describe('waybill check-config', () => {
   it('accepts a valid file', async () => {
     const example = EXAMPLE;

@@ -204,15 +204,20 @@ describe('waybill load against a target it cannot use', () => {
 });
 
 describe('waybill check-config', () => {
-  it('accepts a valid file', async () => {
-    const example = EXAMPLE;
-    const result = await run(['check-config', example], { VLLM_API_KEY: 'k' });
+  it('accepts the shipped example as its header says, with no environment variable set', async () => {
+    // The newcomer's command, word for word from the example's header.
+    expect(readFileSync(EXAMPLE, 'utf8')).toContain('# Validate with: waybill check-config config.example.yaml\n');
+    const result = await run(['check-config', EXAMPLE], { VLLM_API_KEY: undefined });
     expect(result.code).toBe(0);
-    // The example names an API key variable; without it the check fails and says which.
-    const missing = await run(['check-config', example], { VLLM_API_KEY: '' });
+    expect(result.stdout).toMatch(/^\S+config\.example\.yaml: OK — 2 pool\(s\), models: llama-3\.1-8b-instruct, \(discovered for pool qwen\)\n$/);
+  });
+
+  it('names a variable the file needs that is not set, and exits 2', async () => {
+    const file = tempFile('key.yaml', 'pools: [{ name: p, models: [m], upstreams: [{ url: "http://127.0.0.1:1" }, { url: "http://127.0.0.1:9", api_key_env: VLLM_API_KEY }] }]\n');
+    expect((await run(['check-config', file], { VLLM_API_KEY: 'k' })).code).toBe(0);
+    const missing = await run(['check-config', file], { VLLM_API_KEY: '' });
     expect(missing.code).toBe(2);
     expect(missing.stderr).toContain('pools[0].upstreams[1].api_key_env: environment variable VLLM_API_KEY is not set');
-    expect(result.stdout).toMatch(/OK — 2 pool\(s\), models: llama-3\.1-8b-instruct, \(discovered for pool qwen\)/);
   });
 
   it('reports every problem at once, naming each field, and exits 2', async () => {
@@ -226,11 +231,13 @@ describe('waybill check-config', () => {
   });
 
   it('with --skip-env, passes the shipped example without its environment variables, and still checks the rest', async () => {
-    const result = await run(['check-config', '--skip-env', EXAMPLE], { VLLM_API_KEY: undefined });
+    expect((await run(['check-config', '--skip-env', EXAMPLE], { VLLM_API_KEY: undefined })).code).toBe(0);
+    const needsKey = tempFile('key.yaml', 'pools: [{ name: p, models: [m], upstreams: [{ url: "http://127.0.0.1:9", api_key_env: VLLM_API_KEY }] }]\n');
+    const result = await run(['check-config', '--skip-env', needsKey], { VLLM_API_KEY: undefined });
     expect(result.code).toBe(0);
-    expect(result.stdout).toMatch(/OK — 2 pool\(s\), models: llama-3\.1-8b-instruct, \(discovered for pool qwen\); not read \(--skip-env\): VLLM_API_KEY\n$/);
+    expect(result.stdout).toMatch(/OK — 1 pool\(s\), models: m; not read \(--skip-env\): VLLM_API_KEY\n$/);
     // The example's header says how.
-    expect(readFileSync(EXAMPLE, 'utf8')).toContain('waybill check-config --skip-env config.example.yaml');
+    expect(readFileSync(EXAMPLE, 'utf8')).toContain('waybill check-config --skip-env FILE');
 
     const file = tempFile('env.yaml', 'server: { port: 80, admin_port: 80 }\npools: [{ name: p, upstreams: [{ url: "http://127.0.0.1:1", api_key_env: NOT_SET_ANYWHERE }] }]\nauth: { keys: [{ tenant: a, key_env: A_KEY }, { tenant: b, key_env: B_KEY }] }\n');
     const bad = await run(['check-config', '--skip-env', file]);

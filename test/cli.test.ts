@@ -32,8 +32,8 @@ function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: numbe
 }
 
 /** Starts a long-running command and resolves with the first stdout line matching `ready`. */
-function start(args: string[], ready: RegExp): { child: ChildProcess; line: Promise<string> } {
-  const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+function start(args: string[], ready: RegExp, env: NodeJS.ProcessEnv = {}): { child: ChildProcess; line: Promise<string> } {
+  const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   children.push(child);
   const lines = createInterface({ input: child.stdout as NodeJS.ReadableStream });
   const line = new Promise<string>((resolve, reject) => {
@@ -71,7 +71,7 @@ const EXAMPLE = new URL('../config.example.yaml', import.meta.url).pathname;
 
 describe('waybill --help and --version', () => {
   const OPTIONS: Record<string, readonly string[]> = {
-    serve: ['--config', '--upstream', '--model', '--host', '--port'],
+    serve: ['--config', '--upstream', '--upstream-api-key-env', '--model', '--host', '--port'],
     sim: ['--port', '--host', ...Object.values(FLAG_OF)],
     demo: ['--port'],
     load: ['--url', '--concurrency', '--rate', '--requests', '--duration', '--reconcile'],
@@ -312,6 +312,38 @@ describe('waybill serve', () => {
       child.kill('SIGTERM');
       const [code] = (await once(child, 'exit')) as [number | null];
       expect(code).toBe(0);
+    } finally {
+      await sim.close();
+    }
+  });
+
+  it('--upstream-api-key-env NAME: a vLLM behind --api-key, with no configuration file', async () => {
+    const sim = createSimulator({ models: ['tiny'], ttftMs: 1, itlMs: 1, outputTokens: 3, apiKey: 'sk-vllm' });
+    const { url } = await sim.listen(0, '127.0.0.1');
+    try {
+      const base = ['serve', '--upstream', url, '--upstream-api-key-env', 'WAYBILL_TEST_VLLM_KEY', '--host', '127.0.0.1', '--port', '0', '--workers', '1'];
+      // Not set: one line naming the variable, exit 2.
+      const unset = await run(base, { WAYBILL_TEST_VLLM_KEY: undefined });
+      expect(unset.code).toBe(2);
+      expect(unset.stderr).toContain('pools[0].upstreams[0].api_key_env: environment variable WAYBILL_TEST_VLLM_KEY is not set');
+      const needsUpstream = await run(['serve', '--config', EXAMPLE, '--upstream-api-key-env', 'K']);
+      expect(needsUpstream.code).toBe(2);
+      expect(needsUpstream.stderr).toContain('--upstream-api-key-env: needs at least one --upstream');
+
+      const { child, line } = start(base, /waybill listening/, { WAYBILL_TEST_VLLM_KEY: 'sk-vllm' });
+      // Discovery (GET /v1/models, behind the key) found the model: the key went with it.
+      const listening = JSON.parse(await line) as { url: string; models: string[] };
+      expect(listening.models).toEqual(['tiny']);
+      const completion = await request(`${listening.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'hi' }] }),
+      });
+      expect(completion.statusCode).toBe(200);
+      await completion.body.dump();
+      expect(sim.stats().recent.at(-1)?.headers.authorization).toBe('present');
+      child.kill('SIGTERM');
+      await once(child, 'exit');
     } finally {
       await sim.close();
     }

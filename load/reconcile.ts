@@ -69,11 +69,45 @@ export interface Snapshot {
   readonly sims: SimStatsSnapshot[];
 }
 
+/**
+ * A target `--reconcile` cannot compare against: `--url` is not a Waybill gateway (its /metrics has no Waybill
+ * metrics: a simulator, vLLM, or a gateway whose /metrics is on its admin port), or a `--sim` is not a simulator.
+ * Its message is one line, for the operator to fix the command.
+ */
+export class TargetError extends Error {
+  override readonly name = 'TargetError';
+}
+
+/** The metric whose presence says a /metrics is Waybill's (its HELP line is written even before any request). */
+const WAYBILL_MARKER = '# TYPE waybill_requests_total counter';
+
+async function gatewayMetrics(gatewayUrl: string): Promise<Sample[]> {
+  const response = await request(`${gatewayUrl}/metrics`);
+  const text = await response.body.text();
+  if (response.statusCode !== 200 || !text.includes(WAYBILL_MARKER)) {
+    const why = response.statusCode !== 200 ? `GET /metrics answered ${response.statusCode}` : 'its /metrics has no waybill_* metrics';
+    throw new TargetError(`--reconcile: ${gatewayUrl} is not a Waybill gateway (${why}); give --url the gateway's API port (with server.admin_port set, /metrics is on the admin listener)`);
+  }
+  return parseMetrics(text);
+}
+
+async function simStats(url: string): Promise<SimStatsSnapshot> {
+  const response = await request(`${url}/sim/stats`);
+  const body = await response.body.text();
+  let stats: Partial<SimStatsSnapshot> | undefined;
+  try {
+    stats = response.statusCode === 200 ? (JSON.parse(body) as Partial<SimStatsSnapshot>) : undefined;
+  } catch {
+    stats = undefined;
+  }
+  if (typeof stats?.byRoute !== 'object' || typeof stats.faultsInjected !== 'object') {
+    throw new TargetError(`--sim: ${url} is not a Waybill simulator (GET /sim/stats answered ${response.statusCode}${response.statusCode === 200 ? ' without its counters' : ''})`);
+  }
+  return stats as SimStatsSnapshot;
+}
+
 export async function snapshot(gatewayUrl: string, simUrls: readonly string[]): Promise<Snapshot> {
-  const metrics = parseMetrics(await (await request(`${gatewayUrl}/metrics`)).body.text());
-  const sims = await Promise.all(
-    simUrls.map(async (url) => (await (await request(`${url}/sim/stats`)).body.json()) as SimStatsSnapshot),
-  );
+  const [metrics, sims] = await Promise.all([gatewayMetrics(gatewayUrl), Promise.all(simUrls.map(simStats))]);
   return { metrics, sims };
 }
 

@@ -278,6 +278,13 @@ function proxy(deps: RequestDeps, request: FastifyRequest, reply: FastifyReply, 
   const { config, upstreams, guard, answers } = deps;
   const { fields, route } = p;
   if (p.pinned === undefined && upstreams.poolFor(fields.model) === undefined) {
+    if (upstreams.discoveryPending()) {
+      // A pool has not read its model list yet (its upstreams down, or not answering /v1/models): the model may be
+      // one it serves. Retry once the next discovery may have succeeded.
+      void reply.header('retry-after', String(Math.max(1, Math.ceil(config.discovery.refreshIntervalMs / 1000))));
+      answers.reject(request, reply, route, fields.stream, errorBody('model_unavailable', `The model \`${fields.model}\` is not available yet: model discovery has not succeeded. Please retry.`, 'model'), fields.model);
+      return;
+    }
     answers.reject(request, reply, route, fields.stream, errorBody('model_not_found', `The model \`${fields.model}\` does not exist.`, 'model'));
     return;
   }

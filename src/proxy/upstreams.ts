@@ -4,9 +4,8 @@
 import { Pool, type Dispatcher } from 'undici';
 import type { Logger } from 'pino';
 import type { AttemptRecord } from '../accounting/ledger.js';
-import type { EjectionReason } from '../accounting/outcomes.js';
 import type { AdmissionConfig, Config, PoolConfig, UpstreamConfig } from '../config/load.js';
-import { OTHER, type OwnRead, type ReadStopReason } from '../accounting/outcomes.js';
+import { OTHER, type EjectionReason, type OwnRead, type ReadStopReason } from '../accounting/outcomes.js';
 import { AdmissionGate } from './admission.js';
 import { ModelLabels } from './model-labels.js';
 import { CircuitBreaker, type BreakerState, type SendTicket } from './breaker.js';
@@ -19,7 +18,6 @@ import { healthVerdict } from '../delivery/retry-policy.js';
  * reset under a non-idempotent POST. Keep ours idle for less.
  */
 const KEEP_ALIVE_MS = 4_000;
-
 
 /** A read of an upstream body for the gateway's own use that was stopped: the request aborted, the socket closed. */
 export class ReadStopped extends Error {

@@ -432,6 +432,8 @@ Try a streamed chat completion:
 Then one the simulator breaks mid-stream (see docs/simulator.md for every fault):
   curl -N ${base}/v1/chat/completions -H 'content-type: application/json' -H 'x-sim-fault: error_after=3' \\
     -d '{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"Hello"}]}'
+Send it three times and sim-0 would be ejected, but passive health never ejects the last upstream of a pool
+(health.max_ejection_percent, docs/operations.md): it keeps serving, and ${base}/readyz stays 200.
 
 And one that is delivered but not accepted: it asks for JSON, and the simulator (like a model served without
 structured outputs) answers in prose, so its format_valid check fails (docs/output-contract.md):

@@ -423,4 +423,26 @@ describe('waybill demo', () => {
     const [code] = (await once(child, 'exit')) as [number | null];
     expect(code).toBe(0);
   });
+  it('three faulty requests, as its text says, leave its one upstream serving and /readyz 200 (issue 22, item 16)', async () => {
+    const { child, line } = start(['demo', '--port', '0'], /readyz stays 200/);
+    const text = await line;
+    const base = /http:\/\/127\.0\.0\.1:\d+/.exec(text)?.[0];
+    expect(base).toBeDefined();
+    for (let i = 0; i < 3; i++) {
+      const faulty = await request(`${base}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-sim-fault': 'error_after=3' },
+        body: JSON.stringify({ model: 'sim-model', stream: true, messages: [{ role: 'user', content: 'Hello' }] }),
+      });
+      await faulty.body.text();
+    }
+    const metrics = await (await request(`${base}/metrics`)).body.text();
+    expect(metrics).toMatch(/^waybill_upstream_up\{upstream="sim-0"\} 1$/m);
+    const ready = await request(`${base}/readyz`);
+    expect(ready.statusCode).toBe(200);
+    expect(await ready.body.json()).toMatchObject({ status: 'ready', pools: [{ upstreams: [{ name: 'sim-0', circuit: 'closed' }] }] });
+    child.kill('SIGINT');
+    const [code] = (await once(child, 'exit')) as [number | null];
+    expect(code).toBe(0);
+  });
 });

@@ -145,6 +145,8 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.queueWaited('m', 20);
     metrics.internalError('hook');
     metrics.probeFailed('u0', 'discovery');
+    metrics.readStopped('u0', 'discovery', 'too_large');
+    metrics.discoveredModelsRefusedBy('pool-a', 2);
     metrics.evaluationSampled('m');
     metrics.rateLimited('team-a', 'tokens');
     metrics.limitStoreError('reserve');

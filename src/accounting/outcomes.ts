@@ -130,6 +130,13 @@ export type RetryReason = (typeof RETRY_REASONS)[number];
 export const EJECTION_REASONS = ['consecutive_failures', 'trial_failed'] as const;
 export type EjectionReason = (typeof EJECTION_REASONS)[number];
 
+/** The bodies Waybill reads from an upstream for its own use (waybill_upstream_reads_stopped_total{read}). */
+export const OWN_READS = ['health', 'discovery', 'lookup'] as const;
+export type OwnRead = (typeof OWN_READS)[number];
+/** Why such a read was stopped: over health.max_body_bytes, or past its deadline while its body was read. */
+export const READ_STOP_REASONS = ['too_large', 'deadline'] as const;
+export type ReadStopReason = (typeof READ_STOP_REASONS)[number];
+
 /** Label value for a model (or upstream) name outside the configured and discovered set. */
 export const OTHER = '_other';
 

@@ -304,13 +304,15 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
   return {
     server: Object.freeze(raw.server),
     pools: Object.freeze(pools),
-    discovery: { refreshIntervalMs: raw.discovery.refresh_interval },
+    discovery: { refreshIntervalMs: raw.discovery.refresh_interval, maxModelsPerPool: raw.discovery.max_models_per_pool },
     health: {
       intervalMs: raw.health.interval,
       timeoutMs: raw.health.timeout,
       ejectAfterFailures: raw.health.eject_after_failures,
       ejectionBaseMs: raw.health.ejection_base,
       ejectionMaxMs: raw.health.ejection_max,
+      maxEjectionPercent: raw.health.max_ejection_percent,
+      maxBodyBytes: raw.health.max_body_bytes,
     },
     retries: {
       maxAttempts: raw.retries.max_attempts,

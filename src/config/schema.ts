@@ -237,6 +237,11 @@ export const configSchema = z.strictObject({
   discovery: z
     .strictObject({
       refresh_interval: positiveDuration.prefault(30),
+      /**
+       * Discovered model names that get a metric label of their own, per pool, for the life of the process; later
+       * names are still served but counted under `_other` (waybill_discovered_models_refused_total).
+       */
+      max_models_per_pool: z.number().int().min(1).max(10_000).default(64),
     })
     .prefault({}),
   health: z
@@ -248,6 +253,13 @@ export const configSchema = z.strictObject({
       /** First ejection; each consecutive one doubles, up to ejection_max. */
       ejection_base: positiveDuration.prefault(5),
       ejection_max: positiveDuration.prefault(120),
+      /**
+       * Most of a pool's upstreams passive health may hold ejected at once, in percent (rounded down), like Envoy's
+       * max_ejection_percent; whatever the share, the last upstream of a pool that takes traffic is never ejected.
+       */
+      max_ejection_percent: z.number().int().min(0).max(100).default(100),
+      /** Largest body Waybill reads from an upstream for itself (health check, model discovery, stored-response lookup). */
+      max_body_bytes: z.number().int().positive().default(1024 * 1024),
     })
     .prefault({}),
   retries: z

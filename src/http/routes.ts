@@ -285,6 +285,13 @@ function proxy(deps: RequestDeps, request: FastifyRequest, reply: FastifyReply, 
   // A read or cancel of a stored response has its home's model, checked where the home is known (its route, locate).
   const ownModel = p.pinned === undefined && p.stored?.modelFromHome !== true;
   if (ownModel && upstreams.poolFor(fields.model) === undefined) {
+    if (upstreams.discoveryPending()) {
+      // A pool has not read its model list yet (its upstreams down, or not answering /v1/models): the model may be
+      // one it serves. Retry once the next discovery may have succeeded.
+      void reply.header('retry-after', String(Math.max(1, Math.ceil(config.discovery.refreshIntervalMs / 1000))));
+      answers.reject(request, reply, route, fields.stream, errorBody('model_unavailable', `The model \`${fields.model}\` is not available yet: model discovery has not succeeded. Please retry.`, 'model'), fields.model);
+      return;
+    }
     answers.reject(request, reply, route, fields.stream, errorBody('model_not_found', `The model \`${fields.model}\` does not exist.`, 'model'));
     return;
   }

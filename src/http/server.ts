@@ -10,6 +10,8 @@ import type { Settlement } from '../accounting/ledger.js';
 import type { Config } from '../config/load.js';
 import type { ExchangeDeps } from '../proxy/exchange.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
+import { ModelLabels } from '../proxy/model-labels.js';
+import { OWN_READS, READ_STOP_REASONS } from '../accounting/outcomes.js';
 import { ObserverGuard } from '../telemetry/guard.js';
 import { createLogger } from '../telemetry/logger.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
@@ -134,6 +136,9 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   });
   // Whose each stored response is (docs/security.md): an id that nobody owns is usable only without client keys.
   const owners = new ResponseOwners({ secret: config.responses.idSecret, capacity: config.responses.maxRememberedIds, unownedUsable: config.auth.keys.length === 0 });
+  // One per process, whatever the generation: a model name's label is the process's (discovery.max_models_per_pool).
+  const modelLabels = new ModelLabels();
+  metrics.labelModels((model) => modelLabels.label(model));
   // One per process, whatever the generation: the event loop's turns are the process's.
   const readTurns = new ReadTurns({ onYield: () => guard.run('metrics', () => metrics.turnYielded()) });
 
@@ -149,7 +154,12 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     const upstreams = new UpstreamRegistry(served, logger.child({ component: 'upstreams' }), random, {
       onEjected: (upstream, reason) => metrics.upstreamEjected(upstream, reason),
       onProbeFailed: (upstream, probe) => metrics.probeFailed(upstream, probe),
-    }, now);
+      onReadStopped: (upstream, read, reason) => metrics.readStopped(upstream, read, reason),
+      onModelsRefused: (pool, count) => metrics.discoveredModelsRefusedBy(pool, count),
+    }, now, modelLabels);
+    // At zero from the start, so an alert on any increase sees the first one.
+    for (const upstream of upstreams.upstreams) for (const read of OWN_READS) for (const reason of READ_STOP_REASONS) metrics.readStopped(upstream.name, read, reason, 0);
+    for (const pool of served.pools) if (pool.models === undefined) metrics.discoveredModelsRefusedBy(pool.name, 0);
     const limiter =
       previous !== undefined && previous.limiterHandle.settings === limiterSettings(next)
         ? previous.limiterHandle

@@ -8,7 +8,7 @@ import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
 import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
-import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, OUTPUT_CHECKS, reportsUsage, type AttemptResult, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
+import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, OUTPUT_CHECKS, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -179,6 +179,18 @@ export const METRICS = {
     type: 'counter',
     labels: ['upstream', 'probe'],
     help: 'Failed active health checks (probe="health") and model discoveries (probe="discovery") per upstream.',
+  },
+  readsStopped: {
+    name: 'waybill_upstream_reads_stopped_total',
+    type: 'counter',
+    labels: ['upstream', 'read', 'reason'],
+    help: 'Bodies Waybill reads from an upstream for itself (read: health, discovery, lookup) that it stopped reading, the request aborted: over health.max_body_bytes (reason="too_large") or past their deadline (reason="deadline").',
+  },
+  discoveredModelsRefused: {
+    name: 'waybill_discovered_models_refused_total',
+    type: 'counter',
+    labels: ['pool'],
+    help: 'Newly discovered model names that got no model label of their own because the pool already has discovery.max_models_per_pool: served, but counted under model="_other".',
   },
   outputChecks: {
     name: 'waybill_output_checks_total',
@@ -385,6 +397,10 @@ export class GatewayMetrics {
   private readonly internalErrors = new CounterPair(this.registries, METRICS.internalErrors);
   private readonly turnYields = new CounterPair(this.registries, METRICS.turnYields);
   private readonly probeFailures = new CounterPair(this.registries, METRICS.probeFailures);
+  private readonly readsStopped = new CounterPair(this.registries, METRICS.readsStopped);
+  private readonly discoveredModelsRefused = new CounterPair(this.registries, METRICS.discoveredModelsRefused);
+  /** A served model's label value (proxy/model-labels.ts): its name, or `_other` past discovery.max_models_per_pool. */
+  private modelLabel: (model: string) => string = (model) => model;
   private readonly outputChecks = new CounterPair(this.registries, METRICS.outputChecks);
   private readonly accepted = new CounterPair(this.registries, METRICS.accepted);
   private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
@@ -461,6 +477,8 @@ export class GatewayMetrics {
   /** Pre-creates zero-valued series for the served models so dashboards and `rate()` see them from the start. */
   declareModels(models: readonly string[], promptLenClasses: readonly string[], tenants: readonly string[] = [ANONYMOUS]): void {
     for (const model of models) {
+      // A model without a label of its own is counted under _other, which is declared by its first request.
+      if (this.modelLabel(model) !== model) continue;
       this.inflight.set({ model }, 0);
       // The series the SLO rules divide by exist from the start: rate() then sees the first request, and an idle
       // gateway is not mistaken for an absent one. Per tenant that may be served (configured, or anonymous).
@@ -482,12 +500,17 @@ export class GatewayMetrics {
     this.sources = sources;
   }
 
+  /** How a served model's name becomes its label value (the upstream registry's ModelLabels, for the process's life). */
+  labelModels(label: (model: string) => string): void {
+    this.modelLabel = label;
+  }
+
   retryMade(model: string, reason: RetryReason): void {
-    this.retries.inc({ model, reason });
+    this.retries.inc({ model: this.modelLabel(model), reason });
   }
 
   retryBudgetSpent(model: string): void {
-    this.retryBudgetExhausted.inc({ model });
+    this.retryBudgetExhausted.inc({ model: this.modelLabel(model) });
   }
 
   upstreamEjected(upstream: string, reason: EjectionReason): void {
@@ -507,8 +530,18 @@ export class GatewayMetrics {
     this.probeFailures.inc({ upstream, probe });
   }
 
+  /** A body read from an upstream for the gateway's own use was stopped; `count` 0 declares the series. */
+  readStopped(upstream: string, read: OwnRead, reason: ReadStopReason, count = 1): void {
+    this.readsStopped.inc({ upstream, read, reason }, count);
+  }
+
+  /** `count` newly discovered names of `pool` got no label of their own; 0 declares the series. */
+  discoveredModelsRefusedBy(pool: string, count: number): void {
+    this.discoveredModelsRefused.inc({ pool }, count);
+  }
+
   evaluationSampled(model: string): void {
-    this.evaluationSamples.inc({ model });
+    this.evaluationSamples.inc({ model: this.modelLabel(model) });
   }
 
   /** One stored-response lookup GET to `upstream` (response-homes.ts), counted as an attempt of model `_lookup`. */
@@ -543,16 +576,16 @@ export class GatewayMetrics {
   }
 
   queueWaited(model: string, ms: number): void {
-    this.queueWait.observe({ model }, ms / 1000);
+    this.queueWait.observe({ model: this.modelLabel(model) }, ms / 1000);
   }
 
   requestStarted(model: string): void {
-    this.inflight.inc({ model });
+    this.inflight.inc({ model: this.modelLabel(model) });
   }
 
   /** The inter-token-latency observer for a model's requests: take it once per request, observe per event. */
   interTokenLatency(model: string): EventObserver {
-    return this.itl.for(model);
+    return this.itl.for(this.modelLabel(model));
   }
 
 
@@ -561,7 +594,7 @@ export class GatewayMetrics {
    * the request was traced, becomes the exemplar of its observations.
    */
   record(s: Settlement, started: boolean, traceId?: string): void {
-    const model = s.model;
+    const model = this.modelLabel(s.model);
     const exemplar = traceId === undefined ? undefined : { trace_id: traceId };
     const exemplarLabels = exemplar ?? NO_EXEMPLAR;
     if (started) this.inflight.dec({ model });

@@ -421,6 +421,7 @@ export function requestInfo(
     slo: config.slo.models[request.model] ?? config.slo.defaults,
     promptLenBoundaries: config.metrics.promptLenBoundaries,
     promptLenClasses: config.metrics.promptLenClasses,
+    charsPerToken: config.metrics.charsPerToken,
   };
 }
 

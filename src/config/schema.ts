@@ -309,7 +309,7 @@ export const configSchema = z.strictObject({
     .strictObject({
       /** Prompt-token boundaries of the `prompt_len` classes. */
       prompt_len_boundaries: bucketList.default([1024, 4096, 16384, 65536]),
-      /** Characters per token for estimating a text prompt's length before usage arrives. */
+      /** Characters per token for estimating a text prompt's length before usage arrives, and the output a request relayed without usage. */
       chars_per_token: z.number().positive().max(100).default(4),
       buckets: z
         .strictObject({

@@ -24,7 +24,7 @@ import { Attempt, type TurnShare } from './attempt.js';
 import { ClientWriter } from './client-writer.js';
 import type { ReadTurns } from './read-turns.js';
 import type { ResponseHomes } from './response-homes.js';
-import { usedTokens, type LimitTicket } from './tenant-limits.js';
+import { chargedTokens, type LimitTicket } from './tenant-limits.js';
 import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
 
 export interface ExchangeDeps {
@@ -228,7 +228,8 @@ export class Exchange {
         // settles exactly once, whatever ends the request (delivery, failure, the client leaving, shutdown).
         if (this.request.limit !== undefined) {
           const limit = this.request.limit;
-          this.deps.guard.run('exchange', () => limit.settle(usedTokens(effect.settlement.usage)));
+          const charge = chargedTokens(effect.settlement, this.request.promptTokensEstimate);
+          this.deps.guard.run('exchange', () => limit.settle(charge?.tokens, charge?.estimated));
         }
         if (this.request.route === 'responses') this.learnHome(effect.settlement.responseId, effect.settlement.attempts);
         // The home it was sent to no longer holds it (restarted, or a lookup long ago): ask everyone next time.

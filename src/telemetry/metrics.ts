@@ -102,6 +102,12 @@ export const METRICS = {
     labels: ['model', 'tenant'],
     help: 'Completion tokens, from upstream usage.',
   },
+  estimatedCompletionTokens: {
+    name: 'waybill_estimated_completion_tokens_total',
+    type: 'counter',
+    labels: ['model', 'tenant'],
+    help: 'Completion tokens of requests whose upstream reported none, estimated from the output relayed (metrics.chars_per_token).',
+  },
   usageMissing: {
     name: 'waybill_usage_missing_total',
     type: 'counter',
@@ -366,6 +372,7 @@ export class GatewayMetrics {
   private readonly cachedPromptTokens = new CounterPair(this.registries, METRICS.cachedPromptTokens);
   private readonly completionTokens = new CounterPair(this.registries, METRICS.completionTokens);
   private readonly usageMissing = new CounterPair(this.registries, METRICS.usageMissing);
+  private readonly estimatedCompletionTokens = new CounterPair(this.registries, METRICS.estimatedCompletionTokens);
   private readonly inflight = new Gauge({
     name: METRICS.inflight.name,
     help: METRICS.inflight.help,
@@ -580,5 +587,6 @@ export class GatewayMetrics {
       // (A background request's acknowledgement — Responses without a choice — has no usage yet: not missing.)
       this.usageMissing.inc({ model });
     }
+    if (s.estimatedCompletionTokens !== undefined) this.estimatedCompletionTokens.inc({ model, tenant }, s.estimatedCompletionTokens);
   }
 }

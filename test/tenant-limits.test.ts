@@ -219,8 +219,9 @@ describe('configuration', () => {
     });
     expect(config.tenants['a']?.limits).toEqual({ requestsPerMinute: 60, tokensPerMinute: 1000, maxConcurrent: undefined });
     expect(config.tenants['b']?.limits).toBeUndefined();
-    expect(config.limits).toEqual({ defaultMaxTokens: 1024, anonymous: { requestsPerMinute: undefined, tokensPerMinute: undefined, maxConcurrent: 2 } });
-    expect(parseConfig({ pools }).limits).toEqual({ defaultMaxTokens: 1024, anonymous: undefined });
+    const background = { pollIntervalMs: 2_000, maxHoldMs: 600_000, maxPolls: 8, maxWatched: 1024 };
+    expect(config.limits).toEqual({ defaultMaxTokens: 1024, anonymous: { requestsPerMinute: undefined, tokensPerMinute: undefined, maxConcurrent: 2 }, background });
+    expect(parseConfig({ pools }).limits).toEqual({ defaultMaxTokens: 1024, anonymous: undefined, background });
   });
 
   it('refuses limits that are not positive integers, and unknown keys', () => {

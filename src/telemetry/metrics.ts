@@ -8,6 +8,7 @@ import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
 import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
+import type { BackgroundHoldEnd } from '../proxy/background-holds.js';
 import { ANONYMOUS, GENERATION_ROUTES, OUTPUT_CHECKS, reportsUsage, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
@@ -216,6 +217,18 @@ export const METRICS = {
     labels: ['op'],
     help: 'Operations on the shared store of the limits per tenant (limits.redis_url) that failed or missed limits.redis_timeout, by op (reserve, settle, release).',
   },
+  backgroundHolds: {
+    name: 'waybill_background_holds',
+    type: 'gauge',
+    labels: [],
+    help: 'Background responses of limited tenants holding their slot and reservation until they end (limits.background_*).',
+  },
+  backgroundHoldsEnded: {
+    name: 'waybill_background_holds_ended_total',
+    type: 'counter',
+    labels: ['how'],
+    help: 'Background responses whose hold on their limits ended, by how: ended (seen completed, failed, incomplete or cancelled), lost (its home no longer has it), deadline (limits.background_max_hold), overflow (limits.background_max_watched), shutdown.',
+  },
   limitStoreUp: {
     name: 'waybill_limit_store_up',
     type: 'gauge',
@@ -390,6 +403,14 @@ export class GatewayMetrics {
   private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
   private readonly rateLimitedRequests = new CounterPair(this.registries, METRICS.rateLimited);
   private readonly limitStoreErrors = new CounterPair(this.registries, METRICS.limitStoreErrors);
+  private readonly backgroundHoldsGauge = new Gauge({
+    name: METRICS.backgroundHolds.name,
+    help: METRICS.backgroundHolds.help,
+    labelNames: METRICS.backgroundHolds.labels,
+    aggregator: 'sum' satisfies WorkerAggregator,
+    registers: [this.registry, this.openMetrics],
+  });
+  private readonly backgroundHoldsEnded = new CounterPair(this.registries, METRICS.backgroundHoldsEnded);
   private readonly limitStoreUpGauge = new Gauge({
     name: METRICS.limitStoreUp.name,
     help: METRICS.limitStoreUp.help,
@@ -518,6 +539,16 @@ export class GatewayMetrics {
   /** A failed operation on the shared limit store; `count` 0 declares the series (at start-up, with limits.redis_url). */
   limitStoreError(op: LimitStoreOp, count = 1): void {
     this.limitStoreErrors.inc({ op }, count);
+  }
+
+  /** Background responses holding their limits now (proxy/background-holds.ts). */
+  backgroundHolding(count: number): void {
+    this.backgroundHoldsGauge.set(count);
+  }
+
+  /** A background response's hold ended `how`; `count` 0 declares the series. */
+  backgroundHoldEnded(how: BackgroundHoldEnd, count = 1): void {
+    this.backgroundHoldsEnded.inc({ how }, count);
   }
 
   /** The shared limit store answers again (true) or stopped answering (false). */

@@ -6,6 +6,7 @@
  */
 import { createHash } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
+import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { readPolled } from '../src/proxy/background-holds.js';
 import { WINDOW_MS } from '../src/proxy/tenant-limits.js';
@@ -136,6 +137,27 @@ describe('background responses through the gateway', () => {
     expect(await s.metric('waybill_rate_limited_total', { tenant: 'team-a', limit: 'concurrent' })).toBe(2);
     // No estimate for an acknowledgement: nothing was relayed.
     expect(await s.metric('waybill_estimated_completion_tokens_total')).toBe(0);
+  });
+
+  it('asks the home at once when a client reads a held response through the gateway', async () => {
+    // An interval no test waits out: only the read can end the hold in time.
+    const s = await open({ max_concurrent: 2, tokens_per_minute: 100_000 }, { background_poll_interval: '1h' });
+    await awayFromWindowEnd();
+    const generated = simEnd(s, (record) => record.route === 'responses' && record.end === 'completed');
+    const ack = await background(s, undefined, { max_output_tokens: 500 });
+    expect(ack.status).toBe(200);
+    const { id } = JSON.parse(ack.body) as { id: string };
+    await generated;
+    await s.settled(1);
+    expect(await s.metric('waybill_background_holds')).toBe(1);
+    const read = await request(`${s.base}/v1/responses/${id}`, { headers: AUTH });
+    expect(read.statusCode).toBe(200);
+    expect(JSON.parse(await read.body.text())).toMatchObject({ id, status: 'completed' });
+    await until(() => s.metric('waybill_background_holds_ended_total', { how: 'ended' }), 1);
+    expect(await s.metric('waybill_background_holds')).toBe(0);
+    // Charged its usage (4 + 8): the next reservation sees it.
+    const next = await background(s, 'stall_after=0', { max_output_tokens: 500 });
+    expect(Number(next.headers['x-ratelimit-remaining-tokens'])).toBe(100_000 - (PROMPT_TOKENS + 8) - (PROMPT_TOKENS + 500));
   });
 
   it('releases a slot whose response never ends at limits.background_max_hold, counted deadline', async () => {

@@ -7,6 +7,7 @@
  * of them. So an admitted background request that has not ended when its exchange settles hands its LimitTicket here:
  * the slot stays taken and the reservation stands until its home upstream (the one that answered) says it ended —
  * `completed`, `incomplete`, `failed` or `cancelled` — and then the ticket is settled with the final response's usage.
+ * It is asked every interval, and at once when a client reads the response through the gateway (`nudge`).
  *
  * Everything is bounded: the responses held (`maxWatched`; past it one is settled at once, as before), the polls in
  * flight across the process (`maxPolls`; the others wait an interval), each poll's time and body
@@ -103,6 +104,19 @@ export class BackgroundHolds {
     this.deps.onHolding?.(this.holds.size);
     this.schedule(hold);
     return true;
+  }
+
+  /**
+   * A client read response `id` through the gateway: if it is held, its home is asked now rather than at the next
+   * interval (within the same bound on polls in flight), so a client that saw its response end finds its slot free
+   * soon after.
+   */
+  nudge(id: string): void {
+    const hold = this.holds.get(id);
+    if (hold?.timer === undefined) return;
+    clearTimeout(hold.timer);
+    hold.timer = setTimeout(() => void this.tick(hold), 0);
+    hold.timer.unref();
   }
 
   /** Ends every hold (the gateway is closing): slots released, reservations kept. */

@@ -240,6 +240,11 @@ export class Exchange {
           if (!held) this.deps.guard.run('exchange', () => limit.settle(charge?.tokens, charge?.estimated));
         }
         if (this.request.route === 'responses') this.learnHome(effect.settlement.responseId, effect.settlement.attempts);
+        // A client read a stored response: if it is a held background one, its hold asks its home now.
+        if (this.request.route === 'responses_retrieve' && this.request.storedId !== undefined && effect.settlement.code === 200) {
+          const id = this.request.storedId;
+          this.deps.guard.run('exchange', () => this.deps.backgroundHolds?.nudge(id));
+        }
         // The home it was sent to no longer holds it (restarted, or a lookup long ago): ask everyone next time.
         if (this.request.storedId !== undefined && effect.settlement.code === 404) this.deps.homes?.forget(this.request.storedId);
         this.writer.detach();

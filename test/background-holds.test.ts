@@ -11,6 +11,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { readPolled } from '../src/proxy/background-holds.js';
 import { WINDOW_MS } from '../src/proxy/tenant-limits.js';
 import type { RequestRecord } from '../src/sim/server.js';
+import { startScripted } from './helpers/scripted.js';
 import { post, startStack, type Stack } from './helpers/stack.js';
 
 describe('readPolled', () => {
@@ -170,6 +171,46 @@ describe('background responses through the gateway', () => {
     expect(await s.metric('waybill_background_holds')).toBe(0);
     expect((await background(s, 'stall_after=0')).status).toBe(200);
     expect(await s.metric('waybill_background_holds_ended_total', { how: 'ended' })).toBe(0);
+  });
+
+  it('polls the home with its API key, and ends the hold at once when the home lost the response (404), counted lost', async () => {
+    const polls: Array<string | undefined> = [];
+    let created = 0;
+    const home = await startScripted((req, res) => {
+      if (req.method === 'POST' && req.url === '/v1/responses') {
+        created++;
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ id: `resp_lost${created}`, object: 'response', model: MODEL, status: 'queued', background: true, output: [], usage: null }));
+        return;
+      }
+      polls.push(req.headers.authorization);
+      // Queued at the first poll; then the home restarted, and its store went with it.
+      res.writeHead(polls.length === 1 ? 200 : 404, { 'content-type': 'application/json' });
+      res.end(polls.length === 1 ? JSON.stringify({ id: 'resp_lost1', object: 'response', status: 'queued' }) : JSON.stringify({ error: { message: 'not found', type: 'NotFoundError', code: 404 } }));
+    });
+    try {
+      stack = await startStack({
+        sims: 0,
+        config: {
+          pools: [{ name: 'scripted', models: [MODEL], upstreams: [{ name: 'home', url: home.url, api_key: 'upstream-key' }] }],
+          auth: { keys: [{ tenant: 'team-a', key_sha256: createHash('sha256').update(KEY).digest('hex') }] },
+          tenants: { 'team-a': { limits: { max_concurrent: 1 } } },
+          limits: { background_poll_interval: '20ms' },
+          health: { interval: '1h' },
+          retries: { max_attempts: 1 },
+        },
+      });
+      const s = stack;
+      expect((await background(s, undefined)).status).toBe(200);
+      await until(() => s.metric('waybill_background_holds_ended_total', { how: 'lost' }), 1);
+      expect(polls).toEqual(['Bearer upstream-key', 'Bearer upstream-key']);
+      expect(await s.metric('waybill_background_holds')).toBe(0);
+      expect((await background(s, undefined)).status).toBe(200);
+    } finally {
+      await stack?.close();
+      stack = undefined;
+      await home.close();
+    }
   });
 
   it('settles at once what it cannot hold: one past background_max_watched, a background stream read to its end', async () => {

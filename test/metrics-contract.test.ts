@@ -151,6 +151,8 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.rateLimited('team-a', 'tokens');
     metrics.limitStoreError('reserve');
     metrics.limitStoreUp('redis', false);
+    metrics.backgroundHolding(1);
+    metrics.backgroundHoldEnded('ended');
     metrics.configReloaded('ok');
     metrics.configInForce('0123456789ab');
     metrics.turnYielded();

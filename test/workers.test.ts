@@ -26,6 +26,7 @@ import { cgroupCpus, forWorker, oversplitLimits, shareOf, workerCount } from '..
 import { LimitHost } from '../src/proxy/cluster-limit-store.js';
 import type { Decision } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { choiceText } from '../src/sim/wire.js';
 import { metricValue } from './helpers/stack.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
@@ -323,6 +324,58 @@ describe('waybill serve --workers 2', () => {
       await served.stop();
     }
   }, 120_000);
+
+  it("charges a stream whose client left before the usage chunk what it relayed, in the primary's count", async () => {
+    const config = baseConfig(simUrls, {
+      auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }] },
+      tenants: { 'team-a': { limits: { tokens_per_minute: 20_000 } } },
+      logging: { requests: false },
+    });
+    // The primary counts windows on its own monotonic clock, which starts near 0 with it: this test runs in its first
+    // minute, so every count below is in one window.
+    const served = await serve(config);
+    try {
+      const body = { model: 'sim-model', messages: [{ role: 'user', content: 'Hello there' }], stream: true };
+      const dispatcher = new Agent({ pipelining: 0 });
+      const controller = new AbortController();
+      // No max_tokens: 1024 reserved; 58 events of 50 tokens relayed, then the simulator stalls before its usage.
+      const cut = await request(`${served.base}/v1/chat/completions`, {
+        method: 'POST',
+        dispatcher,
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, 'x-sim-fault': 'tokens=3000;tokens_per_event=50;stall_after=58' },
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      expect(cut.statusCode).toBe(200);
+      const prompt = 20_000 - Number(cut.headers['x-ratelimit-remaining-tokens']) - 1024;
+      let text = '';
+      await new Promise<void>((resolve) => {
+        cut.body.on('data', (chunk: Buffer) => {
+          text += chunk.toString();
+          if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
+        });
+      });
+      controller.abort();
+      await dispatcher.close().catch(() => undefined);
+      const estimate = Math.ceil(choiceText(0, 0, 2900).length / 4);
+      // Polled, bounded (5 s): the settlement is published in a worker, seen through the aggregated scrape. The worker
+      // sent its settle to the primary before it answered that scrape, on the same channel: the count has it.
+      const deadline = performance.now() + 5_000;
+      while ((await served.metric('waybill_estimated_completion_tokens_total', { tenant: 'team-a' })) !== estimate) {
+        if (performance.now() > deadline) throw new Error('the cut stream was not settled within 5 s');
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      const next = await request(`${served.base}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+        body: JSON.stringify({ ...body, stream: false, max_tokens: 100 }),
+      });
+      await next.body.text();
+      expect(Number(next.headers['x-ratelimit-remaining-tokens'])).toBe(20_000 - (prompt + estimate) - (prompt + 100));
+    } finally {
+      await served.stop();
+    }
+  }, 60_000);
 
   it('drains a worker told to stop before it listened, and workers whose primary died', async () => {
     // SIGTERM as soon as the first worker listens: the other may still be starting, and must drain all the same.

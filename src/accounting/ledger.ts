@@ -22,7 +22,7 @@ import {
 import { classifyPromptLen } from './prompt-len.js';
 import { clientStatus, errorShapeOf, type UpstreamSignal } from '../delivery/status-map.js';
 import { contractNeedsText, notTruncated, OutputAssembly, type ChoiceChecks, type OutputContract } from './output-contract.js';
-import { ANONYMOUS, OUTPUT_CHECKS, type OutputCheck } from './outcomes.js';
+import { ANONYMOUS, OUTPUT_CHECKS, reportsUsage, type OutputCheck } from './outcomes.js';
 
 export interface SloThresholds {
   readonly ttftMs: number;
@@ -62,6 +62,8 @@ export interface RequestInfo {
   readonly captureAnswer?: boolean | undefined;
   /** The client SDK's retry count of this HTTP request (`x-stainless-retry-count`, validated); undefined: not sent. */
   readonly clientRetry?: number | undefined;
+  /** Characters of text per token (metrics.chars_per_token): the estimate of output relayed without usage. */
+  readonly charsPerToken?: number | undefined;
 }
 
 /** What the shell does with the bytes of one upstream event. */
@@ -150,6 +152,13 @@ export interface Settlement {
   readonly tpotMs: number | undefined;
   readonly durationMs: number;
   readonly usage: Usage | undefined;
+  /** The generated output relayed to the client by the attempt that answered: output events (per choice) and text. */
+  readonly relayed: RelayedOutput;
+  /**
+   * The completion tokens of a request whose upstream reported none (no usage, or usage without completion_tokens)
+   * but that relayed output, estimated from what it relayed (`estimateCompletionTokens`); undefined otherwise.
+   */
+  readonly estimatedCompletionTokens: number | undefined;
   readonly promptLen: string;
   readonly slo: SloResult;
   /** Upstream `[DONE]`s dropped because an error event came first. */
@@ -167,6 +176,22 @@ export interface Settlement {
   readonly clientRetry?: number | undefined;
   /** Each choice's content, only for a delivered response whose request asked to capture it (undefined past the cap). */
   readonly answerText?: readonly (string | undefined)[];
+}
+
+export interface RelayedOutput {
+  /** Output-bearing events, counted once per choice they carry output for. */
+  readonly outputEvents: number;
+  /** UTF-16 units of the generated text those events carried (EventFacts.outputChars). */
+  readonly outputChars: number;
+}
+
+/**
+ * Completion tokens estimated from relayed output: the text at `charsPerToken` characters per token, and never fewer
+ * than the output events (vLLM sends an event only for a step that decoded at least one token of that choice). An
+ * estimate, not a count: a tokenizer's ratio varies with language and content (docs/security.md).
+ */
+export function estimateCompletionTokens(relayed: RelayedOutput, charsPerToken: number): number {
+  return Math.max(relayed.outputEvents, Math.ceil(relayed.outputChars / charsPerToken));
 }
 
 export interface LedgerHooks {
@@ -193,6 +218,9 @@ export class RequestLedger {
   private firstOutputAt: number | undefined;
   private lastOutputAt: number | undefined;
   private usage: Usage | undefined;
+  /** The current attempt's relayed output (RelayedOutput). */
+  private outputEvents = 0;
+  private outputChars = 0;
   private endingValue: Ending | undefined;
   private clientEndAt: number | undefined;
   private cancelledAt: number | undefined;
@@ -274,6 +302,8 @@ export class RequestLedger {
     this.answered.clear();
     this.assembly?.reset();
     this.usage = undefined;
+    this.outputEvents = 0;
+    this.outputChars = 0;
     this.responseId = undefined;
     this.responseModel = undefined;
     this.attempts.push({
@@ -341,6 +371,7 @@ export class RequestLedger {
         this.responseId ??= facts.id;
         this.responseModel ??= facts.model;
         if (facts.usageOnly && this.info.dropUsageChunk) return 'drop';
+        this.recordOutput(facts);
         let verdict: Verdict;
         if (facts.output.length === 0) {
           verdict = this.committed ? 'forward' : 'hold';
@@ -458,6 +489,7 @@ export class RequestLedger {
     this.recordAnswer(facts);
     this.usage = undefined;
     this.recordUsage(attempt, facts);
+    this.recordOutput(facts);
     this.responseId = facts.id;
     this.responseModel = facts.model;
     this.committedAt = at;
@@ -553,6 +585,10 @@ export class RequestLedger {
     const tpotMs = outcome === 'delivered' ? this.tpot() : undefined;
     const checks = outcome === 'delivered' ? this.outputChecks() : [];
     const failedChecks = failedCheckNames(checks);
+    const relayed: RelayedOutput = { outputEvents: this.outputEvents, outputChars: this.outputChars };
+    const estimatedCompletionTokens =
+      // (A route that reports no usage of its own — a stored response replayed — was counted when it was generated.)
+      this.usage?.completionTokens === undefined && relayed.outputEvents > 0 && reportsUsage(this.info.route) ? estimateCompletionTokens(relayed, this.info.charsPerToken ?? DEFAULT_CHARS_PER_TOKEN) : undefined;
     return {
       model: this.info.model,
       tenant: this.info.tenant ?? ANONYMOUS,
@@ -568,6 +604,8 @@ export class RequestLedger {
       tpotMs,
       durationMs,
       usage: this.usage,
+      relayed,
+      estimatedCompletionTokens,
       promptLen,
       slo: this.sloResult(outcome, code, promptLen, ttftMs, tpotMs, durationMs),
       doneAfterErrorDropped: this.doneAfterError,
@@ -727,6 +765,11 @@ export class RequestLedger {
     return Number.isInteger(index) && index >= 0 && index < this.info.expectedChoices;
   }
 
+  private recordOutput(facts: Extract<EventFacts, { kind: 'chunk' }>): void {
+    this.outputEvents += facts.output.length;
+    this.outputChars += facts.outputChars ?? 0;
+  }
+
   /** Usage whose numbers cannot be counted is missing usage, plus an anomaly; the latest usage seen wins. */
   private recordUsage(attempt: AttemptState, facts: Extract<EventFacts, { kind: 'chunk' }>): void {
     if (facts.usageInvalid) {
@@ -785,6 +828,8 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
     tpotMs: undefined,
     durationMs: at - arrivalAt,
     usage: undefined,
+    relayed: { outputEvents: 0, outputChars: 0 },
+    estimatedCompletionTokens: undefined,
     promptLen: 'unknown',
     slo: 'failed',
     doneAfterErrorDropped: 0,
@@ -796,6 +841,9 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
     clientRetry: info.clientRetry,
   };
 }
+
+/** metrics.chars_per_token's default. */
+const DEFAULT_CHARS_PER_TOKEN = 4;
 
 /** Characters of answer text assembled per response when the request does not say (the config default). */
 const DEFAULT_MAX_OUTPUT_CHARS = 1_048_576;

@@ -366,7 +366,17 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
     tenants: Object.fromEntries(
       Object.entries(raw.tenants).map(([name, rules]) => [name, { models: rules.models === undefined ? undefined : [...rules.models], limits: tenantLimits(rules.limits) }]),
     ),
-    limits: { defaultMaxTokens: raw.limits.default_max_tokens, anonymous: tenantLimits(raw.limits.anonymous), redis: resolveRedis(raw.limits, problems, env) },
+    limits: {
+      defaultMaxTokens: raw.limits.default_max_tokens,
+      anonymous: tenantLimits(raw.limits.anonymous),
+      redis: resolveRedis(raw.limits, problems, env),
+      background: {
+        pollIntervalMs: raw.limits.background_poll_interval,
+        maxHoldMs: raw.limits.background_max_hold,
+        maxPolls: raw.limits.background_max_polls,
+        maxWatched: raw.limits.background_max_watched,
+      },
+    },
     responses: {
       maxRememberedIds: raw.responses.max_remembered_ids,
       lookupTimeoutMs: raw.responses.lookup_timeout,
@@ -439,6 +449,7 @@ export function requestInfo(
     slo: config.slo.models[request.model] ?? config.slo.defaults,
     promptLenBoundaries: config.metrics.promptLenBoundaries,
     promptLenClasses: config.metrics.promptLenClasses,
+    charsPerToken: config.metrics.charsPerToken,
   };
 }
 

@@ -213,6 +213,20 @@ export const configSchema = z.strictObject({
         .string()
         .regex(/^[A-Za-z0-9._:-]{1,64}$/, 'must be 1-64 characters of [A-Za-z0-9._:-]')
         .default('waybill:limits'),
+      /**
+       * A background response (`background: true`) of a limited tenant holds its slot and reservation until it ends:
+       * how often its home upstream is asked whether it has (GET /v1/responses/{id}).
+       */
+      background_poll_interval: positiveDuration.prefault('2s'),
+      /**
+       * The longest a background response holds its slot: past it the slot is released and the reservation stands.
+       * With redis_url a slot also expires with its in-flight TTL (timeouts.total + drain grace + a margin), whichever is first.
+       */
+      background_max_hold: positiveDuration.prefault('10m'),
+      /** Polls of background responses in flight at once, across the process; the others wait for the next interval. */
+      background_max_polls: z.number().int().positive().default(8),
+      /** Background responses watched at once; past it one is settled at its acknowledgement (reservation kept, slot freed). */
+      background_max_watched: z.number().int().positive().default(1024),
     })
     .prefault({}),
   passthrough: z
@@ -334,7 +348,7 @@ export const configSchema = z.strictObject({
     .strictObject({
       /** Prompt-token boundaries of the `prompt_len` classes. */
       prompt_len_boundaries: bucketList.default([1024, 4096, 16384, 65536]),
-      /** Characters per token for estimating a text prompt's length before usage arrives. */
+      /** Characters per token for estimating a text prompt's length before usage arrives, and the output a request relayed without usage. */
       chars_per_token: z.number().positive().max(100).default(4),
       buckets: z
         .strictObject({

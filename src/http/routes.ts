@@ -444,6 +444,7 @@ function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyRepl
     dropUsageChunk: p.dropUsageChunk === true,
     requestId: request.id,
     ...(limit !== undefined && { limit }),
+    ...(route === 'responses' && p.json['background'] === true && { background: true }),
     headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined, p.contentType === undefined ? 'application/json' : p.contentType),
     arrivalAt: request.arrivalAt,
     trace,

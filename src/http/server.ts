@@ -29,6 +29,7 @@ import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.j
 import { createAuthenticator } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
 import { ResponseOwners } from '../proxy/response-owners.js';
+import { BACKGROUND_HOLD_ENDS, BackgroundHolds } from '../proxy/background-holds.js';
 import { ReadTurns } from '../proxy/read-turns.js';
 import { createStatusPage } from './status-page.js';
 import { forWorker } from '../config/workers.js';
@@ -139,6 +140,18 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   // One per process, whatever the generation: a model name's label is the process's (discovery.max_models_per_pool).
   const modelLabels = new ModelLabels();
   metrics.labelModels((model) => modelLabels.label(model));
+  // One per process, like the homes: a background response is held across reloads, and polled on the upstream of
+  // its name in the configuration in force when it is asked (limits.background_*, read at start).
+  const backgroundHolds = new BackgroundHolds({
+    settings: { ...config.limits.background, pollTimeoutMs: config.responses.lookupTimeoutMs, maxBodyBytes: config.streaming.maxResponseBytes },
+    upstream: (name) => current.upstreams.upstreams.find((upstream) => upstream.name === name),
+    now,
+    onEnded: (how) => guard.run('metrics', () => metrics.backgroundHoldEnded(how)),
+    onHolding: (count) => guard.run('metrics', () => metrics.backgroundHolding(count)),
+    onError: (error) => guard.report('exchange', error),
+  });
+  for (const how of BACKGROUND_HOLD_ENDS) metrics.backgroundHoldEnded(how, 0);
+  metrics.backgroundHolding(0);
   // One per process, whatever the generation: the event loop's turns are the process's.
   const readTurns = new ReadTurns({ onYield: () => guard.run('metrics', () => metrics.turnYielded()) });
 
@@ -193,6 +206,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       homes,
       owners,
       readTurns,
+      backgroundHolds,
     };
     const generation: Built = {
       config: next,
@@ -271,6 +285,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     statusPage,
     current: () => current,
     closeUpstreams: async () => {
+      // Before the limiters close: each held slot is given back while its store still answers.
+      backgroundHolds.close();
       await Promise.all([...open].map((generation) => generation.close()));
     },
     metrics,

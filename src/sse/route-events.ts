@@ -144,20 +144,20 @@ export function classifyMessagesEvent(eventType: string, data: string, withParts
       const block = isRecord(json['content_block']) ? json['content_block'] : {};
       if (block['type'] === 'tool_use' && nonEmpty(block['name'])) {
         const parts = withParts ? [toolPart(json['index'], block['name'], undefined)] : undefined;
-        return chunk({ output: [0], answers: [0], ...(parts && { parts }) });
+        return chunk({ output: [0], answers: [0], outputChars: block['name'].length, ...(parts && { parts }) });
       }
-      if (block['type'] === 'text' && nonEmpty(block['text'])) return chunk({ output: [0], answers: [0], ...(withParts && { parts: [text(block['text'])] }) });
+      if (block['type'] === 'text' && nonEmpty(block['text'])) return chunk({ output: [0], answers: [0], outputChars: block['text'].length, ...(withParts && { parts: [text(block['text'])] }) });
       return chunk();
     }
     case 'content_block_delta': {
       const delta = isRecord(json['delta']) ? json['delta'] : {};
       if (delta['type'] === 'text_delta' && nonEmpty(delta['text'])) {
-        return chunk({ output: [0], answers: [0], ...(withParts && { parts: [text(delta['text'])] }) });
+        return chunk({ output: [0], answers: [0], outputChars: delta['text'].length, ...(withParts && { parts: [text(delta['text'])] }) });
       }
       if (delta['type'] === 'input_json_delta' && nonEmpty(delta['partial_json'])) {
-        return chunk({ output: [0], answers: [0], ...(withParts && { parts: [toolPart(json['index'], undefined, delta['partial_json'])] }) });
+        return chunk({ output: [0], answers: [0], outputChars: delta['partial_json'].length, ...(withParts && { parts: [toolPart(json['index'], undefined, delta['partial_json'])] }) });
       }
-      if (delta['type'] === 'thinking_delta' && nonEmpty(delta['thinking'])) return chunk({ output: [0] });
+      if (delta['type'] === 'thinking_delta' && nonEmpty(delta['thinking'])) return chunk({ output: [0], outputChars: delta['thinking'].length });
       return chunk();
     }
     case 'message_delta': {
@@ -277,15 +277,15 @@ export function classifyResponsesEvent(eventType: string, data: string, withPart
     case 'response.output_text.delta':
     case 'response.refusal.delta':
       return nonEmpty(json['delta'])
-        ? chunk({ output: [0], answers: [0], ...seq, ...(withParts && type === 'response.output_text.delta' && { parts: [text(json['delta'])] }) })
+        ? chunk({ output: [0], answers: [0], outputChars: json['delta'].length, ...seq, ...(withParts && type === 'response.output_text.delta' && { parts: [text(json['delta'])] }) })
         : chunk(seq);
     case 'response.function_call_arguments.delta':
       return nonEmpty(json['delta'])
-        ? chunk({ output: [0], answers: [0], ...seq, ...(withParts && { parts: [toolPart(json['output_index'], undefined, json['delta'])] }) })
+        ? chunk({ output: [0], answers: [0], outputChars: json['delta'].length, ...seq, ...(withParts && { parts: [toolPart(json['output_index'], undefined, json['delta'])] }) })
         : chunk(seq);
     case 'response.reasoning_text.delta':
     case 'response.reasoning_summary_text.delta':
-      return nonEmpty(json['delta']) ? chunk({ output: [0], ...seq }) : chunk(seq);
+      return nonEmpty(json['delta']) ? chunk({ output: [0], outputChars: json['delta'].length, ...seq }) : chunk(seq);
     case 'response.output_item.added': {
       const item = isRecord(json['item']) ? json['item'] : {};
       // A function call's name is known here; its arguments follow as deltas of the same output index.

@@ -8,6 +8,7 @@ import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
 import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
+import type { BackgroundHoldEnd } from '../proxy/background-holds.js';
 import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, OUTPUT_CHECKS, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
@@ -101,6 +102,12 @@ export const METRICS = {
     type: 'counter',
     labels: ['model', 'tenant'],
     help: 'Completion tokens, from upstream usage.',
+  },
+  estimatedCompletionTokens: {
+    name: 'waybill_estimated_completion_tokens_total',
+    type: 'counter',
+    labels: ['model', 'tenant'],
+    help: 'Completion tokens of requests whose upstream reported none, estimated from the output relayed (metrics.chars_per_token).',
   },
   usageMissing: {
     name: 'waybill_usage_missing_total',
@@ -227,6 +234,18 @@ export const METRICS = {
     type: 'counter',
     labels: ['op'],
     help: 'Operations on the shared store of the limits per tenant (limits.redis_url) that failed or missed limits.redis_timeout, by op (reserve, settle, release).',
+  },
+  backgroundHolds: {
+    name: 'waybill_background_holds',
+    type: 'gauge',
+    labels: [],
+    help: 'Background responses of limited tenants holding their slot and reservation until they end (limits.background_*).',
+  },
+  backgroundHoldsEnded: {
+    name: 'waybill_background_holds_ended_total',
+    type: 'counter',
+    labels: ['how'],
+    help: 'Background responses whose hold on their limits ended, by how: ended (seen completed, failed, incomplete or cancelled), lost (its home no longer has it), deadline (limits.background_max_hold), overflow (limits.background_max_watched), shutdown.',
   },
   limitStoreUp: {
     name: 'waybill_limit_store_up',
@@ -385,6 +404,7 @@ export class GatewayMetrics {
   private readonly cachedPromptTokens = new CounterPair(this.registries, METRICS.cachedPromptTokens);
   private readonly completionTokens = new CounterPair(this.registries, METRICS.completionTokens);
   private readonly usageMissing = new CounterPair(this.registries, METRICS.usageMissing);
+  private readonly estimatedCompletionTokens = new CounterPair(this.registries, METRICS.estimatedCompletionTokens);
   private readonly inflight = new Gauge({
     name: METRICS.inflight.name,
     help: METRICS.inflight.help,
@@ -406,6 +426,14 @@ export class GatewayMetrics {
   private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
   private readonly rateLimitedRequests = new CounterPair(this.registries, METRICS.rateLimited);
   private readonly limitStoreErrors = new CounterPair(this.registries, METRICS.limitStoreErrors);
+  private readonly backgroundHoldsGauge = new Gauge({
+    name: METRICS.backgroundHolds.name,
+    help: METRICS.backgroundHolds.help,
+    labelNames: METRICS.backgroundHolds.labels,
+    aggregator: 'sum' satisfies WorkerAggregator,
+    registers: [this.registry, this.openMetrics],
+  });
+  private readonly backgroundHoldsEnded = new CounterPair(this.registries, METRICS.backgroundHoldsEnded);
   private readonly limitStoreUpGauge = new Gauge({
     name: METRICS.limitStoreUp.name,
     help: METRICS.limitStoreUp.help,
@@ -559,6 +587,16 @@ export class GatewayMetrics {
     this.limitStoreErrors.inc({ op }, count);
   }
 
+  /** Background responses holding their limits now (proxy/background-holds.ts). */
+  backgroundHolding(count: number): void {
+    this.backgroundHoldsGauge.set(count);
+  }
+
+  /** A background response's hold ended `how`; `count` 0 declares the series. */
+  backgroundHoldEnded(how: BackgroundHoldEnd, count = 1): void {
+    this.backgroundHoldsEnded.inc({ how }, count);
+  }
+
   /** The shared limit store answers again (true) or stopped answering (false). */
   limitStoreUp(store: 'redis', up: boolean): void {
     this.limitStoreUpGauge.set({ store }, up ? 1 : 0);
@@ -627,5 +665,6 @@ export class GatewayMetrics {
       // (A background request's acknowledgement — Responses without a choice — has no usage yet: not missing.)
       this.usageMissing.inc({ model });
     }
+    if (s.estimatedCompletionTokens !== undefined) this.estimatedCompletionTokens.inc({ model, tenant }, s.estimatedCompletionTokens);
   }
 }

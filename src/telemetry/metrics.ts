@@ -454,7 +454,9 @@ export class GatewayMetrics {
   /** Pre-creates zero-valued series for the served models so dashboards and `rate()` see them from the start. */
   declareModels(models: readonly string[], promptLenClasses: readonly string[], tenants: readonly string[] = [ANONYMOUS]): void {
     for (const model of models) {
-      this.inflight.set({ model }, 0);
+      // Declared, never reset: a reload declares its models again while their requests are in flight, and a gauge
+      // of work in flight set back to 0 would read below zero once they end.
+      this.inflight.inc({ model }, 0);
       // The series the SLO rules divide by exist from the start: rate() then sees the first request, and an idle
       // gateway is not mistaken for an absent one. Per tenant that may be served (configured, or anonymous).
       for (const tenant of tenants) {

@@ -229,6 +229,8 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
   let crashes = 0;
   let lastCrash = 0;
   const workers = new Map<number, Worker>();
+  /** Workers waiting out their restart pause: they hold the primary (with every worker dead, nothing else does). */
+  const restarts = new Set<NodeJS.Timeout>();
   let allExited: (() => void) | undefined;
   const exited = new Promise<void>((resolve) => (allExited = resolve));
   const metrics = new MetricsCollector(logger);
@@ -241,6 +243,8 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
   const stopAll = () => {
     if (stopping) return;
     stopping = true;
+    for (const timer of restarts) clearTimeout(timer);
+    restarts.clear();
     for (const worker of workers.values()) tell(worker, { type: 'waybill:drain' });
   };
 
@@ -317,10 +321,14 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
       lastCrash = at;
       const delay = Math.min(RESTART_MAX_MS, 500 * 2 ** Math.min(crashes - 1, 10));
       logger.error({ worker: index, code, signal, restartInMs: delay }, 'worker died; starting another');
-      setTimeout(() => {
+      // Not unref'd: with every worker dead at once the cluster closed the listening handle, and this timer is all
+      // that keeps the primary alive to start them again.
+      const timer = setTimeout(() => {
+        restarts.delete(timer);
         if (!stopping) fork(index);
         else if (workers.size === 0) allExited?.();
-      }, delay).unref();
+      }, delay);
+      restarts.add(timer);
     };
   };
 

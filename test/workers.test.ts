@@ -377,6 +377,60 @@ describe('waybill serve --workers 2', () => {
     }
   }, 60_000);
 
+  it("counts the requests in flight on a SIGKILLed worker, so the ledger adds up to what the clients saw", async () => {
+    const served = await serve(baseConfig(simUrls, { logging: { requests: false } }));
+    try {
+      // Six slow streams over fresh connections: the round robin gives each worker some.
+      const streams = await Promise.all(
+        Array.from({ length: 6 }, async () => {
+          const dispatcher = new Agent({ pipelining: 0 });
+          const response = await request(`${served.base}/v1/chat/completions`, {
+            method: 'POST',
+            dispatcher,
+            headers: { 'content-type': 'application/json', 'x-sim-fault': 'itl_ms=100' },
+            body: JSON.stringify({ ...CHAT, stream: true, max_tokens: 32 }),
+          });
+          expect(response.statusCode).toBe(200);
+          const text = response.body.text().then(
+            (body) => ({ cut: false, body }),
+            () => ({ cut: true, body: '' }),
+          );
+          return { text, dispatcher };
+        }),
+      );
+      // All six in flight (the aggregated gauge), and this scrape is each worker's last collection before the kill.
+      const deadline = performance.now() + 5_000;
+      while ((await served.metric('waybill_inflight_requests')) < 6) {
+        if (performance.now() > deadline) throw new Error('six streams not in flight after 5 s');
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      const pids = served.lines.filter((line) => line.msg === 'worker listening').map((line) => line.pid as number);
+      process.kill(pids[0]!, 'SIGKILL');
+      await served.until('the dead worker to be replaced', (line) => line.msg === 'worker listening', 3);
+      const results = await Promise.all(streams.map(async ({ text }) => text));
+      await Promise.all(streams.map(({ dispatcher }) => dispatcher.close()));
+      const cut = results.filter((r) => r.cut).length;
+      const completed = results.filter((r) => !r.cut && r.body.trimEnd().endsWith('data: [DONE]')).length;
+      expect(cut, 'streams the dead worker held').toBeGreaterThan(0);
+      expect(cut + completed).toBe(6);
+      // The survivors settle as their clients read the end: the sum reaches 6 (polled, bounded: 5 s).
+      const settled = performance.now() + 5_000;
+      while ((await served.metric('waybill_requests_total')) < 6) {
+        if (performance.now() > settled) break;
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      // Every request the clients sent is in the ledger once: the cut ones as lost, incomplete after their 200.
+      expect(await served.metric('waybill_requests_total')).toBe(6);
+      expect(await served.metric('waybill_worker_lost_requests_total')).toBe(cut);
+      expect(await served.metric('waybill_requests_total', { route: 'chat_completions', stream: 'true', code: '200', outcome: 'incomplete', tenant: '_anonymous', model: 'sim-model' })).toBe(cut);
+      expect(await served.metric('waybill_requests_total', { outcome: 'delivered' })).toBe(completed);
+      expect(await served.metric('waybill_inflight_requests')).toBe(0);
+      expect(served.lines.filter((line) => line.msg?.startsWith('a worker died with requests in flight') === true).map((line) => line.requests)).toEqual([cut]);
+    } finally {
+      expect(await served.stop()).toBe(0);
+    }
+  }, 60_000);
+
   it('drains a worker told to stop before it listened, and workers whose primary died', async () => {
     // SIGTERM as soon as the first worker listens: the other may still be starting, and must drain all the same.
     const early = serveRaw(baseConfig(simUrls));

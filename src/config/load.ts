@@ -96,6 +96,7 @@ function resolveRedis(raw: RawConfig['limits'], problems: string[], env: NodeJS.
     failOpen: raw.redis_fail_open,
     timeoutMs: raw.redis_timeout,
     keyPrefix: raw.redis_key_prefix,
+    slotLeaseMs: raw.redis_slot_lease,
   };
 }
 

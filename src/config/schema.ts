@@ -208,6 +208,11 @@ export const configSchema = z.strictObject({
       redis_fail_open: z.boolean().default(true),
       /** The longest a request waits for Redis (connecting included) before the failure rule applies. */
       redis_timeout: positiveDuration.prefault('250ms'),
+      /**
+       * How long a `max_concurrent` slot in Redis lives unless the process holding it renews it (every third of
+       * this while its request runs): a replica or worker that dies gives its slots back within this.
+       */
+      redis_slot_lease: positiveDuration.refine((ms) => ms >= 1000, 'must be at least 1s').prefault('10s'),
       /** Prefix of the keys in Redis: gateways that share one Redis but not their limits need different ones. */
       redis_key_prefix: z
         .string()

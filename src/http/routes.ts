@@ -515,6 +515,8 @@ export function createLimiter(config: Config, deps: LimiterDeps): LimiterHandle 
       // A request settles by timeouts.total (from its arrival, before its admission), then its client may linger
       // for the drain grace; the margin covers the release's own round trip.
       inflightTtlMs: config.timeouts.totalMs + config.streaming.drainGraceMs + INFLIGHT_MARGIN_MS + redis.timeoutMs,
+      // Renewed while the request runs: a process that dies gives its slots back within one lease.
+      slotLeaseMs: redis.slotLeaseMs,
       onError: (op) => guard.run('metrics', () => metrics.limitStoreError(op)),
       onState: (up, error) => {
         guard.run('metrics', () => metrics.limitStoreUp('redis', up));

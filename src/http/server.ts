@@ -8,7 +8,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import type { Settlement } from '../accounting/ledger.js';
 import type { Config } from '../config/load.js';
-import type { ExchangeDeps } from '../proxy/exchange.js';
+import type { ExchangeDeps, HeldRequests } from '../proxy/exchange.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
 import { ModelLabels } from '../proxy/model-labels.js';
 import { OWN_READS, READ_STOP_REASONS } from '../accounting/outcomes.js';
@@ -57,6 +57,8 @@ export interface WorkerRole {
   readonly scrape: () => Promise<{ contentType: string; body: string }>;
   /** The tenants' limits counted once for all workers (used unless limits.redis_url is set). */
   readonly limitStore: LimitStore;
+  /** Tells the primary which requests this worker holds: it counts them if the worker dies. */
+  readonly held?: HeldRequests | undefined;
 }
 
 export type ReloadResult =
@@ -207,6 +209,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       owners,
       readTurns,
       backgroundHolds,
+      held: options.worker?.held,
     };
     const generation: Built = {
       config: next,

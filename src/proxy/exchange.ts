@@ -10,7 +10,7 @@
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
-import type { ProxiedRoute, RetryReason } from '../accounting/outcomes.js';
+import { ANONYMOUS, type ProxiedRoute, type RetryReason } from '../accounting/outcomes.js';
 import type { OutputContract } from '../accounting/output-contract.js';
 import { machineSettings, requestInfo, type Config } from '../config/load.js';
 import { DeliveryMachine, type Effect, type MachineEvent, type Observation, type TimerName } from '../delivery/machine.js';
@@ -54,6 +54,28 @@ export interface ExchangeDeps {
   readonly readTurns?: ReadTurns;
   /** Where a background response that has not ended keeps its hold on its tenant's limits (background-holds.ts). */
   readonly backgroundHolds?: BackgroundHolds;
+  /** A worker's account to its primary of the requests it holds (http/workers.ts), counted if the worker dies. */
+  readonly held?: HeldRequests | undefined;
+}
+
+/** The labels a request in flight is known by, before it settles. */
+export interface HeldLabels {
+  readonly model: string;
+  readonly tenant: string;
+  readonly route: ProxiedRoute;
+  readonly stream: boolean;
+}
+
+/** Where a worker tells its primary which requests it holds: from the exchange's start to its settlement. */
+export interface HeldRequests {
+  begin(labels: HeldLabels): HeldRequest;
+}
+
+export interface HeldRequest {
+  /** The response head went out with `status`: the client has seen it. */
+  answered(status: number): void;
+  /** Settled (counted by the worker itself). */
+  ended(): void;
 }
 
 export interface CompletionRequest {
@@ -118,6 +140,7 @@ export class Exchange {
   private readonly report = (event: MachineEvent) => this.send(event);
   private readonly drained = () => this.send({ type: 'client_drain' });
   private readonly writer: ClientWriter;
+  private held: HeldRequest | undefined;
 
   constructor(
     private readonly deps: ExchangeDeps,
@@ -152,6 +175,11 @@ export class Exchange {
     this.res.on('close', () => this.send({ type: 'client_close' }));
     this.res.on('finish', () => this.send({ type: 'client_finish', socketDestroyed: this.socket?.destroyed === true }));
     this.res.on('drain', this.drained);
+    const { held, guard } = this.deps;
+    if (held !== undefined) {
+      const { model, tenant, route, stream } = this.request;
+      this.held = guard.run<HeldRequest | undefined>('metrics', () => held.begin({ model, tenant: tenant ?? ANONYMOUS, route, stream }), undefined);
+    }
     this.send({ type: 'start' });
     // The client may have left before the exchange began (while a stored response was looked up, or an admission
     // waited on a shared store): its 'close' has already fired, so it is told here, once.
@@ -217,6 +245,10 @@ export class Exchange {
         return;
       case 'write_head':
         this.res.writeHead(effect.status, effect.headers);
+        if (this.held !== undefined) {
+          const held = this.held;
+          this.deps.guard.run('metrics', () => held.answered(effect.status));
+        }
         return;
       case 'write':
         // Only the current attempt writes: from its first write on, it is answering.
@@ -253,6 +285,11 @@ export class Exchange {
         // The home it was sent to no longer holds it (restarted, or a lookup long ago): ask everyone next time.
         if (this.request.storedId !== undefined && effect.settlement.code === 404) this.deps.homes?.forget(this.request.storedId);
         this.writer.detach();
+        if (this.held !== undefined) {
+          const held = this.held;
+          this.held = undefined;
+          this.deps.guard.run('metrics', () => held.ended());
+        }
         const at = this.deps.now();
         this.deps.publish(effect.settlement, this.request.requestId, this.request.trace, true, at);
         this.deps.onDone?.(this);

@@ -115,6 +115,12 @@ export const METRICS = {
     labels: ['model'],
     help: 'Delivered responses that carried no usage.',
   },
+  workerLostRequests: {
+    name: 'waybill_worker_lost_requests_total',
+    type: 'counter',
+    labels: [],
+    help: 'Requests in flight on a worker process that died (server.workers), counted by the primary; each also in waybill_requests_total with outcome incomplete.',
+  },
   inflight: {
     name: 'waybill_inflight_requests',
     type: 'gauge',
@@ -412,6 +418,7 @@ export class GatewayMetrics {
     registers: [this.registry, this.openMetrics],
   });
   private readonly retries = new CounterPair(this.registries, METRICS.retries);
+  private readonly workerLostRequests = new CounterPair(this.registries, METRICS.workerLostRequests);
   private readonly retryBudgetExhausted = new CounterPair(this.registries, METRICS.retryBudgetExhausted);
   private readonly upstreamEjections = new CounterPair(this.registries, METRICS.upstreamEjections);
   private readonly internalErrors = new CounterPair(this.registries, METRICS.internalErrors);
@@ -460,6 +467,8 @@ export class GatewayMetrics {
     for (const component of INTERNAL_ERROR_COMPONENTS) this.internalErrors.inc({ component }, 0);
     for (const result of CONFIG_RELOAD_RESULTS) this.configReloads.inc({ result }, 0);
     this.turnYields.inc({}, 0);
+    // Counted by a workers' primary (http/workers.ts), never by the process itself: at zero, so the series exists.
+    this.workerLostRequests.inc({}, 0);
     this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
     // Observed per event, on the hot path: a histogram of its own (no label hashing, no exemplars).
     this.itl = new EventHistogram(METRICS.itl.name, METRICS.itl.help, buckets.itl);
@@ -507,7 +516,9 @@ export class GatewayMetrics {
     for (const model of models) {
       // A model without a label of its own is counted under _other, which is declared by its first request.
       if (this.modelLabel(model) !== model) continue;
-      this.inflight.set({ model }, 0);
+      // Declared, never reset: a reload declares its models again while their requests are in flight, and a gauge
+      // of work in flight set back to 0 would read below zero once they end.
+      this.inflight.inc({ model }, 0);
       // The series the SLO rules divide by exist from the start: rate() then sees the first request, and an idle
       // gateway is not mistaken for an absent one. Per tenant that may be served (configured, or anonymous).
       for (const tenant of tenants) {

@@ -213,6 +213,63 @@ describe('background responses through the gateway', () => {
     }
   });
 
+  it('reads a poll like every own read: a body over health.max_body_bytes ends the hold as lost at once, counted', async () => {
+    let polls = 0;
+    let written = 0;
+    const home = await startScripted((req, res) => {
+      if (req.method === 'POST' && req.url === '/v1/responses') {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ id: 'resp_huge1', object: 'response', model: MODEL, status: 'queued', background: true, output: [], usage: null }));
+        return;
+      }
+      polls++;
+      // A response object of 64 MiB, written as the socket takes it: the gateway must stop reading at its limit.
+      res.writeHead(200, { 'content-type': 'application/json' });
+      const piece = Buffer.alloc(64 * 1024, 0x20);
+      const write = (): void => {
+        while (written < 64 * 1024 * 1024) {
+          written += piece.length;
+          if (!res.write(piece)) {
+            res.once('drain', write);
+            return;
+          }
+        }
+        res.end();
+      };
+      res.on('error', () => undefined);
+      write();
+    });
+    try {
+      stack = await startStack({
+        sims: 0,
+        config: {
+          pools: [{ name: 'scripted', models: [MODEL], upstreams: [{ name: 'home', url: home.url }] }],
+          auth: { keys: [{ tenant: 'team-a', key_sha256: createHash('sha256').update(KEY).digest('hex') }] },
+          tenants: { 'team-a': { limits: { max_concurrent: 1 } } },
+          // The poll's deadline is long, so only the size limit can end it; the hold's own deadline longer still.
+          limits: { background_poll_interval: '20ms', background_max_hold: '10m' },
+          responses: { lookup_timeout: '30s' },
+          health: { interval: '1h', max_body_bytes: 65536 },
+          retries: { max_attempts: 1 },
+        },
+      });
+      const s = stack;
+      expect((await background(s, undefined)).status).toBe(200);
+      await until(() => s.metric('waybill_background_holds_ended_total', { how: 'lost' }), 1);
+      expect(polls).toBe(1);
+      expect(await s.metric('waybill_upstream_reads_stopped_total', { upstream: 'home', read: 'background', reason: 'too_large' })).toBe(1);
+      expect(await s.metric('waybill_background_holds_ended_total', { how: 'deadline' })).toBe(0);
+      expect(await s.metric('waybill_background_holds')).toBe(0);
+      // The slot is back: the tenant's next background request is admitted.
+      expect((await background(s, undefined)).status).toBe(200);
+      expect(written, 'bytes the home wrote before the gateway closed the socket').toBeLessThan(32 * 1024 * 1024);
+    } finally {
+      await stack?.close();
+      stack = undefined;
+      await home.close();
+    }
+  });
+
   it('settles at once what it cannot hold: one past background_max_watched, a background stream read to its end', async () => {
     const t = await open({ max_concurrent: 3 }, { background_max_watched: 1 });
     expect((await background(t, 'stall_after=0')).status).toBe(200);

@@ -131,7 +131,7 @@ export const EJECTION_REASONS = ['consecutive_failures', 'trial_failed'] as cons
 export type EjectionReason = (typeof EJECTION_REASONS)[number];
 
 /** The bodies Waybill reads from an upstream for its own use (waybill_upstream_reads_stopped_total{read}). */
-export const OWN_READS = ['health', 'discovery', 'lookup'] as const;
+export const OWN_READS = ['health', 'discovery', 'lookup', 'background'] as const;
 export type OwnRead = (typeof OWN_READS)[number];
 /** Why such a read was stopped: over health.max_body_bytes, or past its deadline while its body was read. */
 export const READ_STOP_REASONS = ['too_large', 'deadline'] as const;

@@ -145,7 +145,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   // One per process, like the homes: a background response is held across reloads, and polled on the upstream of
   // its name in the configuration in force when it is asked (limits.background_*, read at start).
   const backgroundHolds = new BackgroundHolds({
-    settings: { ...config.limits.background, pollTimeoutMs: config.responses.lookupTimeoutMs, maxBodyBytes: config.streaming.maxResponseBytes },
+    settings: { ...config.limits.background, pollTimeoutMs: config.responses.lookupTimeoutMs },
     upstream: (name) => current.upstreams.upstreams.find((upstream) => upstream.name === name),
     now,
     onEnded: (how) => guard.run('metrics', () => metrics.backgroundHoldEnded(how)),

@@ -11,7 +11,8 @@
  *
  * Everything is bounded: the responses held (`maxWatched`; past it one is settled at once, as before), the polls in
  * flight across the process (`maxPolls`; the others wait an interval), each poll's time and body
- * (`pollTimeoutMs`, `maxBodyBytes`), and how long a hold can last (`maxHoldMs`: a home that restarted and answers 404
+ * (`pollTimeoutMs`; the body at most health.max_body_bytes, read like every own read — a larger one ends the hold as
+ * `lost`, its reservation standing), and how long a hold can last (`maxHoldMs`: a home that restarted and answers 404
  * ends it at once as `lost`, one that never answers ends it at the deadline). The poll goes where
  * `GET /v1/responses/{id}` goes — the home upstream's path, with its API key — on the configuration in force at the
  * time (a reload may have replaced the upstream's connections).
@@ -21,7 +22,7 @@
 import { isRecord } from '../util/json.js';
 import { classifyResponsesBody } from '../sse/route-events.js';
 import { usedTokens, type LimitTicket } from './tenant-limits.js';
-import type { Upstream } from './upstreams.js';
+import { ReadStopped, type Upstream } from './upstreams.js';
 
 /** How a hold ended (`waybill_background_holds_ended_total{how}`). */
 export const BACKGROUND_HOLD_ENDS = ['ended', 'lost', 'deadline', 'overflow', 'shutdown'] as const;
@@ -34,8 +35,6 @@ export interface BackgroundHoldSettings {
   readonly maxWatched: number;
   /** Each poll's deadline, headers and body included (responses.lookup_timeout). */
   readonly pollTimeoutMs: number;
-  /** The largest response object read (streaming.max_response_bytes); a larger one is a failed poll. */
-  readonly maxBodyBytes: number;
 }
 
 export interface BackgroundHoldDeps {
@@ -160,36 +159,24 @@ export class BackgroundHolds {
   }
 
   private async poll(upstream: Upstream, id: string): Promise<Polled> {
-    const { pollTimeoutMs, maxBodyBytes } = this.deps.settings;
-    const response = await upstream.dispatcher.request({
-      method: 'GET',
-      path: upstream.path(`/v1/responses/${encodeURIComponent(id)}`),
-      headers: upstream.withCredentials({ accept: 'application/json', 'accept-encoding': 'identity' }),
-      signal: AbortSignal.timeout(pollTimeoutMs),
-      headersTimeout: pollTimeoutMs,
-      bodyTimeout: pollTimeoutMs,
-    });
-    if (response.statusCode === 404 || response.statusCode < 200 || response.statusCode >= 300) {
-      await response.body.dump();
-      return readPolled(response.statusCode, undefined);
+    let answer: { status: number; body: string };
+    try {
+      // Read like every body the gateway reads for itself: health.max_body_bytes, within the poll's deadline.
+      answer = await upstream.fetch(`/v1/responses/${encodeURIComponent(id)}`, this.deps.settings.pollTimeoutMs, 'background');
+    } catch (error) {
+      // Too large to read: no later poll can read it either. The hold ends as lost (its reservation stands), not at
+      // the deadline minutes later. A deadline or a connection failure: asked again at the next interval.
+      if (error instanceof ReadStopped && error.reason === 'too_large') return { kind: 'lost' };
+      throw error;
     }
-    const chunks: Buffer[] = [];
-    let bytes = 0;
-    for await (const chunk of response.body as AsyncIterable<Buffer>) {
-      bytes += chunk.length;
-      if (bytes > maxBodyBytes) {
-        response.body.destroy();
-        return { kind: 'pending' };
-      }
-      chunks.push(chunk);
-    }
+    if (answer.status < 200 || answer.status >= 300) return readPolled(answer.status, undefined);
     let body: unknown;
     try {
-      body = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+      body = JSON.parse(answer.body);
     } catch {
       body = undefined;
     }
-    return readPolled(response.statusCode, body);
+    return readPolled(answer.status, body);
   }
 
   private end(hold: Hold, how: BackgroundHoldEnd, used: number | undefined): void {

@@ -92,7 +92,14 @@ async function gatewayMetrics(gatewayUrl: string): Promise<Sample[]> {
 }
 
 async function simStats(url: string): Promise<SimStatsSnapshot> {
-  const response = await request(`${url}/sim/stats`);
+  let response: Awaited<ReturnType<typeof request>>;
+  try {
+    response = await request(`${url}/sim/stats`);
+  } catch (error) {
+    // Named here: the operator must learn which of the URLs failed, not only --url.
+    const code = (error as NodeJS.ErrnoException).code;
+    throw new TargetError(`--sim: cannot reach ${url}: ${error instanceof Error && error.message !== '' ? error.message : String(code ?? error)}`);
+  }
   const body = await response.body.text();
   let stats: Partial<SimStatsSnapshot> | undefined;
   try {

@@ -13,6 +13,7 @@ import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { FLAG_OF } from '../src/sim/main.js';
 import { createSimulator } from '../src/sim/server.js';
+import { startStack } from './helpers/stack.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
 const children: ChildProcess[] = [];
@@ -186,6 +187,18 @@ describe('waybill load against a target it cannot use', () => {
       await run(['load', '--url', 'http://127.0.0.1:9', '--model', 'm', '--concurrency', '1', '--requests', '1', '--reconcile']),
       /^waybill load: cannot reach http:\/\/127\.0\.0\.1:9: connect ECONNREFUSED/,
     );
+  });
+
+  it('an unreachable --sim: one line naming that URL, not --url, and exit 2', async () => {
+    const stack = await startStack({ sims: 1 });
+    try {
+      expectOneLine(
+        await run(['load', '--url', stack.base, '--concurrency', '1', '--requests', '1', '--reconcile', '--sim', 'http://127.0.0.1:9']),
+        /^waybill load: --sim: cannot reach http:\/\/127\.0\.0\.1:9: /,
+      );
+    } finally {
+      await stack.close();
+    }
   });
 
   it('--reconcile against something that is not Waybill (the simulator itself): says so in one line, exit 2, before any load', async () => {

@@ -248,7 +248,7 @@ async function serve(argv: string[]): Promise<number> {
     ...(identity !== undefined &&
       link !== undefined && {
         logger: createLogger(config.logging).child({ worker: identity.index }),
-        worker: { ...identity, scrape: () => link.scrape(), limitStore: new ClusterLimitStore(link.limits), held: link.held },
+        worker: { ...identity, scrape: () => link.scrape(), limitStore: new ClusterLimitStore(link.limits), held: link.held, owners: link.owners },
       }),
   });
   link?.serveMetrics(gateway.metrics.registry);

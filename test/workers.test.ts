@@ -471,3 +471,50 @@ async function untilGone(pid: number): Promise<void> {
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
 }
+
+describe('waybill serve --workers 2: stored responses under client-chosen ids', () => {
+  it("finds a client-chosen id's owner on whichever worker a read lands, and still refuses another tenant", async () => {
+    const sim = createSimulator({ responsesStore: true, ttftMs: 1, itlMs: 1, jitter: 0, outputTokens: 4 });
+    const { url } = await sim.listen(0, '127.0.0.1');
+    const OTHER = 'sk-team-b';
+    const served = await serve(
+      baseConfig([url], {
+        auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }, { tenant: 'team-b', key_sha256: sha256(OTHER) }] },
+      }),
+    );
+    /** A fresh connection per request, so the primary's round robin spreads them over both workers. */
+    const call = async (method: 'GET' | 'POST', path: string, key: string, body?: unknown): Promise<number> => {
+      const dispatcher = new Agent({ pipelining: 0 });
+      try {
+        const response = await request(`${served.base}${path}`, {
+          method,
+          dispatcher,
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+          ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+        });
+        await response.body.text();
+        return response.statusCode;
+      } finally {
+        await dispatcher.close();
+      }
+    };
+    try {
+      const ids = ['team-a-report-1', 'team-a-report-2'];
+      for (const id of ids) expect(await call('POST', '/v1/responses', KEY, { model: 'sim-model', input: 'hello', request_id: id })).toBe(200);
+      // Eight reads of each on fresh connections: without the owners shared, about half land on the worker that did
+      // not relay the answer, which knows no owner and answers 404 (keys are configured).
+      const reads: number[] = [];
+      for (const id of ids) for (let i = 0; i < 8; i++) reads.push(await call('GET', `/v1/responses/${id}`, KEY));
+      expect(reads).toEqual(Array(16).fill(200));
+      const workersThatRead = new Set(served.lines.filter((line) => line.msg === 'request' && line.route === 'responses_retrieve').map((line) => line.worker));
+      expect(workersThatRead.size, 'the reads reached both workers').toBe(2);
+      // Another tenant is refused on every worker, as an unknown id.
+      const foreign: number[] = [];
+      for (let i = 0; i < 4; i++) foreign.push(await call('GET', `/v1/responses/${ids[0]}`, OTHER));
+      expect(foreign).toEqual([404, 404, 404, 404]);
+    } finally {
+      expect(await served.stop()).toBe(0);
+      await sim.close();
+    }
+  }, 60_000);
+});

@@ -59,6 +59,8 @@ export interface WorkerRole {
   readonly limitStore: LimitStore;
   /** Tells the primary which requests this worker holds: it counts them if the worker dies. */
   readonly held?: HeldRequests | undefined;
+  /** Owners of stored responses under client-chosen ids, told to and learned from the other workers. */
+  readonly owners?: { share(id: string, tenant: string): void; onShared(listener: (id: string, tenant: string) => void): void } | undefined;
 }
 
 export type ReloadResult =
@@ -138,7 +140,13 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     now,
   });
   // Whose each stored response is (docs/security.md): an id that nobody owns is usable only without client keys.
-  const owners = new ResponseOwners({ secret: config.responses.idSecret, capacity: config.responses.maxRememberedIds, unownedUsable: config.auth.keys.length === 0 });
+  const owners = new ResponseOwners({
+    secret: config.responses.idSecret,
+    capacity: config.responses.maxRememberedIds,
+    unownedUsable: config.auth.keys.length === 0,
+    onBind: options.worker?.owners === undefined ? undefined : (id, tenant) => guard.run('exchange', () => options.worker?.owners?.share(id, tenant)),
+  });
+  options.worker?.owners?.onShared((id, tenant) => owners.learn(id, tenant));
   // One per process, whatever the generation: a model name's label is the process's (discovery.max_models_per_pool).
   const modelLabels = new ModelLabels();
   metrics.labelModels((model) => modelLabels.label(model));

@@ -8,8 +8,9 @@
  *   secret (or a built-in key). Any replica, before or after a restart, checks a request's tenant against the id
  *   itself: no state, nothing shared.
  * - **An id the client (or an upstream ignoring `request_id`) chose.** The tenant whose request carried it is
- *   remembered in this process (at most `responses.max_remembered_ids`, least recent forgotten): on another replica,
- *   or after a restart, nobody owns it and nobody can use it through Waybill.
+ *   remembered in this process (at most `responses.max_remembered_ids`, least recent forgotten) and, with
+ *   `server.workers`, told to the other workers through their primary (`onBind`, `learn`): on another replica, or
+ *   after a restart, nobody owns it and nobody can use it through Waybill.
  *
  * An id with no owner is usable only while no client keys are configured (everyone is `_anonymous`: there is no
  * other tenant to protect, and ids created behind the gateway's back stay readable).
@@ -33,6 +34,8 @@ export interface OwnerSettings {
   readonly capacity: number;
   /** No client keys are configured: an id nobody owns is usable by everyone (all are `_anonymous`). */
   readonly unownedUsable: boolean;
+  /** Each owner this process learned from an answer it relayed: the other workers are told (http/workers.ts). */
+  readonly onBind?: ((id: string, tenant: string) => void) | undefined;
 }
 
 export class ResponseOwners {
@@ -76,12 +79,18 @@ export class ResponseOwners {
 
   /** `tenant`'s request created the response `id` (an answer carried it): remember the owner unless the id says it. */
   bind(id: string, tenant: string): void {
-    if (this.settings.capacity === 0 || MINTED.test(id)) return;
+    if (this.learn(id, tenant)) this.settings.onBind?.(id, tenant);
+  }
+
+  /** Another worker's process relayed the answer that created `id` for `tenant`; false: nothing to remember. */
+  learn(id: string, tenant: string): boolean {
+    if (this.settings.capacity === 0 || MINTED.test(id)) return false;
     this.touch(id, tenant);
     if (this.owners.size > this.settings.capacity) {
       const oldest = this.owners.keys().next();
       if (oldest.done !== true) this.owners.delete(oldest.value);
     }
+    return true;
   }
 
   private touch(id: string, tenant: string): void {

@@ -140,6 +140,26 @@ describe('background responses through the gateway', () => {
     expect(await s.metric('waybill_estimated_completion_tokens_total')).toBe(0);
   });
 
+  it('refuses a background or store flag that is not a JSON boolean (vLLM would read 1 or "true" as true), before the upstream', async () => {
+    const s = await open({ max_concurrent: 1 });
+    for (const [flag, value] of [['background', 1], ['background', 'true'], ['store', 'yes']] as const) {
+      const refused = await post(s.base, '/v1/responses', { model: MODEL, input: INPUT, [flag]: value }, AUTH);
+      expect(refused.status).toBe(400);
+      expect(JSON.parse(refused.body)).toMatchObject({ error: { param: flag } });
+    }
+    expect(s.sims.reduce((sum, sim) => sum + (sim.stats().byRoute['responses'] ?? 0), 0)).toBe(0);
+  });
+
+  it('holds every slot of a client-chosen request_id reused while its first background response runs', async () => {
+    const s = await open({ max_concurrent: 2 });
+    expect((await background(s, 'stall_after=0', { request_id: 'mine-1' })).status).toBe(200);
+    expect((await background(s, 'stall_after=0', { request_id: 'mine-1' })).status).toBe(200);
+    await s.settled(2);
+    // Both slots are held by the one id: a third request is refused.
+    expect((await background(s, undefined, { request_id: 'mine-1' })).status).toBe(429);
+    expect(await s.metric('waybill_background_holds')).toBe(1);
+  });
+
   it('asks the home at once when a client reads a held response through the gateway', async () => {
     // An interval no test waits out: only the read can end the hold in time.
     const s = await open({ max_concurrent: 2, tokens_per_minute: 100_000 }, { background_poll_interval: '1h' });
@@ -213,7 +233,7 @@ describe('background responses through the gateway', () => {
     }
   });
 
-  it('reads a poll like every own read: a body over health.max_body_bytes ends the hold as lost at once, counted', async () => {
+  it('reads a poll like every own read: a body over health.max_body_bytes is a failed poll, counted, that never frees the slot early', async () => {
     let polls = 0;
     let written = 0;
     const home = await startScripted((req, res) => {
@@ -247,7 +267,7 @@ describe('background responses through the gateway', () => {
           auth: { keys: [{ tenant: 'team-a', key_sha256: createHash('sha256').update(KEY).digest('hex') }] },
           tenants: { 'team-a': { limits: { max_concurrent: 1 } } },
           // The poll's deadline is long, so only the size limit can end it; the hold's own deadline longer still.
-          limits: { background_poll_interval: '20ms', background_max_hold: '10m' },
+          limits: { background_poll_interval: '20ms', background_max_hold: '1500ms' },
           responses: { lookup_timeout: '30s' },
           health: { interval: '1h', max_body_bytes: 65536 },
           retries: { max_attempts: 1 },
@@ -255,14 +275,16 @@ describe('background responses through the gateway', () => {
       });
       const s = stack;
       expect((await background(s, undefined)).status).toBe(200);
-      await until(() => s.metric('waybill_background_holds_ended_total', { how: 'lost' }), 1);
-      expect(polls).toBe(1);
-      expect(await s.metric('waybill_upstream_reads_stopped_total', { upstream: 'home', read: 'background', reason: 'too_large' })).toBe(1);
-      expect(await s.metric('waybill_background_holds_ended_total', { how: 'deadline' })).toBe(0);
-      expect(await s.metric('waybill_background_holds')).toBe(0);
-      // The slot is back: the tenant's next background request is admitted.
-      expect((await background(s, undefined)).status).toBe(200);
+      // The first poll is stopped at the limit and counted; the slot stays held (the body may be the tenant's doing).
+      await until(() => s.metric('waybill_upstream_reads_stopped_total', { upstream: 'home', read: 'background', reason: 'too_large' }).then((n) => Math.min(n, 1)), 1);
       expect(written, 'bytes the home wrote before the gateway closed the socket').toBeLessThan(32 * 1024 * 1024);
+      expect(await s.metric('waybill_background_holds')).toBe(1);
+      expect((await background(s, undefined)).status).toBe(429);
+      // It ends at its deadline (1.5 s; bound 5 s), never as lost or ended.
+      await until(() => s.metric('waybill_background_holds_ended_total', { how: 'deadline' }), 1);
+      expect(await s.metric('waybill_background_holds_ended_total', { how: 'lost' })).toBe(0);
+      expect(polls).toBeGreaterThanOrEqual(1);
+      expect((await background(s, undefined)).status).toBe(200);
     } finally {
       await stack?.close();
       stack = undefined;

@@ -126,6 +126,29 @@ describe('stored responses belong to the tenant that created them', () => {
     expect((JSON.parse(own.body) as { status: string }).status).not.toBe('cancelled');
   });
 
+  it("a client-chosen request_id is its tenant's from admission: another tenant's request racing a stream still in flight is refused", async () => {
+    const stack = await twoSims();
+    // C's stream under its own id stalls before any output: in flight, no answer relayed yet.
+    const controller = new AbortController();
+    const live = request(`${stack.base}/v1/responses`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-sim-fault': 'stall_after=0', ...C },
+      body: JSON.stringify({ model: MODEL, input: 'mine', stream: true, request_id: 'team-c-live' }),
+      signal: controller.signal,
+    }).catch(() => undefined);
+    // Polled, bounded (5 s): there is no event to await for a request entering the gateway.
+    const deadline = performance.now() + 5_000;
+    while ((await stack.metric('waybill_inflight_requests')) < 1) {
+      if (performance.now() > deadline) throw new Error('the stream was not in flight after 5 s');
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    const racing = await post(stack.base, '/v1/responses', { model: MODEL, input: 'overwritten', request_id: 'team-c-live' }, A);
+    expect(racing.status).toBe(400);
+    expect(JSON.parse(racing.body)).toMatchObject({ error: { code: 'invalid_request', param: 'request_id' } });
+    controller.abort();
+    await live;
+  });
+
   it("a client-chosen request_id that is another tenant's stored response is refused; the response is not overwritten", async () => {
     const stack = await twoSims();
     const mine = await post(stack.base, '/v1/responses', { model: MODEL, input: 'original', request_id: 'team-c-report' }, C);

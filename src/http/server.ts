@@ -143,7 +143,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   const owners = new ResponseOwners({
     secret: config.responses.idSecret,
     capacity: config.responses.maxRememberedIds,
-    unownedUsable: config.auth.keys.length === 0,
+    // Read at each use: a reload may add the first keys (or remove the last).
+    unownedUsable: () => current.config.auth.keys.length === 0,
     onBind: options.worker?.owners === undefined ? undefined : (id, tenant) => guard.run('exchange', () => options.worker?.owners?.share(id, tenant)),
   });
   options.worker?.owners?.onShared((id, tenant) => owners.learn(id, tenant));

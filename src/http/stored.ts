@@ -40,11 +40,14 @@ export function bindResponse(owners: ResponseOwners, tenant: string, json: Recor
   }
   const chosen = json['request_id'];
   // Not a string: vLLM refuses it (a 400 of its own). A string: the id of the response it creates.
-  if (typeof chosen === 'string' && !owners.mayCreate(tenant, chosen)) {
+  if (typeof chosen === 'string' && (!isResponseId(chosen) || !owners.mayCreate(tenant, chosen))) {
     return {
       ok: false,
-      body: errorBody('invalid_request', '`request_id` names a stored response this key may not replace; choose another, or send none and Waybill chooses one', 'request_id'),
+      body: errorBody('invalid_request', '`request_id` names a stored response this key may not replace (or is not a plain id of at most 256 `[A-Za-z0-9._:-]`); choose another, or send none and Waybill chooses one', 'request_id'),
     };
   }
+  // The id is the tenant's from its admission, not from the answer: another tenant's request racing this one (in
+  // this process, or another worker once it is told) is refused instead of overwriting it.
+  if (typeof chosen === 'string') owners.bind(chosen, tenant);
   return { ok: true, body: undefined, continues };
 }

@@ -11,8 +11,8 @@
  *
  * Everything is bounded: the responses held (`maxWatched`; past it one is settled at once, as before), the polls in
  * flight across the process (`maxPolls`; the others wait an interval), each poll's time and body
- * (`pollTimeoutMs`; the body at most health.max_body_bytes, read like every own read — a larger one ends the hold as
- * `lost`, its reservation standing), and how long a hold can last (`maxHoldMs`: a home that restarted and answers 404
+ * (`pollTimeoutMs`; the body at most health.max_body_bytes, read like every own read — a larger one is a failed poll,
+ * never an early end), and how long a hold can last (`maxHoldMs`: a home that restarted and answers 404
  * ends it at once as `lost`, one that never answers ends it at the deadline). The poll goes where
  * `GET /v1/responses/{id}` goes — the home upstream's path, with its API key — on the configuration in force at the
  * time (a reload may have replaced the upstream's connections).
@@ -71,9 +71,15 @@ export function readPolled(status: number, body: unknown): Polled {
 
 interface Hold {
   readonly id: string;
-  readonly upstream: string;
-  readonly ticket: LimitTicket;
-  readonly deadline: number;
+  /** The upstream of the newest answer under this id: where the response now lives. */
+  upstream: string;
+  /**
+   * Oldest first. More than one when a tenant created a background response again under its own `request_id` while
+   * the first still ran: vLLM replaced the stored one, the first generation may run on, so every slot stays held
+   * until the id's response ends (the newest is charged its usage; the others keep their reservations).
+   */
+  readonly tickets: LimitTicket[];
+  deadline: number;
   timer: NodeJS.Timeout | undefined;
 }
 
@@ -81,6 +87,9 @@ export class BackgroundHolds {
   private readonly holds = new Map<string, Hold>();
   private polls = 0;
   private closed = false;
+
+  /** Tickets held across every hold: what `maxWatched` bounds. */
+  private tickets = 0;
 
   constructor(private readonly deps: BackgroundHoldDeps) {}
 
@@ -90,15 +99,24 @@ export class BackgroundHolds {
 
   /**
    * Holds `ticket` until response `id` on upstream `upstream` ends. False when it cannot be held (too many held, the
-   * gateway closing, the id already held): the caller settles the ticket as it would have.
+   * gateway closing): the caller settles the ticket as it would have.
    */
   hold(id: string, upstream: string, ticket: LimitTicket): boolean {
-    if (this.closed || this.holds.has(id)) return false;
-    if (this.holds.size >= this.deps.settings.maxWatched) {
+    if (this.closed) return false;
+    if (this.tickets >= this.deps.settings.maxWatched) {
       this.deps.onEnded?.('overflow');
       return false;
     }
-    const hold: Hold = { id, upstream, ticket, deadline: this.deps.now() + this.deps.settings.maxHoldMs, timer: undefined };
+    this.tickets++;
+    const held = this.holds.get(id);
+    if (held !== undefined) {
+      // The same id again (a client-chosen request_id reused): held with the first, never released at its answer.
+      held.tickets.push(ticket);
+      held.upstream = upstream;
+      held.deadline = this.deps.now() + this.deps.settings.maxHoldMs;
+      return true;
+    }
+    const hold: Hold = { id, upstream, tickets: [ticket], deadline: this.deps.now() + this.deps.settings.maxHoldMs, timer: undefined };
     this.holds.set(id, hold);
     this.deps.onHolding?.(this.holds.size);
     this.schedule(hold);
@@ -164,9 +182,10 @@ export class BackgroundHolds {
       // Read like every body the gateway reads for itself: health.max_body_bytes, within the poll's deadline.
       answer = await upstream.fetch(`/v1/responses/${encodeURIComponent(id)}`, this.deps.settings.pollTimeoutMs, 'background');
     } catch (error) {
-      // Too large to read: no later poll can read it either. The hold ends as lost (its reservation stands), not at
-      // the deadline minutes later. A deadline or a connection failure: asked again at the next interval.
-      if (error instanceof ReadStopped && error.reason === 'too_large') return { kind: 'lost' };
+      // Too large to read (counted by the read): it may be the tenant's own doing — vLLM's response object echoes the
+      // request's tools, instructions and metadata — so it never frees the slot early. Asked again at the next
+      // interval, each poll bounded by the limit, until the response reads as ended or the hold's deadline.
+      if (error instanceof ReadStopped) return { kind: 'pending' };
       throw error;
     }
     if (answer.status < 200 || answer.status >= 300) return readPolled(answer.status, undefined);
@@ -183,11 +202,14 @@ export class BackgroundHolds {
     if (hold.timer !== undefined) clearTimeout(hold.timer);
     hold.timer = undefined;
     this.holds.delete(hold.id);
-    try {
-      hold.ticket.settle(used);
-    } catch (error) {
-      this.deps.onError?.(error);
-    }
+    this.tickets -= hold.tickets.length;
+    hold.tickets.forEach((ticket, i) => {
+      try {
+        ticket.settle(i === hold.tickets.length - 1 ? used : undefined);
+      } catch (error) {
+        this.deps.onError?.(error);
+      }
+    });
     this.deps.onHolding?.(this.holds.size);
     this.deps.onEnded?.(how);
   }

@@ -32,8 +32,11 @@ export interface OwnerSettings {
   readonly secret: string | undefined;
   /** Owners of ids Waybill did not choose, remembered at most (0: none). */
   readonly capacity: number;
-  /** No client keys are configured: an id nobody owns is usable by everyone (all are `_anonymous`). */
-  readonly unownedUsable: boolean;
+  /**
+   * No client keys are configured: an id nobody owns is usable by everyone (all are `_anonymous`). A function: keys
+   * come and go with a reload, and the answer is the configuration's in force.
+   */
+  readonly unownedUsable: boolean | (() => boolean);
   /** Each owner this process learned from an answer it relayed: the other workers are told (http/workers.ts). */
   readonly onBind?: ((id: string, tenant: string) => void) | undefined;
 }
@@ -61,7 +64,7 @@ export class ResponseOwners {
     const minted = MINTED.exec(id);
     if (minted !== null) return this.verifies(tenant, minted[1] ?? '', minted[2] ?? '');
     const owner = this.owners.get(id);
-    if (owner === undefined) return this.settings.unownedUsable;
+    if (owner === undefined) return typeof this.settings.unownedUsable === 'function' ? this.settings.unownedUsable() : this.settings.unownedUsable;
     this.touch(id, owner);
     return owner === tenant;
   }

@@ -37,6 +37,7 @@ import { createGateway, type Gateway } from '../src/http/server.js';
 import { LimitStoreUnavailable, RedisLimitStore, STALL_AFTER } from '../src/proxy/redis-limit-store.js';
 import { decide, WINDOW_MS, type TenantLimits } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { choiceText } from '../src/sim/wire.js';
 import { CHAT, metricValue } from './helpers/stack.js';
 import { describeWithTool, type SystemTool } from './helpers/system-tool.js';
 
@@ -319,7 +320,8 @@ async function spawnGateway(config: ConfigInput): Promise<{ child: ChildProcess;
     });
     child.once('exit', (code) => reject(new Error(`the gateway exited with ${String(code)}:\n${output}`)));
   });
-  rmSync(dir, { recursive: true, force: true });
+  // Kept to the end of the test: a worker that replaces one that died reads the file again.
+  cleanups.push(() => Promise.resolve(rmSync(dir, { recursive: true, force: true })));
   return { child, base: base as string, output: () => output };
 }
 
@@ -529,6 +531,39 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     expect(await inspect.hget('waybill:limits:{team-a}:window', 'requests')).toBe('10');
   }, 60_000);
 
+  it('charges a stream whose client left before the usage chunk what it relayed, in the shared count', async () => {
+    await setUp();
+    const gateway = await startGateway(gatewayConfig(simUrl, { redis_url: redis.url }, { tokens_per_minute: 20_000 }));
+    cleanups.push(() => gateway.close());
+    await awayFromWindowEnd(inspect, 10_000);
+    // No max_tokens: 1024 reserved; the simulator relays 58 events of 50 tokens, then stalls before its usage chunk.
+    const controller = new AbortController();
+    const cut = await request(`${gateway.base}${CHAT_PATH}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, 'x-sim-fault': 'tokens=3000;tokens_per_event=50;stall_after=58' },
+      body: JSON.stringify({ ...CHAT, stream: true }),
+      signal: controller.signal,
+    });
+    expect(cut.statusCode).toBe(200);
+    const prompt = 20_000 - Number(cut.headers['x-ratelimit-remaining-tokens']) - 1024;
+    let text = '';
+    await new Promise<void>((resolve) => {
+      cut.body.on('data', (chunk: Buffer) => {
+        text += chunk.toString();
+        if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
+      });
+    });
+    controller.abort();
+    const [settlement] = await gateway.settled(1);
+    const estimate = Math.ceil(choiceText(0, 0, 2900).length / 4);
+    expect(settlement?.estimatedCompletionTokens).toBe(estimate);
+    // The settle goes out as the request settles, on the connection the next admission uses: Redis runs them in order.
+    const next = await chat(gateway.base, KEY, { ...CHAT, max_tokens: 100 });
+    expect(Number(next.headers['x-ratelimit-remaining-tokens'])).toBe(20_000 - (prompt + estimate) - (prompt + 100));
+    await gateway.settled(2);
+    expect(await gateway.metric('waybill_estimated_completion_tokens_total', { tenant: 'team-a' })).toBe(estimate);
+  }, 30_000);
+
   it('keeps serving when Redis dies mid-load (fail open), counts and logs it once; fail-closed answers 503; limits return with Redis', async () => {
     await setUp();
     const limits = { requests_per_minute: 100_000, tokens_per_minute: 100_000_000, max_concurrent: 1000 };
@@ -649,6 +684,66 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     // The expired slot went with that admission; the survivor's own was released when its request settled.
     await until('the release of the survivor’s slot', 2_000, async () => ((await inspect.zcard('waybill:limits:{team-a}:inflight')) === 0 ? true : undefined));
   }, 30_000);
+
+  it("gives a SIGKILLed worker's slots back within one lease (limits.redis_slot_lease), not after timeouts.total", async () => {
+    await setUp();
+    // Two workers, each talking to Redis itself; a request may run a minute (its slot's lifetime without a lease:
+    // 60 s + 1 s drain grace + 2 s + 250 ms). The lease is the default, 10 s, renewed every 3.3 s while held.
+    const config = gatewayConfig(simUrl, { redis_url: redis.url }, { max_concurrent: 1 }, { server: { host: '127.0.0.1', port: 0, workers: 2 }, timeouts: { total: '60s' } });
+    const served = await spawnGateway(config);
+    // The primary's line for each worker that listens carries the worker's pid (the last "pid" of the line).
+    const pids = () =>
+      served
+        .output()
+        .split('\n')
+        .filter((line) => line.includes('"msg":"worker listening"'))
+        .map((line) => (JSON.parse(line) as { pid: number }).pid);
+    await until('both workers to listen', 10_000, () => (pids().length === 2 ? true : undefined));
+    const controller = new AbortController();
+    const held = await request(`${served.base}${CHAT_PATH}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...AUTH, 'x-sim-fault': 'stall_after=2' },
+      body: JSON.stringify({ ...CHAT, stream: true }),
+      signal: controller.signal,
+    });
+    expect(held.statusCode).toBe(200);
+    let cut = false;
+    held.body.on('error', () => (cut = true));
+    held.body.on('close', () => (cut = true));
+    await new Promise((resolve) => held.body.once('data', resolve));
+    // The tenant's only slot is taken: refused, whichever worker answers.
+    expect((await chat(served.base)).status).toBe(429);
+    expect(await inspect.zcard('waybill:limits:{team-a}:inflight')).toBe(1);
+
+    // The worker holding the slot dies: nobody releases it. Which one holds it: the one whose death cuts the stream
+    // (its socket closes with the process, long before the primary's restart pause of 0.5 s ends).
+    // (Both at once would not do: the cluster would close the listening socket, and port 0 would then be another.)
+    const [first, second] = pids();
+    process.kill(first!, 'SIGKILL');
+    let killedAt = performance.now();
+    await until('the first worker to be replaced', 20_000, () => (pids().length === 3 ? true : undefined));
+    if (!cut) {
+      process.kill(second!, 'SIGKILL');
+      killedAt = performance.now();
+      await until('the second worker to be replaced', 20_000, () => (pids().length === 4 ? true : undefined));
+    }
+    await until('the stream to be cut', 2_000, () => (cut ? true : undefined));
+    controller.abort();
+    expect(await inspect.zcard('waybill:limits:{team-a}:inflight')).toBe(1);
+    // Admitted again within the lease (10 s) and a margin for the restart on a busy machine (5 s): polled, since
+    // the lease running out on Redis's clock is no event the test can await.
+    const bound = 10_000 + 5_000;
+    const admitted = await until('the tenant to be admitted again', bound - (performance.now() - killedAt), async () => {
+      const answer = await chat(served.base);
+      if (answer.status === 200) return answer;
+      expect(answer.status).toBe(429);
+      await sleep(100);
+      return undefined;
+    });
+    expect(admitted.status).toBe(200);
+    expect(performance.now() - killedAt).toBeLessThan(bound);
+    await until('the new slot to be released', 2_000, async () => ((await inspect.zcard('waybill:limits:{team-a}:inflight')) === 0 ? true : undefined));
+  }, 60_000);
 
   it('sends nothing upstream for a client that left while its admission waited on Redis, and counts it once', async () => {
     await setUp();
@@ -797,9 +892,9 @@ describe('limits.redis_* configuration', () => {
   const pools = [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://h:1' }] }];
   it('resolves the shared store, with its password from the environment, and nothing without redis_url', () => {
     const config = parseConfig({ pools, limits: { redis_url: 'redis://10.0.0.7:6379/2', redis_password_env: 'PW' } }, 'test', { PW: 'secret' });
-    expect(config.limits.redis).toEqual({ url: 'redis://10.0.0.7:6379/2', password: 'secret', failOpen: true, timeoutMs: 250, keyPrefix: 'waybill:limits' });
+    expect(config.limits.redis).toEqual({ url: 'redis://10.0.0.7:6379/2', password: 'secret', failOpen: true, timeoutMs: 250, keyPrefix: 'waybill:limits', slotLeaseMs: 10_000 });
     const closed = parseConfig({ pools, limits: { redis_url: 'rediss://user:pw@r:6380', redis_fail_open: false, redis_timeout: '1s', redis_key_prefix: 'blue' } }, 'test', {});
-    expect(closed.limits.redis).toEqual({ url: 'rediss://user:pw@r:6380', password: undefined, failOpen: false, timeoutMs: 1000, keyPrefix: 'blue' });
+    expect(closed.limits.redis).toEqual({ url: 'rediss://user:pw@r:6380', password: undefined, failOpen: false, timeoutMs: 1000, keyPrefix: 'blue', slotLeaseMs: 10_000 });
     expect(parseConfig({ pools }, 'test', {}).limits.redis).toBeUndefined();
   });
 

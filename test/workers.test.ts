@@ -26,6 +26,7 @@ import { cgroupCpus, forWorker, oversplitLimits, shareOf, workerCount } from '..
 import { LimitHost } from '../src/proxy/cluster-limit-store.js';
 import type { Decision } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { choiceText } from '../src/sim/wire.js';
 import { metricValue } from './helpers/stack.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
@@ -324,6 +325,112 @@ describe('waybill serve --workers 2', () => {
     }
   }, 120_000);
 
+  it("charges a stream whose client left before the usage chunk what it relayed, in the primary's count", async () => {
+    const config = baseConfig(simUrls, {
+      auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }] },
+      tenants: { 'team-a': { limits: { tokens_per_minute: 20_000 } } },
+      logging: { requests: false },
+    });
+    // The primary counts windows on its own monotonic clock, which starts near 0 with it: this test runs in its first
+    // minute, so every count below is in one window.
+    const served = await serve(config);
+    try {
+      const body = { model: 'sim-model', messages: [{ role: 'user', content: 'Hello there' }], stream: true };
+      const dispatcher = new Agent({ pipelining: 0 });
+      const controller = new AbortController();
+      // No max_tokens: 1024 reserved; 58 events of 50 tokens relayed, then the simulator stalls before its usage.
+      const cut = await request(`${served.base}/v1/chat/completions`, {
+        method: 'POST',
+        dispatcher,
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, 'x-sim-fault': 'tokens=3000;tokens_per_event=50;stall_after=58' },
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      expect(cut.statusCode).toBe(200);
+      const prompt = 20_000 - Number(cut.headers['x-ratelimit-remaining-tokens']) - 1024;
+      let text = '';
+      await new Promise<void>((resolve) => {
+        cut.body.on('data', (chunk: Buffer) => {
+          text += chunk.toString();
+          if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
+        });
+      });
+      controller.abort();
+      await dispatcher.close().catch(() => undefined);
+      const estimate = Math.ceil(choiceText(0, 0, 2900).length / 4);
+      // Polled, bounded (5 s): the settlement is published in a worker, seen through the aggregated scrape. The worker
+      // sent its settle to the primary before it answered that scrape, on the same channel: the count has it.
+      const deadline = performance.now() + 5_000;
+      while ((await served.metric('waybill_estimated_completion_tokens_total', { tenant: 'team-a' })) !== estimate) {
+        if (performance.now() > deadline) throw new Error('the cut stream was not settled within 5 s');
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      const next = await request(`${served.base}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+        body: JSON.stringify({ ...body, stream: false, max_tokens: 100 }),
+      });
+      await next.body.text();
+      expect(Number(next.headers['x-ratelimit-remaining-tokens'])).toBe(20_000 - (prompt + estimate) - (prompt + 100));
+    } finally {
+      await served.stop();
+    }
+  }, 60_000);
+
+  it("counts the requests in flight on a SIGKILLed worker, so the ledger adds up to what the clients saw", async () => {
+    const served = await serve(baseConfig(simUrls, { logging: { requests: false } }));
+    try {
+      // Six slow streams over fresh connections: the round robin gives each worker some.
+      const streams = await Promise.all(
+        Array.from({ length: 6 }, async () => {
+          const dispatcher = new Agent({ pipelining: 0 });
+          const response = await request(`${served.base}/v1/chat/completions`, {
+            method: 'POST',
+            dispatcher,
+            headers: { 'content-type': 'application/json', 'x-sim-fault': 'itl_ms=100' },
+            body: JSON.stringify({ ...CHAT, stream: true, max_tokens: 32 }),
+          });
+          expect(response.statusCode).toBe(200);
+          const text = response.body.text().then(
+            (body) => ({ cut: false, body }),
+            () => ({ cut: true, body: '' }),
+          );
+          return { text, dispatcher };
+        }),
+      );
+      // All six in flight (the aggregated gauge), and this scrape is each worker's last collection before the kill.
+      const deadline = performance.now() + 5_000;
+      while ((await served.metric('waybill_inflight_requests')) < 6) {
+        if (performance.now() > deadline) throw new Error('six streams not in flight after 5 s');
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      const pids = served.lines.filter((line) => line.msg === 'worker listening').map((line) => line.pid as number);
+      process.kill(pids[0]!, 'SIGKILL');
+      await served.until('the dead worker to be replaced', (line) => line.msg === 'worker listening', 3);
+      const results = await Promise.all(streams.map(async ({ text }) => text));
+      await Promise.all(streams.map(({ dispatcher }) => dispatcher.close()));
+      const cut = results.filter((r) => r.cut).length;
+      const completed = results.filter((r) => !r.cut && r.body.trimEnd().endsWith('data: [DONE]')).length;
+      expect(cut, 'streams the dead worker held').toBeGreaterThan(0);
+      expect(cut + completed).toBe(6);
+      // The survivors settle as their clients read the end: the sum reaches 6 (polled, bounded: 5 s).
+      const settled = performance.now() + 5_000;
+      while ((await served.metric('waybill_requests_total')) < 6) {
+        if (performance.now() > settled) break;
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      // Every request the clients sent is in the ledger once: the cut ones as lost, incomplete after their 200.
+      expect(await served.metric('waybill_requests_total')).toBe(6);
+      expect(await served.metric('waybill_worker_lost_requests_total')).toBe(cut);
+      expect(await served.metric('waybill_requests_total', { route: 'chat_completions', stream: 'true', code: '200', outcome: 'incomplete', tenant: '_anonymous', model: 'sim-model' })).toBe(cut);
+      expect(await served.metric('waybill_requests_total', { outcome: 'delivered' })).toBe(completed);
+      expect(await served.metric('waybill_inflight_requests')).toBe(0);
+      expect(served.lines.filter((line) => line.msg?.startsWith('a worker died with requests in flight') === true).map((line) => line.requests)).toEqual([cut]);
+    } finally {
+      expect(await served.stop()).toBe(0);
+    }
+  }, 60_000);
+
   it('drains a worker told to stop before it listened, and workers whose primary died', async () => {
     // SIGTERM as soon as the first worker listens: the other may still be starting, and must drain all the same.
     const early = serveRaw(baseConfig(simUrls));
@@ -364,3 +471,50 @@ async function untilGone(pid: number): Promise<void> {
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
 }
+
+describe('waybill serve --workers 2: stored responses under client-chosen ids', () => {
+  it("finds a client-chosen id's owner on whichever worker a read lands, and still refuses another tenant", async () => {
+    const sim = createSimulator({ responsesStore: true, ttftMs: 1, itlMs: 1, jitter: 0, outputTokens: 4 });
+    const { url } = await sim.listen(0, '127.0.0.1');
+    const OTHER = 'sk-team-b';
+    const served = await serve(
+      baseConfig([url], {
+        auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }, { tenant: 'team-b', key_sha256: sha256(OTHER) }] },
+      }),
+    );
+    /** A fresh connection per request, so the primary's round robin spreads them over both workers. */
+    const call = async (method: 'GET' | 'POST', path: string, key: string, body?: unknown): Promise<number> => {
+      const dispatcher = new Agent({ pipelining: 0 });
+      try {
+        const response = await request(`${served.base}${path}`, {
+          method,
+          dispatcher,
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+          ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+        });
+        await response.body.text();
+        return response.statusCode;
+      } finally {
+        await dispatcher.close();
+      }
+    };
+    try {
+      const ids = ['team-a-report-1', 'team-a-report-2'];
+      for (const id of ids) expect(await call('POST', '/v1/responses', KEY, { model: 'sim-model', input: 'hello', request_id: id })).toBe(200);
+      // Eight reads of each on fresh connections: without the owners shared, about half land on the worker that did
+      // not relay the answer, which knows no owner and answers 404 (keys are configured).
+      const reads: number[] = [];
+      for (const id of ids) for (let i = 0; i < 8; i++) reads.push(await call('GET', `/v1/responses/${id}`, KEY));
+      expect(reads).toEqual(Array(16).fill(200));
+      const workersThatRead = new Set(served.lines.filter((line) => line.msg === 'request' && line.route === 'responses_retrieve').map((line) => line.worker));
+      expect(workersThatRead.size, 'the reads reached both workers').toBe(2);
+      // Another tenant is refused on every worker, as an unknown id.
+      const foreign: number[] = [];
+      for (let i = 0; i < 4; i++) foreign.push(await call('GET', `/v1/responses/${ids[0]}`, OTHER));
+      expect(foreign).toEqual([404, 404, 404, 404]);
+    } finally {
+      expect(await served.stop()).toBe(0);
+      await sim.close();
+    }
+  }, 60_000);
+});

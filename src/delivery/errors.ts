@@ -157,6 +157,8 @@ function anthropicType(status: number): string {
     case 503:
     case 529:
       return 'overloaded_error';
+    case 504:
+      return 'timeout_error';
     case 408:
     case 415:
     case 422:

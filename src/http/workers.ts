@@ -16,8 +16,11 @@
  *   directly (a terminal's Ctrl-C reaches the whole process group): they act on their primary's word only, and drain
  *   by themselves if their primary dies.
  * - **Crashes.** A worker that dies is replaced, after a pause that doubles while they keep dying (up to 30 s, back to
- *   0.5 s after a minute without a death); the slots it held in the tenants' limits are given back. One that fails
- *   before the gateway ever listened (a busy port) stops them all with its one-line reason.
+ *   0.5 s after a minute without a death); the slots it held in the tenants' limits are given back (with Redis,
+ *   its slots' leases run out: redis-limit-store.ts). The requests it held in flight — each worker reports them
+ *   by label set, once per event-loop turn (WorkerLink.held) — are counted by the primary as lost
+ *   (waybill_worker_lost_requests_total, and waybill_requests_total with outcome incomplete). One that fails before
+ *   the gateway ever listened (a busy port) stops them all with its one-line reason.
  *
  * Per-process limits (pool admission, upstream max_inflight) are split between the workers (config/workers.ts).
  */
@@ -28,6 +31,16 @@ import type { Logger } from 'pino';
 import { AggregatorRegistry, type Registry } from 'prom-client';
 import { workerCount } from '../config/workers.js';
 import { LimitHost, type LimitCall, type LimitChannel } from '../proxy/cluster-limit-store.js';
+import type { HeldRequest, HeldRequests } from '../proxy/exchange.js';
+import { METRICS } from '../telemetry/metrics.js';
+
+/**
+ * A label set of requests a worker holds, as it travels: JSON of [model, tenant, route, stream, code], code '' until
+ * the response head went out. Bounded: the labels come from closed sets and configuration, the codes from HTTP.
+ */
+type HeldKey = string;
+/** The `code` of a lost request whose worker died before its response head went out: the client saw no status. */
+export const LOST_CODE = '_lost';
 
 /** One metric of a worker's registry, as collected (prom-client's JSON form). */
 type MetricJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>[number];
@@ -42,14 +55,25 @@ type ToPrimary =
   | { readonly type: 'waybill:metrics'; readonly id: number }
   | { readonly type: 'waybill:collected'; readonly id: number; readonly metrics?: MetricJson[]; readonly error?: string }
   | { readonly type: 'waybill:limit'; readonly id: number; readonly call: LimitCall }
-  | { readonly type: 'waybill:limit-cancel'; readonly id: number };
+  | { readonly type: 'waybill:limit-cancel'; readonly id: number }
+  /** Changes to the requests the worker holds, by label set (HeldKey), since its last such message. */
+  | { readonly type: 'waybill:held'; readonly deltas: ReadonlyArray<readonly [key: string, delta: number]> }
+  /** A stored response's id the client chose, and the tenant whose request created it: for the other workers. */
+  | { readonly type: 'waybill:owner'; readonly id: string; readonly tenant: string };
 
 type ToWorker =
   | { readonly type: 'waybill:drain' }
   | { readonly type: 'waybill:reload' }
   | { readonly type: 'waybill:metrics'; readonly id: number; readonly body?: string; readonly error?: string }
   | { readonly type: 'waybill:collect'; readonly id: number }
-  | { readonly type: 'waybill:limit'; readonly id: number; readonly result?: unknown; readonly error?: string };
+  | { readonly type: 'waybill:limit'; readonly id: number; readonly result?: unknown; readonly error?: string }
+  /** Another worker relayed the answer that created a stored response under a client-chosen id. */
+  | { readonly type: 'waybill:owner'; readonly id: string; readonly tenant: string };
+
+/** An owner message's fields are a response id and a tenant name: bounded strings, or the message is ignored. */
+function isOwner(id: unknown, tenant: unknown): boolean {
+  return typeof id === 'string' && id.length > 0 && id.length <= 256 && typeof tenant === 'string' && tenant.length > 0 && tenant.length <= 256;
+}
 
 /** How long a worker waits for its primary: an aggregated scrape, a limit step. */
 const METRICS_TIMEOUT_MS = 10_000;
@@ -88,11 +112,15 @@ export class WorkerLink {
   private nextId = 0;
   private readonly pending = new Map<number, { resolve: (value: ToWorker) => void; reject: (error: Error) => void; timer: NodeJS.Timeout }>();
   private readonly onReload = new Set<() => void>();
+  private onOwner: ((id: string, tenant: string) => void) | undefined;
   private drainRequested: (() => void) | undefined;
   /** Resolves when the primary asks for a drain, or is gone. */
   readonly drain: Promise<void>;
 
   private registry: Registry | undefined;
+  /** What changed in the requests held since the last report (flushed once per event-loop turn). */
+  private readonly heldChanges = new Map<HeldKey, number>();
+  private heldFlush: NodeJS.Immediate | undefined;
 
   /** Made first thing in a worker, so no word of the primary (a drain right after the fork) is missed. */
   constructor() {
@@ -127,6 +155,56 @@ export class WorkerLink {
     if (answer.type !== 'waybill:limit' || answer.error !== undefined) throw new Error(`limit step failed in the primary: ${answer.type === 'waybill:limit' ? answer.error : 'wrong answer'}`);
     return answer.result;
   };
+
+  /**
+   * The requests this worker holds, reported to the primary (which counts them as lost if the worker dies): each
+   * request changes a count by label set at its start, its response head and its settlement, and the changes go in
+   * one message per event-loop turn that had any, not one per request.
+   */
+  /**
+   * Owners of stored responses under client-chosen ids (proxy/response-owners.ts), shared with the other workers so
+   * a read that lands on another worker finds its owner: one message per such answer, relayed by the primary.
+   */
+  readonly owners = {
+    share: (id: string, tenant: string): void => {
+      const message: ToPrimary = { type: 'waybill:owner', id, tenant };
+      process.send?.(message);
+    },
+    onShared: (listener: (id: string, tenant: string) => void): void => {
+      this.onOwner = listener;
+    },
+  };
+
+  readonly held: HeldRequests = {
+    begin: (labels) => {
+      const base = [labels.model, labels.tenant, labels.route, String(labels.stream)];
+      let key: HeldKey = JSON.stringify([...base, '']);
+      this.heldChange(key, 1);
+      const request: HeldRequest = {
+        answered: (status) => {
+          const next = JSON.stringify([...base, String(status)]);
+          this.heldChange(key, -1);
+          this.heldChange(next, 1);
+          key = next;
+        },
+        ended: () => this.heldChange(key, -1),
+      };
+      return request;
+    },
+  };
+
+  private heldChange(key: HeldKey, delta: number): void {
+    const value = (this.heldChanges.get(key) ?? 0) + delta;
+    if (value === 0) this.heldChanges.delete(key);
+    else this.heldChanges.set(key, value);
+    this.heldFlush ??= setImmediate(() => {
+      this.heldFlush = undefined;
+      if (this.heldChanges.size === 0) return;
+      const deltas = [...this.heldChanges];
+      this.heldChanges.clear();
+      this.send({ type: 'waybill:held', deltas });
+    });
+  }
 
   reloads(listener: () => void): void {
     this.onReload.add(listener);
@@ -194,6 +272,9 @@ export class WorkerLink {
     if (message.type === 'waybill:drain') this.drainRequested?.();
     else if (message.type === 'waybill:reload') for (const listener of this.onReload) listener();
     else if (message.type === 'waybill:collect') this.collect(message.id);
+    else if (message.type === 'waybill:owner') {
+      if (isOwner(message.id, message.tenant)) this.onOwner?.(message.id, message.tenant);
+    }
     else if (message.type === 'waybill:metrics' || message.type === 'waybill:limit') {
       const waiting = this.pending.get(message.id);
       if (waiting === undefined) return;
@@ -229,9 +310,13 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
   let crashes = 0;
   let lastCrash = 0;
   const workers = new Map<number, Worker>();
+  /** Workers waiting out their restart pause: they hold the primary (with every worker dead, nothing else does). */
+  const restarts = new Set<NodeJS.Timeout>();
   let allExited: (() => void) | undefined;
   const exited = new Promise<void>((resolve) => (allExited = resolve));
   const metrics = new MetricsCollector(logger);
+  /** The requests each worker holds, by label set, as it reported them. */
+  const held = new Map<number, Map<HeldKey, number>>();
 
   /** A send to a worker that is going away fails (EPIPE): never the primary's problem. */
   const tell = (worker: Worker, message: ToWorker) => {
@@ -241,6 +326,8 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
   const stopAll = () => {
     if (stopping) return;
     stopping = true;
+    for (const timer of restarts) clearTimeout(timer);
+    restarts.clear();
     for (const worker of workers.values()) tell(worker, { type: 'waybill:drain' });
   };
 
@@ -286,6 +373,22 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
         tell(worker, answer);
       } else if (message.type === 'waybill:limit-cancel') {
         limits.cancel(index, message.id);
+      } else if (message.type === 'waybill:owner') {
+        // Relayed as it came to every other worker that serves; one that starts later does not learn it (its
+        // residual: docs/security.md).
+        if (!isOwner(message.id, message.tenant)) return;
+        for (const i of listening) if (i !== index) {
+          const other = workers.get(i);
+          if (other !== undefined) tell(other, { type: 'waybill:owner', id: message.id, tenant: message.tenant });
+        }
+      } else if (message.type === 'waybill:held') {
+        let counts = held.get(index);
+        if (counts === undefined) held.set(index, (counts = new Map<HeldKey, number>()));
+        for (const [key, delta] of message.deltas) {
+          const value = (counts.get(key) ?? 0) + delta;
+          if (value === 0) counts.delete(key);
+          else counts.set(key, value);
+        }
       }
     });
     // A worker's last messages (its fatal problem) arrive before its channel's 'disconnect', not always before 'exit'.
@@ -297,6 +400,10 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
       if (workers.get(index) === worker) workers.delete(index);
       listening.delete(index);
       metrics.retire(index);
+      // Its requests in flight ended with it, in a reset the worker never counted: counted here.
+      const lost = metrics.lost(held.get(index));
+      held.delete(index);
+      if (lost > 0) logger.warn({ worker: index, requests: lost }, 'a worker died with requests in flight: counted as lost (waybill_worker_lost_requests_total)');
       const freed = limits.workerGone(index);
       if (freed > 0) logger.warn({ worker: index, slots: freed }, "a worker's tenant-limit slots were given back");
       if (stopping || (fatal !== undefined && !started)) {
@@ -317,10 +424,14 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
       lastCrash = at;
       const delay = Math.min(RESTART_MAX_MS, 500 * 2 ** Math.min(crashes - 1, 10));
       logger.error({ worker: index, code, signal, restartInMs: delay }, 'worker died; starting another');
-      setTimeout(() => {
+      // Not unref'd: with every worker dead at once the cluster closed the listening handle, and this timer is all
+      // that keeps the primary alive to start them again.
+      const timer = setTimeout(() => {
+        restarts.delete(timer);
         if (!stopping) fork(index);
         else if (workers.size === 0) allExited?.();
-      }, delay).unref();
+      }, delay);
+      restarts.add(timer);
     };
   };
 
@@ -394,13 +505,37 @@ class MetricsCollector {
     if (entry.want.size === 0) entry.done(undefined);
   }
 
+  /**
+   * A dead worker's requests in flight: each counted once in waybill_requests_total under its own model, tenant,
+   * route and stream, `outcome="incomplete"`, `code` the status its client had already received (LOST_CODE if
+   * none), and in waybill_worker_lost_requests_total. Returns how many.
+   */
+  lost(counts: ReadonlyMap<HeldKey, number> | undefined): number {
+    const values: Array<{ labels: Record<string, string>; value: number }> = [];
+    let total = 0;
+    for (const [key, count] of counts ?? []) {
+      if (count <= 0) continue;
+      const [model = '', tenant = '', route = '', stream = '', code = ''] = JSON.parse(key) as string[];
+      values.push({ labels: { model, tenant, route, stream, code: code === '' ? LOST_CODE : code, outcome: 'incomplete' }, value: count });
+      total += count;
+    }
+    if (total === 0) return 0;
+    const counter = (name: string, help: string, of: typeof values) => ({ name, help, type: 'counter', values: of, aggregator: 'sum' }) as unknown as MetricJson;
+    this.fold([counter(METRICS.requests.name, METRICS.requests.help, values), counter(METRICS.workerLostRequests.name, METRICS.workerLostRequests.help, [{ labels: {}, value: total }])]);
+    return total;
+  }
+
   /** A worker died: its counters and histograms stay in the sums; its gauges (its own state) go with it. */
   retire(index: number): void {
     const last = this.last.get(index);
     this.last.delete(index);
     for (const entry of this.pending.values()) if (entry.want.delete(index) && entry.want.size === 0) entry.done(undefined);
     if (last === undefined) return;
-    const kept = last.filter((metric) => String(metric.type) === 'counter' || String(metric.type) === 'histogram');
+    this.fold(last.filter((metric) => String(metric.type) === 'counter' || String(metric.type) === 'histogram'));
+  }
+
+  /** Adds `kept` to the retired sums. */
+  private fold(kept: MetricJson[]): void {
     // Folded at once (the next scrape must already see them): prom-client's aggregate registers each result as an
     // object carrying its values, readable without its async get().
     this.retired = AggregatorRegistry.aggregate([this.retired, kept])

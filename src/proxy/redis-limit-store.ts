@@ -16,9 +16,14 @@
  *   - `<prefix>:{<tenant>}:window` — a hash of the open window's number and its `requests` and `tokens`, reset when a
  *     request first counts in a new window, expiring 1 s after its window ends.
  *   - `<prefix>:{<tenant>}:inflight` — a sorted set of the admitted requests' tickets (random ids), each scored by
- *     when its slot expires: admission + `timeouts.total` + the drain grace + a margin. A request always settles
- *     before then; a replica that crashed never releases its slots, and they expire instead of leaking (every
- *     admission first removes the expired ones). Only for tenants with `max_concurrent`.
+ *     when its slot expires: a lease (`limits.redis_slot_lease`, 10 s by default) that the process holding the slot
+ *     renews while the request runs (every third of the lease, one script per tenant for all its tickets), never
+ *     past admission + `timeouts.total` + the drain grace + a margin (a request always settles before then; a
+ *     ticket still held after that is not renewed). A process that dies (a crashed replica, a SIGKILLed worker)
+ *     renews nothing: its slots expire within one lease instead of holding the tenant's `max_concurrent` for the
+ *     longest a request may run (every admission first removes the expired ones). A renewal re-adds a ticket whose
+ *     lease ran out while its request still runs (Redis unreachable for longer than a lease): the count is exact
+ *     again as soon as Redis answers. Only for tenants with `max_concurrent`.
  * - **Failures.** Every command has one deadline, `limits.redis_timeout`, waiting for a connection included: an
  *   admission never waits longer. A command that misses it (or fails) rejects with LimitStoreUnavailable, counted by
  *   op through `onError`; the limiter then admits the request unlimited (fail open: its ticket counted nothing and
@@ -67,6 +72,11 @@ export interface RedisLimitStoreOptions {
   readonly keyPrefix: string;
   /** How long an in-flight slot lives unless released: the longest a request can run, and a margin. */
   readonly inflightTtlMs: number;
+  /**
+   * How long a slot lives unless its holder renews it (limits.redis_slot_lease): renewed every third of it while
+   * its request runs, so a process that dies gives its slots back within one lease. Default: inflightTtlMs alone.
+   */
+  readonly slotLeaseMs?: number | undefined;
   /** Each failed operation. */
   readonly onError?: (op: LimitStoreOp, error: unknown) => void;
   /** The store answers again (up) or stopped answering (down, with why): once per transition. */
@@ -152,6 +162,25 @@ redis.call('ZREM', KEYS[2], ARGV[3])
 return 1
 `;
 
+/**
+ * KEYS: the in-flight set. ARGV: pairs of (lifetime in ms, ticket). Renews the lease of the tickets this process
+ * holds: each one's expiry moves to now + its lifetime (re-added if it had expired while its request runs), and the
+ * set lives at least as long as the longest of them.
+ */
+const RENEW = `${PRELUDE}
+local longest = 0
+for i = 1, #ARGV, 2 do
+  local ttl = tonumber(ARGV[i])
+  redis.call('ZADD', KEYS[1], int(now + ttl), ARGV[i + 1])
+  if ttl > longest then longest = ttl end
+end
+if redis.call('PTTL', KEYS[1]) < longest + 1000 then redis.call('PEXPIRE', KEYS[1], int(longest + 1000)) end
+return 1
+`;
+
+/** Tickets renewed by one script call, at most (a tenant with more takes several). */
+const RENEW_BATCH = 500;
+
 /** Deadlines missed in a row after which Redis counts as silent (see the module's comment). */
 export const STALL_AFTER = 3;
 /** Tickets of slots whose release is owed, at most (see the module's comment). */
@@ -163,6 +192,7 @@ interface ScriptedRedis {
   waybillReserve(windowKey: string, inflightKey: string, ...args: Array<string | number>): Promise<ReserveReply>;
   waybillSettle(windowKey: string, ...args: Array<string | number>): Promise<number>;
   waybillUndo(windowKey: string, inflightKey: string, ...args: Array<string | number>): Promise<number>;
+  waybillRenew(inflightKey: string, ...args: Array<string | number>): Promise<number>;
 }
 
 /** What becomes of a command that failed: whether Redis may have run it, and its answer if one comes late. */
@@ -196,6 +226,10 @@ export class RedisLimitStore implements LimitStore {
   /** Slots whose release is owed, by in-flight key: removed once Redis is ready again. */
   private readonly owed = new Map<string, Set<string>>();
   private owedCount = 0;
+  /** The slots this process holds, by in-flight key: each ticket with the local time its lease stops being renewed. */
+  private readonly held = new Map<string, Map<string, number>>();
+  private readonly leaseMs: number;
+  private renewer: NodeJS.Timeout | undefined;
 
   constructor(private readonly options: RedisLimitStoreOptions) {
     this.client = new Redis(options.url, {
@@ -214,6 +248,8 @@ export class RedisLimitStore implements LimitStore {
     this.client.defineCommand('waybillReserve', { numberOfKeys: 2, lua: RESERVE });
     this.client.defineCommand('waybillSettle', { numberOfKeys: 1, lua: SETTLE });
     this.client.defineCommand('waybillUndo', { numberOfKeys: 2, lua: UNDO });
+    this.client.defineCommand('waybillRenew', { numberOfKeys: 1, lua: RENEW });
+    this.leaseMs = Math.min(options.slotLeaseMs ?? options.inflightTtlMs, options.inflightTtlMs);
     this.scripted = this.client as unknown as ScriptedRedis;
     this.client.on('ready', () => {
       this.answered();
@@ -230,7 +266,9 @@ export class RedisLimitStore implements LimitStore {
     const ticket = randomUUID();
     const concurrent = limits.maxConcurrent !== undefined;
     const { window, inflight } = this.keys(tenant);
-    const args = [limits.requestsPerMinute ?? 0, limits.tokensPerMinute ?? 0, limits.maxConcurrent ?? 0, reserved, ticket, this.options.inflightTtlMs];
+    const args = [limits.requestsPerMinute ?? 0, limits.tokensPerMinute ?? 0, limits.maxConcurrent ?? 0, reserved, ticket, this.leaseMs];
+    // The lease is renewed until the latest a request can settle, counted from now (before Redis answers: never later).
+    const renewUntil = performance.now() + this.options.inflightTtlMs;
     const aftermath: Aftermath<ReserveReply> = {
       // Admitted after its caller gave up: the request was served unlimited or refused meanwhile; nothing of it stays.
       late: (reply) => {
@@ -247,6 +285,7 @@ export class RedisLimitStore implements LimitStore {
         const decision = decide(tenant, limits, counts, reserved, now);
         if (decision.admitted !== (admitted === 1)) throw new Error(`the reserve script and decide disagree for tenant ${tenant}: ${JSON.stringify(reply)}`);
         if (!decision.admitted) return decision;
+        if (concurrent) this.hold(inflight, ticket, renewUntil);
         const reservation: RedisReservation = { ...decision.reservation, ticket };
         return { ...decision, reservation };
       },
@@ -265,12 +304,16 @@ export class RedisLimitStore implements LimitStore {
     const ticket = (reservation as Partial<RedisReservation>).ticket;
     if (ticket === undefined) return;
     const { inflight } = this.keys(reservation.tenant);
+    // No longer renewed, whatever becomes of the ZREM (owed, or the lease runs out).
+    this.unhold(inflight, ticket);
     await this.run('release', () => this.client.zrem(inflight, ticket), { unknown: () => this.owe(inflight, ticket), unsent: () => this.owe(inflight, ticket) });
   }
 
   /** Closes the connection: pending replies are awaited up to the deadline, then it is cut. */
   async close(): Promise<void> {
     this.closing = true;
+    clearInterval(this.renewer);
+    this.renewer = undefined;
     this.rejectWaiting(new Error('closed'));
     let timer: NodeJS.Timeout | undefined;
     try {
@@ -286,6 +329,51 @@ export class RedisLimitStore implements LimitStore {
   private keys(tenant: string): { window: string; inflight: string } {
     const base = `${this.options.keyPrefix}:{${tenant}}`;
     return { window: `${base}:window`, inflight: `${base}:inflight` };
+  }
+
+  private hold(inflight: string, ticket: string, renewUntil: number): void {
+    if (this.closing) return;
+    let tickets = this.held.get(inflight);
+    if (tickets === undefined) this.held.set(inflight, (tickets = new Map<string, number>()));
+    tickets.set(ticket, renewUntil);
+    // Renewed while anything is held; a process holding nothing sends nothing.
+    this.renewer ??= setInterval(() => this.renew(), Math.max(100, Math.floor(this.leaseMs / 3))).unref();
+  }
+
+  private unhold(inflight: string, ticket: string): void {
+    const tickets = this.held.get(inflight);
+    if (tickets === undefined) return;
+    tickets.delete(ticket);
+    if (tickets.size > 0) return;
+    this.held.delete(inflight);
+    if (this.held.size === 0) {
+      clearInterval(this.renewer);
+      this.renewer = undefined;
+    }
+  }
+
+  /**
+   * Renews the lease of every slot held, one script per tenant (a batch of RENEW_BATCH tickets each). Best effort:
+   * sent only while Redis answers; a renewal that fails is the next one's to do (a lease outlives two misses), and
+   * a ticket past the latest its request can settle is dropped, left to expire.
+   */
+  private renew(): void {
+    const at = performance.now();
+    for (const [inflight, tickets] of [...this.held]) {
+      const args: Array<string | number> = [];
+      for (const [ticket, until] of [...tickets]) {
+        const left = Math.floor(until - at);
+        if (left <= 0) {
+          this.unhold(inflight, ticket);
+          continue;
+        }
+        args.push(Math.min(this.leaseMs, left), ticket);
+      }
+      if (this.client.status !== 'ready' || this.probe !== undefined) continue;
+      for (let i = 0; i < args.length; i += RENEW_BATCH * 2) {
+        this.scripted.waybillRenew(inflight, ...args.slice(i, i + RENEW_BATCH * 2)).catch(() => undefined);
+      }
+    }
   }
 
   /**

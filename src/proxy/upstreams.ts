@@ -122,6 +122,16 @@ export class Upstream {
   }
 
   /**
+   * A GET whose answer the gateway reads for itself on the traffic connections (a background hold's poll of its
+   * stored response): its body read up to health.max_body_bytes within `timeoutMs`, like every own read.
+   */
+  async fetch(apiPath: string, timeoutMs: number, read: OwnRead): Promise<{ status: number; body: string }> {
+    const response = await this.getOn(this.dispatcher, apiPath, timeoutMs);
+    const body = await this.readOwn(response.body, read, true);
+    return { status: response.statusCode, body };
+  }
+
+  /**
    * A GET on the traffic connections (not the probe's single one: a burst of lookups must not queue health checks
    * behind it), failing after `timeoutMs`. Answers the status only; the body is read and dropped, up to
    * health.max_body_bytes: a longer one is cut there (counted) and its status still answers.

@@ -8,7 +8,8 @@ import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
 import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
-import { ANONYMOUS, GENERATION_ROUTES, OUTPUT_CHECKS, reportsUsage, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
+import type { BackgroundHoldEnd } from '../proxy/background-holds.js';
+import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, OUTPUT_CHECKS, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -102,11 +103,23 @@ export const METRICS = {
     labels: ['model', 'tenant'],
     help: 'Completion tokens, from upstream usage.',
   },
+  estimatedCompletionTokens: {
+    name: 'waybill_estimated_completion_tokens_total',
+    type: 'counter',
+    labels: ['model', 'tenant'],
+    help: 'Completion tokens of requests whose upstream reported none, estimated from the output relayed (metrics.chars_per_token).',
+  },
   usageMissing: {
     name: 'waybill_usage_missing_total',
     type: 'counter',
     labels: ['model'],
     help: 'Delivered responses that carried no usage.',
+  },
+  workerLostRequests: {
+    name: 'waybill_worker_lost_requests_total',
+    type: 'counter',
+    labels: [],
+    help: 'Requests in flight on a worker process that died (server.workers), counted by the primary; each also in waybill_requests_total with outcome incomplete.',
   },
   inflight: {
     name: 'waybill_inflight_requests',
@@ -204,6 +217,12 @@ export const METRICS = {
     labels: ['model', 'tenant', 'route', 'stream'],
     help: 'Logical requests delivered with every applicable output check passed: a subset of waybill_requests_total{outcome="delivered"}.',
   },
+  clientRetries: {
+    name: 'waybill_client_retries_total',
+    type: 'counter',
+    labels: ['model', 'route'],
+    help: 'Logical requests that were a client SDK\'s retry (x-stainless-retry-count of 1 or more): user calls are waybill_requests_total minus these.',
+  },
   evaluationSamples: {
     name: 'waybill_evaluation_samples_total',
     type: 'counter',
@@ -221,6 +240,18 @@ export const METRICS = {
     type: 'counter',
     labels: ['op'],
     help: 'Operations on the shared store of the limits per tenant (limits.redis_url) that failed or missed limits.redis_timeout, by op (reserve, settle, release).',
+  },
+  backgroundHolds: {
+    name: 'waybill_background_holds',
+    type: 'gauge',
+    labels: [],
+    help: 'Background responses of limited tenants holding their slot and reservation until they end (limits.background_*).',
+  },
+  backgroundHoldsEnded: {
+    name: 'waybill_background_holds_ended_total',
+    type: 'counter',
+    labels: ['how'],
+    help: 'Background responses whose hold on their limits ended, by how: ended (seen completed, failed, incomplete or cancelled), lost (its home no longer has it), deadline (limits.background_max_hold), overflow (limits.background_max_watched), shutdown.',
   },
   limitStoreUp: {
     name: 'waybill_limit_store_up',
@@ -369,6 +400,7 @@ export class GatewayMetrics {
   private readonly anomalies = new CounterPair(this.registries, METRICS.anomalies);
   private readonly finishReasons = new CounterPair(this.registries, METRICS.finishReasons);
   private readonly cancellations = new CounterPair(this.registries, METRICS.cancellations);
+  private readonly clientRetries = new CounterPair(this.registries, METRICS.clientRetries);
   private readonly ttft: Histogram<'model' | 'prompt_len'>;
   private readonly itl: EventHistogram;
   private readonly tpot: Histogram<'model'>;
@@ -378,6 +410,7 @@ export class GatewayMetrics {
   private readonly cachedPromptTokens = new CounterPair(this.registries, METRICS.cachedPromptTokens);
   private readonly completionTokens = new CounterPair(this.registries, METRICS.completionTokens);
   private readonly usageMissing = new CounterPair(this.registries, METRICS.usageMissing);
+  private readonly estimatedCompletionTokens = new CounterPair(this.registries, METRICS.estimatedCompletionTokens);
   private readonly inflight = new Gauge({
     name: METRICS.inflight.name,
     help: METRICS.inflight.help,
@@ -385,6 +418,7 @@ export class GatewayMetrics {
     registers: [this.registry, this.openMetrics],
   });
   private readonly retries = new CounterPair(this.registries, METRICS.retries);
+  private readonly workerLostRequests = new CounterPair(this.registries, METRICS.workerLostRequests);
   private readonly retryBudgetExhausted = new CounterPair(this.registries, METRICS.retryBudgetExhausted);
   private readonly upstreamEjections = new CounterPair(this.registries, METRICS.upstreamEjections);
   private readonly internalErrors = new CounterPair(this.registries, METRICS.internalErrors);
@@ -399,6 +433,14 @@ export class GatewayMetrics {
   private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
   private readonly rateLimitedRequests = new CounterPair(this.registries, METRICS.rateLimited);
   private readonly limitStoreErrors = new CounterPair(this.registries, METRICS.limitStoreErrors);
+  private readonly backgroundHoldsGauge = new Gauge({
+    name: METRICS.backgroundHolds.name,
+    help: METRICS.backgroundHolds.help,
+    labelNames: METRICS.backgroundHolds.labels,
+    aggregator: 'sum' satisfies WorkerAggregator,
+    registers: [this.registry, this.openMetrics],
+  });
+  private readonly backgroundHoldsEnded = new CounterPair(this.registries, METRICS.backgroundHoldsEnded);
   private readonly limitStoreUpGauge = new Gauge({
     name: METRICS.limitStoreUp.name,
     help: METRICS.limitStoreUp.help,
@@ -425,6 +467,8 @@ export class GatewayMetrics {
     for (const component of INTERNAL_ERROR_COMPONENTS) this.internalErrors.inc({ component }, 0);
     for (const result of CONFIG_RELOAD_RESULTS) this.configReloads.inc({ result }, 0);
     this.turnYields.inc({}, 0);
+    // Counted by a workers' primary (http/workers.ts), never by the process itself: at zero, so the series exists.
+    this.workerLostRequests.inc({}, 0);
     this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
     // Observed per event, on the hot path: a histogram of its own (no label hashing, no exemplars).
     this.itl = new EventHistogram(METRICS.itl.name, METRICS.itl.help, buckets.itl);
@@ -472,7 +516,9 @@ export class GatewayMetrics {
     for (const model of models) {
       // A model without a label of its own is counted under _other, which is declared by its first request.
       if (this.modelLabel(model) !== model) continue;
-      this.inflight.set({ model }, 0);
+      // Declared, never reset: a reload declares its models again while their requests are in flight, and a gauge
+      // of work in flight set back to 0 would read below zero once they end.
+      this.inflight.inc({ model }, 0);
       // The series the SLO rules divide by exist from the start: rate() then sees the first request, and an idle
       // gateway is not mistaken for an absent one. Per tenant that may be served (configured, or anonymous).
       for (const tenant of tenants) {
@@ -484,6 +530,7 @@ export class GatewayMetrics {
         }
         for (const promptLen of promptLenClasses) this.slo.inc({ model, tenant, prompt_len: promptLen, result: 'met' }, 0);
       }
+      for (const route of GENERATION_ROUTES) this.clientRetries.inc({ model, route }, 0);
     }
   }
 
@@ -536,6 +583,11 @@ export class GatewayMetrics {
     this.evaluationSamples.inc({ model: this.modelLabel(model) });
   }
 
+  /** One stored-response lookup GET to `upstream` (response-homes.ts), counted as an attempt of model `_lookup`. */
+  lookupAttempt(upstream: string, result: AttemptResult): void {
+    this.attempts.inc({ model: LOOKUP, upstream, result });
+  }
+
   /** A request refused for its tenant's `limit`; `count` 0 declares the series (at start-up, for each limit configured). */
   rateLimited(tenant: string, limit: 'requests' | 'tokens' | 'concurrent', count = 1): void {
     this.rateLimitedRequests.inc({ tenant, limit }, count);
@@ -544,6 +596,16 @@ export class GatewayMetrics {
   /** A failed operation on the shared limit store; `count` 0 declares the series (at start-up, with limits.redis_url). */
   limitStoreError(op: LimitStoreOp, count = 1): void {
     this.limitStoreErrors.inc({ op }, count);
+  }
+
+  /** Background responses holding their limits now (proxy/background-holds.ts). */
+  backgroundHolding(count: number): void {
+    this.backgroundHoldsGauge.set(count);
+  }
+
+  /** A background response's hold ended `how`; `count` 0 declares the series. */
+  backgroundHoldEnded(how: BackgroundHoldEnd, count = 1): void {
+    this.backgroundHoldsEnded.inc({ how }, count);
   }
 
   /** The shared limit store answers again (true) or stopped answering (false). */
@@ -587,6 +649,7 @@ export class GatewayMetrics {
     if (started) this.inflight.dec({ model });
     const tenant = s.tenant;
     this.requests.inc({ model, tenant, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplar);
+    if (s.clientRetry !== undefined && s.clientRetry > 0) this.clientRetries.inc({ model, route: s.route });
     for (const attempt of s.attempts) {
       this.attempts.inc({ model, upstream: attempt.upstream, result: attempt.result ?? 'cancelled' });
       // Per upstream, so one slow or overloaded replica stands out of the pool's TTFT.
@@ -613,5 +676,6 @@ export class GatewayMetrics {
       // (A background request's acknowledgement — Responses without a choice — has no usage yet: not missing.)
       this.usageMissing.inc({ model });
     }
+    if (s.estimatedCompletionTokens !== undefined) this.estimatedCompletionTokens.inc({ model, tenant }, s.estimatedCompletionTokens);
   }
 }

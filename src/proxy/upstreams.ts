@@ -394,8 +394,8 @@ export class UpstreamRegistry {
   }
 
   /**
-   * May passive health eject `upstream` now? Only while the pool keeps another upstream that takes traffic (up by its
-   * health check and not ejected) and ejecting it keeps the pool's ejected upstreams (open or half open) within
+   * May passive health eject `upstream` now? Only while the pool keeps another upstream that takes traffic for certain
+   * (not failed by its health check, and its circuit closed: a half-open one's trial may fail and keep it out) and ejecting it keeps the pool's ejected upstreams (open or half open) within
    * health.max_ejection_percent of the pool, rounded down. Active health checks are not bounded: an upstream whose
    * /health fails is out until it passes (and when none is up, picking falls back to all of them).
    */
@@ -408,7 +408,7 @@ export class UpstreamRegistry {
     for (const other of pool.upstreams) {
       if (other === upstream) continue;
       if (other.breaker.state(now) !== 'closed') ejected++;
-      if (other.isUp(now)) othersUp = true;
+      if (other.healthy !== false && other.breaker.state(now) === 'closed') othersUp = true;
     }
     return othersUp && ejected + 1 <= bound;
   }

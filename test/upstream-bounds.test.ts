@@ -285,7 +285,7 @@ describe('a failed discovery answers 503 model_unavailable, not 404 (item 15)', 
     });
     const g = await gateway({
       pools: [{ name: 'p', upstreams: [{ name: 'u', url: up.url }] }],
-      discovery: { refresh_interval: '50ms' },
+      discovery: { refresh_interval: '500ms' },
       health: { interval: '1h' },
     });
     const chat = await post(g.base, '/v1/chat/completions', { model: 'real-model', messages: [{ role: 'user', content: 'x' }] });
@@ -305,6 +305,50 @@ describe('a failed discovery answers 503 model_unavailable, not 404 (item 15)', 
     const unknown = await post(g.base, '/v1/chat/completions', { model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] });
     expect(unknown.status).toBe(404);
     expect(JSON.parse(unknown.body)).toMatchObject({ error: { code: 'model_not_found' } });
+  });
+});
+
+describe('discovery pending is bounded per pool (review finding)', () => {
+  const ask = (base: string, model: string) => post(base, '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }] });
+
+  it('a discovering pool whose upstream answers /v1/models 401: an unknown model is 404 at once, the other pool\'s model served', async () => {
+    const served = await upstream({ '/v1/chat/completions': chatRoute });
+    const wrongKey = await upstream({ '/v1/models': (_req, res) => res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":"unauthorized"}') });
+    const g = await gateway({
+      pools: [
+        { name: 'a', models: ['m'], upstreams: [{ name: 'ua', url: served.url }] },
+        { name: 'b', upstreams: [{ name: 'ub', url: wrongKey.url }] },
+      ],
+      discovery: { refresh_interval: '1h' },
+      health: { interval: '1h' },
+    });
+    const typo = await ask(g.base, 'typo-model');
+    expect(typo.status).toBe(404);
+    expect(JSON.parse(typo.body)).toMatchObject({ error: { code: 'model_not_found' } });
+    expect((await ask(g.base, 'm')).status).toBe(200);
+    expect(metricValue(await g.metrics(), 'waybill_upstream_probe_failures_total', { upstream: 'ub', probe: 'discovery' })).toBe(1);
+  });
+
+  it('a body that is not a model list counts as answered too: 404, not 503', async () => {
+    const notVllm = await upstream({ '/v1/models': (_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end('<html>hello</html>') });
+    const g = await gateway({
+      pools: [{ name: 'b', upstreams: [{ name: 'ub', url: notVllm.url }] }],
+      discovery: { refresh_interval: '1h' },
+      health: { interval: '1h' },
+    });
+    expect((await ask(g.base, 'typo-model')).status).toBe(404);
+  });
+
+  it('upstreams that never answer (5xx): 503 model_unavailable for a bounded number of rounds, then 404', async () => {
+    const down = await upstream({ '/v1/models': (_req, res) => res.writeHead(503).end('loading') });
+    const g = await gateway({
+      pools: [{ name: 'b', upstreams: [{ name: 'ub', url: down.url }] }],
+      discovery: { refresh_interval: '50ms' },
+      health: { interval: '1h' },
+    });
+    expect((await ask(g.base, 'typo-model')).status).toBe(503);
+    // DISCOVERY_PENDING_ROUNDS (3) rounds: ~100 ms; the bound is 5 s.
+    await until(async () => (await ask(g.base, 'typo-model')).status === 404);
   });
 });
 

@@ -352,6 +352,27 @@ describe('discovery pending is bounded per pool (review finding)', () => {
   });
 });
 
+describe('a reload while a discovering pool\'s upstreams are down keeps its models served (review finding)', () => {
+  it('the unchanged pool starts from the previous list: 200, not 503', async () => {
+    let listing = true;
+    const up = await upstream({
+      '/v1/models': (_req, res) => {
+        if (listing) res.writeHead(200, { 'content-type': 'application/json' }).end(modelsBody(['real-model']));
+        else res.writeHead(503).end('down');
+      },
+      '/v1/chat/completions': chatRoute,
+    });
+    const input = { server: { host: '127.0.0.1', port: 0 }, logging: { level: 'silent' }, pools: [{ name: 'p', upstreams: [{ name: 'u', url: up.url }] }], health: { interval: '1h' } };
+    const g = await gateway({ ...input, discovery: { refresh_interval: '1h' } });
+    const ask = () => post(g.base, '/v1/chat/completions', { model: 'real-model', messages: [{ role: 'user', content: 'x' }] });
+    expect((await ask()).status).toBe(200);
+    listing = false;
+    const reloaded = await g.gateway.reload(parseConfig({ ...input, discovery: { refresh_interval: '30m' } }, 'test'));
+    expect(reloaded.result).toBe('ok');
+    expect((await ask()).status).toBe(200);
+  });
+});
+
 describe('passive health never ejects the last upstream of a pool (item 16)', () => {
   it('three failed requests to a pool of one: not ejected, /readyz stays 200', async () => {
     const up = await upstream({

@@ -48,7 +48,13 @@ const record = (upstream: string, result: AttemptResult | undefined): AttemptRec
   failure: undefined,
 });
 
-type Step = { kind: 'attempt'; upstream: number; result: AttemptResult | undefined } | { kind: 'wait'; ms: number };
+type Step =
+  | { kind: 'attempt'; upstream: number; result: AttemptResult | undefined }
+  | { kind: 'send'; upstream: number }
+  | { kind: 'settle'; index: number; result: AttemptResult | undefined }
+  | { kind: 'wait'; ms: number };
+
+const results = fc.constantFrom<AttemptResult | undefined>('http_5xx', 'reset', 'timeout', 'connect_error', 'ok', 'cancelled', undefined);
 
 const step: fc.Arbitrary<Step> = fc.oneof(
   {
@@ -56,9 +62,12 @@ const step: fc.Arbitrary<Step> = fc.oneof(
     arbitrary: fc.record({
       kind: fc.constant('attempt' as const),
       upstream: fc.nat(7),
-      result: fc.constantFrom<AttemptResult | undefined>('http_5xx', 'reset', 'timeout', 'connect_error', 'ok', 'cancelled', undefined),
+      result: results,
     }),
   },
+  // An attempt left in flight (a half-open upstream's trial among them) while others settle, settled later.
+  { weight: 2, arbitrary: fc.record({ kind: fc.constant('send' as const), upstream: fc.nat(7) }) },
+  { weight: 2, arbitrary: fc.record({ kind: fc.constant('settle' as const), index: fc.nat(7), result: results }) },
   { weight: 1, arbitrary: fc.record({ kind: fc.constant('wait' as const), ms: fc.integer({ min: 1, max: 500 }) }) },
 );
 
@@ -70,9 +79,18 @@ describe('passive health never ejects more than its share of a pool, nor all of 
         const upstreams: readonly Upstream[] = r.upstreams;
         const bound = Math.floor((n * (percent ?? 100)) / 100);
         let now = 0;
+        const inFlight: { upstream: Upstream; ticket: ReturnType<UpstreamRegistry['sent']> }[] = [];
         for (const s of steps) {
           if (s.kind === 'wait') {
             now += s.ms;
+          } else if (s.kind === 'send') {
+            const upstream = upstreams[s.upstream % n] as Upstream;
+            inFlight.push({ upstream, ticket: r.sent(upstream, now) });
+          } else if (s.kind === 'settle') {
+            if (inFlight.length > 0) {
+              const [sent] = inFlight.splice(s.index % inFlight.length, 1);
+              if (sent !== undefined) r.settled(sent.upstream, sent.ticket, record(sent.upstream.name, s.result), now);
+            }
           } else {
             const upstream = upstreams[s.upstream % n] as Upstream;
             const ticket = r.sent(upstream, now);
@@ -82,12 +100,28 @@ describe('passive health never ejects more than its share of a pool, nor all of 
           expect(ejected).toBeLessThanOrEqual(bound);
           expect(upstreams.some((u) => u.isUp(now))).toBe(true);
           expect(upstreams.some((u) => u.breaker.state(now) !== 'open')).toBe(true);
+          // One upstream takes traffic for certain: closed, not only on trial (a half-open one whose trial fails
+          // stays out, and picking would fall back to all of them, the ejected included).
+          expect(upstreams.some((u) => u.breaker.state(now) === 'closed')).toBe(true);
         }
         void r.close();
         registries.pop();
       }),
       { numRuns: 300 },
     );
+  });
+
+  it('a half-open upstream on trial does not count as taking traffic: the other is not ejected', () => {
+    const r = registry(2, undefined);
+    const [u0, u1] = r.upstreams as [Upstream, Upstream];
+    for (let i = 0; i < 2; i++) r.settled(u0, r.sent(u0, 0), record(u0.name, 'http_5xx'), 0);
+    expect(u0.breaker.state(0)).toBe('open');
+    const trial = r.sent(u0, 60); // ejection_base 50ms passed: u0's trial
+    expect(u0.breaker.state(60)).toBe('half_open');
+    for (let i = 0; i < 2; i++) r.settled(u1, r.sent(u1, 60), record(u1.name, 'http_5xx'), 60);
+    expect(u1.breaker.state(60)).toBe('closed');
+    r.settled(u0, trial, record(u0.name, 'http_5xx'), 60);
+    expect([u0, u1].some((u) => u.breaker.state(60) === 'closed')).toBe(true);
   });
 
   it('a pool of three fails three times each: two ejected by default, the third kept; 34 % lets one go', () => {

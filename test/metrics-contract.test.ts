@@ -21,6 +21,7 @@ import { INTERNAL_ERROR_COMPONENTS } from '../src/telemetry/guard.js';
 import { CONFIG_RELOAD_RESULTS, GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS } from '../src/telemetry/metrics.js';
 import { LIMIT_NAMES } from '../src/proxy/tenant-limits.js';
 import { LIMIT_STORE_OPS } from '../src/proxy/redis-limit-store.js';
+import { ModelLabels } from '../src/proxy/model-labels.js';
 
 const doc = readFileSync(new URL('../docs/metrics.md', import.meta.url), 'utf8');
 
@@ -115,7 +116,7 @@ describe('the exported text carries exactly the contracted label names', () => {
       0,
       { onInterTokenGap: (ms) => metrics.interTokenLatency('m').observe(ms / 1000) },
     );
-    metrics.requestStarted('m');
+    const inflightLabel = metrics.requestStarted('m');
     ledger.startAttempt(0, 'u0');
     ledger.responseStarted(1, 200);
     for (const [at, data] of [
@@ -129,16 +130,16 @@ describe('the exported text carries exactly the contracted label names', () => {
     }
     ledger.streamEnded(32, 'eof');
     ledger.clientEnded(31);
-    metrics.record(ledger.settle(32), true);
+    metrics.record(ledger.settle(32), inflightLabel);
     // A client SDK's retry (x-stainless-retry-count 1), cancelled.
     const cancelled = new RequestLedger({ ...ledger.info, clientRetry: 1 }, 0);
     cancelled.clientCancelled(5);
-    metrics.record(cancelled.settle(5), false);
+    metrics.record(cancelled.settle(5), undefined);
     const miss = new RequestLedger({ ...ledger.info, stream: false }, 0);
     miss.startAttempt(0, 'u0');
     miss.bodyReceived(1, 200, classifyEventData('{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}'));
     miss.clientEnded(1);
-    metrics.record(miss.settle(1), false);
+    metrics.record(miss.settle(1), undefined);
     metrics.retryMade('m', 'reset');
     metrics.retryBudgetSpent('m');
     metrics.upstreamEjected('u0', 'consecutive_failures');
@@ -204,5 +205,24 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_rate_limited_total{tenant="team-a",limit="tokens"} 1');
     expect(text).toContain('waybill_limit_store_errors_total{op="reserve"} 1');
     expect(text).toContain('waybill_limit_store_up{store="redis"} 0');
+  });
+});
+
+describe('waybill_inflight_requests takes a request off the series it was counted under', () => {
+  it('a name that gets a label while its request is in flight: _other back to 0, the new label never −1', async () => {
+    const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1], queueWait: [1] }, { defaultMetrics: false });
+    const labels = new ModelLabels();
+    metrics.labelModels((model) => labels.label(model));
+    labels.admit('pool-a', 0, ['late']); // pool A's cap is full: `late` is counted under _other
+    const inflightLabel = metrics.requestStarted('late');
+    expect(inflightLabel).toBe('_other');
+    labels.admit('pool-b', 1, ['late']); // pool B (or a reload) gives it a label of its own meanwhile
+    const ledger = new RequestLedger(requestInfo({ model: 'late' }), 0);
+    ledger.clientCancelled(5);
+    metrics.record(ledger.settle(5), inflightLabel);
+    const text = await metrics.registry.metrics();
+    const value = (model: string) => text.split('\n').find((line) => line.startsWith(`waybill_inflight_requests{model="${model}"}`))?.split(' ')[1];
+    expect(value('_other')).toBe('0');
+    expect(value('late') ?? '0').toBe('0');
   });
 });

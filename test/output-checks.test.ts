@@ -213,7 +213,7 @@ describe('the sample record', () => {
     const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1], queueWait: [1] }, { defaultMetrics: false });
     const guard = new ObserverGuard(() => undefined);
     const publish = createSettlementRecorder({ metrics, logger, guard, logRequests: true, evaluation: { sampleRate: 1, models: {}, captureContent } });
-    publish(settlement, requestId, NO_TRACE, false, 0);
+    publish(settlement, requestId, NO_TRACE, undefined, 0);
     return lines;
   }
 

@@ -147,7 +147,10 @@ describe('discovered model names: the label set is capped for the life of the pr
     const up = await upstream({
       '/v1/models': (_req, res) => {
         listing++;
-        res.writeHead(200, { 'content-type': 'application/json' }).end(modelsBody([`lora-${2 * k}`, `lora-${2 * k + 1}`]));
+        // The loop below ends with k = 6: the list stays at the last step's (a name that left and came back would
+        // count again when listed anew).
+        const step = Math.min(k, 5);
+        res.writeHead(200, { 'content-type': 'application/json' }).end(modelsBody([`lora-${2 * step}`, `lora-${2 * step + 1}`]));
       },
       '/v1/chat/completions': chatRoute,
     });
@@ -184,7 +187,6 @@ describe('discovered model names: the label set is capped for the life of the pr
       expect(metricValue(text, 'waybill_inflight_requests', { model })).toBe(0);
     }
     // Later refreshes (the list no longer changes) count nothing more.
-    k = 5;
     const before = listing;
     await until(() => listing >= before + 2);
     expect(metricValue(await g.metrics(), 'waybill_discovered_models_refused_total', { pool: 'lora' })).toBe(9);
@@ -283,7 +285,7 @@ describe('a failed discovery answers 503 model_unavailable, not 404 (item 15)', 
     });
     const g = await gateway({
       pools: [{ name: 'p', upstreams: [{ name: 'u', url: up.url }] }],
-      discovery: { refresh_interval: '50ms' },
+      discovery: { refresh_interval: '500ms' },
       health: { interval: '1h' },
     });
     const chat = await post(g.base, '/v1/chat/completions', { model: 'real-model', messages: [{ role: 'user', content: 'x' }] });
@@ -303,6 +305,71 @@ describe('a failed discovery answers 503 model_unavailable, not 404 (item 15)', 
     const unknown = await post(g.base, '/v1/chat/completions', { model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] });
     expect(unknown.status).toBe(404);
     expect(JSON.parse(unknown.body)).toMatchObject({ error: { code: 'model_not_found' } });
+  });
+});
+
+describe('discovery pending is bounded per pool (review finding)', () => {
+  const ask = (base: string, model: string) => post(base, '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }] });
+
+  it('a discovering pool whose upstream answers /v1/models 401: an unknown model is 404 at once, the other pool\'s model served', async () => {
+    const served = await upstream({ '/v1/chat/completions': chatRoute });
+    const wrongKey = await upstream({ '/v1/models': (_req, res) => res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":"unauthorized"}') });
+    const g = await gateway({
+      pools: [
+        { name: 'a', models: ['m'], upstreams: [{ name: 'ua', url: served.url }] },
+        { name: 'b', upstreams: [{ name: 'ub', url: wrongKey.url }] },
+      ],
+      discovery: { refresh_interval: '1h' },
+      health: { interval: '1h' },
+    });
+    const typo = await ask(g.base, 'typo-model');
+    expect(typo.status).toBe(404);
+    expect(JSON.parse(typo.body)).toMatchObject({ error: { code: 'model_not_found' } });
+    expect((await ask(g.base, 'm')).status).toBe(200);
+    expect(metricValue(await g.metrics(), 'waybill_upstream_probe_failures_total', { upstream: 'ub', probe: 'discovery' })).toBe(1);
+  });
+
+  it('a body that is not a model list counts as answered too: 404, not 503', async () => {
+    const notVllm = await upstream({ '/v1/models': (_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end('<html>hello</html>') });
+    const g = await gateway({
+      pools: [{ name: 'b', upstreams: [{ name: 'ub', url: notVllm.url }] }],
+      discovery: { refresh_interval: '1h' },
+      health: { interval: '1h' },
+    });
+    expect((await ask(g.base, 'typo-model')).status).toBe(404);
+  });
+
+  it('upstreams that never answer (5xx): 503 model_unavailable for a bounded number of rounds, then 404', async () => {
+    const down = await upstream({ '/v1/models': (_req, res) => res.writeHead(503).end('loading') });
+    const g = await gateway({
+      pools: [{ name: 'b', upstreams: [{ name: 'ub', url: down.url }] }],
+      discovery: { refresh_interval: '50ms' },
+      health: { interval: '1h' },
+    });
+    expect((await ask(g.base, 'typo-model')).status).toBe(503);
+    // DISCOVERY_PENDING_ROUNDS (3) rounds: ~100 ms; the bound is 5 s.
+    await until(async () => (await ask(g.base, 'typo-model')).status === 404);
+  });
+});
+
+describe('a reload while a discovering pool\'s upstreams are down keeps its models served (review finding)', () => {
+  it('the unchanged pool starts from the previous list: 200, not 503', async () => {
+    let listing = true;
+    const up = await upstream({
+      '/v1/models': (_req, res) => {
+        if (listing) res.writeHead(200, { 'content-type': 'application/json' }).end(modelsBody(['real-model']));
+        else res.writeHead(503).end('down');
+      },
+      '/v1/chat/completions': chatRoute,
+    });
+    const input = { server: { host: '127.0.0.1', port: 0 }, logging: { level: 'silent' }, pools: [{ name: 'p', upstreams: [{ name: 'u', url: up.url }] }], health: { interval: '1h' } };
+    const g = await gateway({ ...input, discovery: { refresh_interval: '1h' } });
+    const ask = () => post(g.base, '/v1/chat/completions', { model: 'real-model', messages: [{ role: 'user', content: 'x' }] });
+    expect((await ask()).status).toBe(200);
+    listing = false;
+    const reloaded = await g.gateway.reload(parseConfig({ ...input, discovery: { refresh_interval: '30m' } }, 'test'));
+    expect(reloaded.result).toBe('ok');
+    expect((await ask()).status).toBe(200);
   });
 });
 

@@ -140,7 +140,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
     const at = now();
     if (status === 'cancelled') ledger.clientCancelled(at);
     else ledger.reject(status);
-    publish(ledger.settle(at), start.requestId, trace, false, at);
+    publish(ledger.settle(at), start.requestId, trace, undefined, at);
   };
 
   const startOf = (request: FastifyRequest, route: Route, stream: boolean, model?: unknown): AnsweredStart => ({

@@ -141,6 +141,8 @@ export class Exchange {
   private readonly drained = () => this.send({ type: 'client_drain' });
   private readonly writer: ClientWriter;
   private held: HeldRequest | undefined;
+  /** The in-flight gauge's label this request was counted under (request_started), taken off the same one at settlement. */
+  private inflightLabel: string | undefined;
 
   constructor(
     private readonly deps: ExchangeDeps,
@@ -152,7 +154,9 @@ export class Exchange {
     this.writer = new ClientWriter(res, this.socket, this.drained);
     this.controls = deps.upstreams.controls(request.model);
     const itl = deps.metrics.interTokenLatency(request.model);
-    this.observe = createDeliveryObserver(deps, request.model, request.requestId, request.trace);
+    this.observe = createDeliveryObserver(deps, request.model, request.requestId, request.trace, (label) => {
+      this.inflightLabel = label;
+    });
     this.machine = new DeliveryMachine(
       { info: requestInfo(config, request), arrivalAt: request.arrivalAt, requestId: request.requestId, gated: this.controls.gate !== undefined },
       {
@@ -291,7 +295,7 @@ export class Exchange {
           this.deps.guard.run('metrics', () => held.ended());
         }
         const at = this.deps.now();
-        this.deps.publish(effect.settlement, this.request.requestId, this.request.trace, true, at);
+        this.deps.publish(effect.settlement, this.request.requestId, this.request.trace, this.inflightLabel, at);
         this.deps.onDone?.(this);
         return;
       }

@@ -197,7 +197,21 @@ export interface ServedPool {
   models: readonly string[];
   /** Configured models, or a discovery of this pool has read an upstream's model list at least once. */
   discovered: boolean;
+  /**
+   * Discovery of this pool is no longer pending (see {@link UpstreamRegistry.discoveryPending}): it read a list, an
+   * upstream answered `/v1/models` with something that is not one (401, 404, a body that is not a list), or
+   * {@link DISCOVERY_PENDING_ROUNDS} rounds found no upstream answering at all.
+   */
+  settled: boolean;
+  /** Discovery rounds of this pool in which no upstream answered (counted until it is settled). */
+  unansweredRounds: number;
 }
+
+/**
+ * Rounds (the first at start, then one per discovery.refresh_interval) in which no upstream of a discovering pool
+ * answers `/v1/models` before an unknown model is answered 404 model_not_found rather than 503 model_unavailable.
+ */
+export const DISCOVERY_PENDING_ROUNDS = 3;
 
 /** One upstream's state at a moment (UpstreamRegistry.snapshot). */
 export interface UpstreamState {
@@ -267,6 +281,8 @@ export class UpstreamRegistry {
       upstreams: pool.upstreams.map((u) => new Upstream(u, config, onReadStopped)),
       models: pool.models ?? [],
       discovered: pool.models !== undefined,
+      settled: pool.models !== undefined,
+      unansweredRounds: 0,
     }));
     for (const pool of this.pools) for (const upstream of pool.upstreams) this.poolOf.set(upstream, pool);
     labels.configure(config.pools.flatMap((pool) => pool.models ?? []));
@@ -287,11 +303,33 @@ export class UpstreamRegistry {
   }
 
   /**
-   * Whether a pool that discovers its models has not read any upstream's model list yet: a model it does not know
-   * may be one it serves once discovery succeeds (answered 503 model_unavailable, not 404).
+   * Whether a pool that discovers its models has not read any upstream's model list yet and may still: a model no pool
+   * serves may be one it serves once discovery succeeds (answered 503 model_unavailable, not 404). Bounded per pool:
+   * it ends once an upstream of the pool answered `/v1/models` at all (a list, or an HTTP answer that is not one: a
+   * wrong api_key, not vLLM — logged and counted as a failed discovery), or after {@link DISCOVERY_PENDING_ROUNDS}
+   * rounds with none answering.
    */
   discoveryPending(): boolean {
-    return this.pools.some((pool) => !pool.discovered);
+    return this.pools.some((pool) => !pool.settled);
+  }
+
+  /**
+   * A reload: pools that discover, whose name and upstreams (names and URLs) are unchanged, start from the previous
+   * generation's list, so a reload while their upstreams are down does not unserve their models. The next discovery
+   * replaces it as usual.
+   */
+  carryDiscovery(previous: UpstreamRegistry): void {
+    const key = (pool: ServedPool) => JSON.stringify(pool.upstreams.map((u) => [u.name, u.url.href]));
+    for (const pool of this.pools) {
+      if (pool.config.models !== undefined) continue;
+      const before = previous.pools.find((p) => p.config.name === pool.config.name && p.config.models === undefined);
+      if (before === undefined || key(before) !== key(pool)) continue;
+      pool.models = before.models;
+      pool.discovered = before.discovered;
+      pool.settled = before.settled;
+      pool.unansweredRounds = before.unansweredRounds;
+    }
+    this.indexModels();
   }
 
   /**
@@ -394,8 +432,8 @@ export class UpstreamRegistry {
   }
 
   /**
-   * May passive health eject `upstream` now? Only while the pool keeps another upstream that takes traffic (up by its
-   * health check and not ejected) and ejecting it keeps the pool's ejected upstreams (open or half open) within
+   * May passive health eject `upstream` now? Only while the pool keeps another upstream that takes traffic for certain
+   * (not failed by its health check, and its circuit closed: a half-open one's trial may fail and keep it out) and ejecting it keeps the pool's ejected upstreams (open or half open) within
    * health.max_ejection_percent of the pool, rounded down. Active health checks are not bounded: an upstream whose
    * /health fails is out until it passes (and when none is up, picking falls back to all of them).
    */
@@ -408,7 +446,7 @@ export class UpstreamRegistry {
     for (const other of pool.upstreams) {
       if (other === upstream) continue;
       if (other.breaker.state(now) !== 'closed') ejected++;
-      if (other.isUp(now)) othersUp = true;
+      if (other.healthy !== false && other.breaker.state(now) === 'closed') othersUp = true;
     }
     return othersUp && ejected + 1 <= bound;
   }
@@ -503,12 +541,15 @@ export class UpstreamRegistry {
       if (pool.config.models !== undefined) continue;
       const found = new Set<string>();
       let read = false;
+      let answered = false;
       await Promise.all(
         pool.upstreams.map(async (upstream) => {
           let status: number | undefined;
           try {
             const response = await upstream.get('/v1/models', this.config.health.timeoutMs, 'discovery');
             status = response.status;
+            // An HTTP answer (a 5xx may be a proxy in front of an upstream still starting: not one).
+            if (status < 500) answered = true;
             if (status !== 200) {
               this.discoveryFailed(upstream, status, undefined);
               return;
@@ -528,6 +569,18 @@ export class UpstreamRegistry {
       );
       if (this.closed) return;
       if (read) pool.discovered = true;
+      if (!pool.settled) {
+        if (!read && !answered) pool.unansweredRounds++;
+        if (read || answered || pool.unansweredRounds >= DISCOVERY_PENDING_ROUNDS) {
+          pool.settled = true;
+          if (!read) {
+            this.logger.warn(
+              { pool: pool.config.name, rounds: pool.unansweredRounds },
+              'model discovery of this pool read no model list: models no pool serves are answered 404 model_not_found from now on',
+            );
+          }
+        }
+      }
       // Keep the last known list when every upstream is unreachable, so a blip does not unserve a model.
       if (found.size === 0) continue;
       const models = [...found].sort();

@@ -15,13 +15,22 @@ export interface DeliveryObserverDeps {
   readonly now: () => number;
 }
 
-/** One request's observer: `trace` is already guarded (ObserverGuard.trace). */
-export function createDeliveryObserver(deps: DeliveryObserverDeps, model: string, requestId: string, trace: RequestTrace): (o: Observation) => void {
+/**
+ * One request's observer: `trace` is already guarded (ObserverGuard.trace). `onInflight` is told the label the request
+ * was counted in flight under, for its settlement to take it off the same series.
+ */
+export function createDeliveryObserver(
+  deps: DeliveryObserverDeps,
+  model: string,
+  requestId: string,
+  trace: RequestTrace,
+  onInflight: (label: string) => void = () => {},
+): (o: Observation) => void {
   const { metrics, guard, logger, now } = deps;
   return (observation) => {
     switch (observation.type) {
       case 'request_started':
-        return guard.run('metrics', () => metrics.requestStarted(model));
+        return guard.run('metrics', () => onInflight(metrics.requestStarted(model)));
       case 'queue_waited':
         return guard.run('metrics', () => metrics.queueWaited(model, observation.ms));
       case 'retry_made':

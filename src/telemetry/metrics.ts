@@ -628,8 +628,15 @@ export class GatewayMetrics {
     this.queueWait.observe({ model: this.modelLabel(model) }, ms / 1000);
   }
 
-  requestStarted(model: string): void {
-    this.inflight.inc({ model: this.modelLabel(model) });
+  /**
+   * A request started: counted in flight under its model's label now, which it returns. Pass it to record() at
+   * settlement, so the decrement is of the same series even if the label changed meanwhile (a name admitted since by
+   * another pool's discovery, or by a reload).
+   */
+  requestStarted(model: string): string {
+    const label = this.modelLabel(model);
+    this.inflight.inc({ model: label });
+    return label;
   }
 
   /** The inter-token-latency observer for a model's requests: take it once per request, observe per event. */
@@ -639,14 +646,14 @@ export class GatewayMetrics {
 
 
   /**
-   * Records one settled logical request. `started` says whether requestStarted() was called for it; `traceId`, when
-   * the request was traced, becomes the exemplar of its observations.
+   * Records one settled logical request. `inflightLabel` is what requestStarted() returned for it (undefined: it was
+   * never counted in flight); `traceId`, when the request was traced, becomes the exemplar of its observations.
    */
-  record(s: Settlement, started: boolean, traceId?: string): void {
+  record(s: Settlement, inflightLabel: string | undefined, traceId?: string): void {
     const model = this.modelLabel(s.model);
     const exemplar = traceId === undefined ? undefined : { trace_id: traceId };
     const exemplarLabels = exemplar ?? NO_EXEMPLAR;
-    if (started) this.inflight.dec({ model });
+    if (inflightLabel !== undefined) this.inflight.dec({ model: inflightLabel });
     const tenant = s.tenant;
     this.requests.inc({ model, tenant, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplar);
     if (s.clientRetry !== undefined && s.clientRetry > 0) this.clientRetries.inc({ model, route: s.route });

@@ -30,15 +30,16 @@ export interface SettlementRecorderDeps {
 /** Sees one settled request with its id and, when the request is traced, its trace id. */
 export type SettlementSubscriber = (settlement: Settlement, requestId: string, traceId: string | undefined) => void;
 
-export type PublishSettlement = (settlement: Settlement, requestId: string, trace: RequestTrace, started: boolean, at: number) => void;
+/** `inflightLabel`: the in-flight gauge's label the request was counted under (GatewayMetrics.requestStarted), if it was. */
+export type PublishSettlement = (settlement: Settlement, requestId: string, trace: RequestTrace, inflightLabel: string | undefined, at: number) => void;
 
 export function createSettlementRecorder(deps: SettlementRecorderDeps): PublishSettlement {
   const { metrics, logger, guard, logRequests, onSettled, evaluation } = deps;
-  return (settlement, requestId, trace, started, at) => {
+  return (settlement, requestId, trace, inflightLabel, at) => {
     const traceId = trace.traceId;
     const sample = evaluation === undefined ? undefined : guard.run('hook', () => evaluationSample(evaluation, settlement, requestId, traceId), undefined);
     guard.run('tracing', () => trace.settle(settlement, at, sample));
-    guard.run('metrics', () => metrics.record(settlement, started, traceId));
+    guard.run('metrics', () => metrics.record(settlement, inflightLabel, traceId));
     if (sample !== undefined) {
       guard.run('metrics', () => metrics.evaluationSampled(settlement.model));
       // Its own line, so a collector can route samples to the evaluator without parsing every request's line.

@@ -338,6 +338,12 @@ describe("reading a Messages error event's code", () => {
     expect(code({ error: { type: 'internal_error', message: 'boom' } })).toBeUndefined();
   });
 
+  it('a type naming a key of Object.prototype names no status', () => {
+    for (const type of ['constructor', 'toString', '__proto__', 'hasOwnProperty', 'valueOf']) {
+      expect(code({ error: { type, message: 'x' } }), type).toBeUndefined();
+    }
+  });
+
   it("the error's own code first", () => {
     expect(code({ error: { type: 'overloaded_error', message: 'x', code: 503 } })).toBe(503);
   });

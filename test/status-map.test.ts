@@ -138,7 +138,20 @@ function errorEvent(route: RouteName, code: number | undefined): string {
   }
 }
 
-function script(key: string, route: RouteName, res: ServerResponse): void {
+/** An error body under HTTP 200 for a non-stream request, as each route's upstream writes it. */
+function errorBody(route: RouteName, code: number | undefined): string {
+  if (route !== 'messages') return JSON.stringify({ error: { message: 'boom', type: 'BadRequestError', param: null, ...(code === undefined ? {} : { code }) } });
+  return JSON.stringify({ type: 'error', error: { type: 'internal_error', message: code === undefined ? 'boom' : chatErrorValidationMessage(errorInfo(code, 'boom')) } });
+}
+
+function script(key: string, route: RouteName, res: ServerResponse, stream = true): void {
+  if (!stream) {
+    const event = /^event code (\d{3})$/.exec(key);
+    res.writeHead(200, { 'content-type': 'application/json' });
+    if (key === 'overloaded type') res.end(JSON.stringify({ type: 'error', error: { type: 'overloaded_error', message: 'boom' } }));
+    else res.end(errorBody(route, event === null ? undefined : Number(event[1])));
+    return;
+  }
   const http = /^HTTP (\d{3})$/.exec(key);
   if (http !== null) {
     const status = Number(http[1]);
@@ -195,8 +208,8 @@ async function scripted(): Promise<Scripted> {
   upstream = await startScripted((req, res) => {
     const id = String(req.headers['x-case']);
     hits.set(id, (hits.get(id) ?? 0) + 1);
-    const [key, route] = id.split('|') as [string, RouteName];
-    script(key, route, res);
+    const [key, route, mode] = id.split('|') as [string, RouteName, string | undefined];
+    script(key, route, res, mode !== 'non-stream');
   });
   closers.push(() => (upstream as Scripted).close());
   return upstream;
@@ -251,10 +264,11 @@ interface Received {
   attempts: number;
 }
 
-async function drive(key: string, route: RouteName, variant: Variant): Promise<Received> {
+async function drive(key: string, route: RouteName, variant: Variant, stream = true): Promise<Received> {
   const stack = await gateway(variant);
   const before = stack.settlements.length;
-  const result = await post(stack.base, ROUTES[route].path, ROUTES[route].body, { 'x-case': `${key}|${route}` });
+  const body = stream ? ROUTES[route].body : { ...ROUTES[route].body, stream: false };
+  const result = await post(stack.base, ROUTES[route].path, body, { 'x-case': `${key}|${route}${stream ? '' : '|non-stream'}` });
   const settlement = (await stack.settled(before + 1)).find((s, i) => i >= before && s.route === route);
   return { status: result.status, body: JSON.parse(result.body) as Record<string, unknown>, attempts: settlement?.attempts.length ?? -1 };
 }
@@ -294,6 +308,26 @@ describe('docs/errors.md: each row of the status table through a real gateway', 
       expectCell(again, cell, shape, key);
       expect(again.attempts, `${key}: attempts under retry_on_500`).toBe(2);
     }
+  });
+});
+
+// "or an error body under HTTP 200": the event rows again, each as a non-stream request answered 200 with the error.
+const BODY_CASES = CASES.filter(([key]) => key.startsWith('event '));
+
+describe('docs/errors.md: the event rows as an error body under HTTP 200 (stream: false)', () => {
+  it.each(BODY_CASES)('%s on %s, non-stream', async (key, route, row) => {
+    const shape = ROUTES[route].shape;
+    const cell = shape === 'anthropic' ? row.anthropic : row.openai;
+    const received = await drive(key, route, variantOf(key), false);
+    expectCell(received, cell, shape, key);
+    expect(received.attempts, `${key}: attempts (retried: ${row.retried})`).toBe(row.retried === 'yes' ? 2 : 1);
+  });
+
+  it("an Anthropic overloaded_error body under HTTP 200 on /v1/messages is 529 and retried, as the stream's event is", async () => {
+    const received = await drive('overloaded type', 'messages', 'plain', false);
+    expect(received.status).toBe(529);
+    expect(received.body).toMatchObject({ type: 'error', error: { type: 'overloaded_error' } });
+    expect(received.attempts).toBe(2);
   });
 });
 

@@ -260,6 +260,7 @@ function gateway(variant: Variant): Promise<Stack> {
 
 interface Received {
   status: number;
+  shouldRetry: string | undefined;
   body: Record<string, unknown>;
   attempts: number;
 }
@@ -270,7 +271,17 @@ async function drive(key: string, route: RouteName, variant: Variant, stream = t
   const body = stream ? ROUTES[route].body : { ...ROUTES[route].body, stream: false };
   const result = await post(stack.base, ROUTES[route].path, body, { 'x-case': `${key}|${route}${stream ? '' : '|non-stream'}` });
   const settlement = (await stack.settled(before + 1)).find((s, i) => i >= before && s.route === route);
-  return { status: result.status, body: JSON.parse(result.body) as Record<string, unknown>, attempts: settlement?.attempts.length ?? -1 };
+  const shouldRetry = result.headers['x-should-retry'];
+  return { status: result.status, shouldRetry: typeof shouldRetry === 'string' ? shouldRetry : undefined, body: JSON.parse(result.body) as Record<string, unknown>, attempts: settlement?.attempts.length ?? -1 };
+}
+
+/**
+ * The SDKs retry 408, 409, 429 and every 5xx unless told `x-should-retry: false`: Waybill says so when the row is not
+ * retried (the table's "SDK retries" note), or when it already made more than one attempt itself; never `true`.
+ */
+function expectShouldRetry(received: Received, key: string, row: Row, retryOn500 = false): void {
+  const retried = row.retried === 'yes' || (row.retried === 'retry_on_500' && retryOn500);
+  expect(received.shouldRetry, `${key}: x-should-retry`).toBe(!retried || received.attempts > 1 ? 'false' : undefined);
 }
 
 function expectCell(received: Received, cell: Cell, shape: ErrorShape, key: string): void {
@@ -302,11 +313,13 @@ describe('docs/errors.md: each row of the status table through a real gateway', 
     const received = await drive(key, route, variantOf(key));
     expectCell(received, cell, shape, key);
     expect(received.attempts, `${key}: attempts (retried: ${row.retried})`).toBe(row.retried === 'yes' ? 2 : 1);
+    expectShouldRetry(received, key, row);
     if (row.retried === 'retry_on_500') {
       // The same failure under retries.retry_on_500: true is retried, then answered the same.
       const again = await drive(key, route, 'retry_on_500');
       expectCell(again, cell, shape, key);
       expect(again.attempts, `${key}: attempts under retry_on_500`).toBe(2);
+      expectShouldRetry(again, key, row, true);
     }
   });
 });
@@ -321,6 +334,7 @@ describe('docs/errors.md: the event rows as an error body under HTTP 200 (stream
     const received = await drive(key, route, variantOf(key), false);
     expectCell(received, cell, shape, key);
     expect(received.attempts, `${key}: attempts (retried: ${row.retried})`).toBe(row.retried === 'yes' ? 2 : 1);
+    expectShouldRetry(received, key, row);
   });
 
   it("an Anthropic overloaded_error body under HTTP 200 on /v1/messages is 529 and retried, as the stream's event is", async () => {
@@ -341,6 +355,18 @@ describe('/v1/messages through the Anthropic SDK', () => {
     expect(failure).toBeInstanceOf(Anthropic.APIError);
     expect((failure as Error).constructor.name).toBe('OverloadedError');
     expect(failure).toMatchObject({ status: 529, error: { type: 'error', error: { type: 'overloaded_error' } } });
+  });
+
+  it('a row the table does not retry (HTTP 501) is asked once upstream under the SDK default retries: x-should-retry: false', async () => {
+    const stack = await gateway('plain');
+    const id = 'HTTP 501|messages';
+    const before = hits.get(id) ?? 0;
+    // The SDK's default retries (2): without the header a 5xx is asked three times.
+    const client = new Anthropic({ baseURL: stack.base, apiKey: 'unused', defaultHeaders: { 'x-case': id } });
+    const failure = await client.messages.create({ model: 'sim-model', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }], stream: true }).catch((e: unknown) => e);
+    expect(failure).toBeInstanceOf(Anthropic.APIError);
+    expect(failure).toMatchObject({ status: 502 });
+    expect((hits.get(id) ?? 0) - before).toBe(1);
   });
 
   it("vLLM's lazy validation (a 400 inside the converter's error event) surfaces as BadRequestError and is not retried, by Waybill or the SDK", async () => {

@@ -345,6 +345,15 @@ describe('docs/errors.md: the event rows as an error body under HTTP 200 (stream
   });
 });
 
+describe('/v1/messages/count_tokens reads an Anthropic error body as Messages does', () => {
+  it('an overloaded_error body under HTTP 200 is 529 overloaded_error', async () => {
+    const stack = await gateway('plain');
+    const result = await post(stack.base, '/v1/messages/count_tokens', { model: 'sim-model', messages: [{ role: 'user', content: 'hi' }] }, { 'x-case': 'overloaded type|messages|non-stream' });
+    expect(result.status).toBe(529);
+    expect(JSON.parse(result.body)).toMatchObject({ type: 'error', error: { type: 'overloaded_error' } });
+  });
+});
+
 // --- The Anthropic SDK reads what the table says -------------------------------------------------------------------
 
 describe('/v1/messages through the Anthropic SDK', () => {

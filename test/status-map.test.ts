@@ -138,7 +138,20 @@ function errorEvent(route: RouteName, code: number | undefined): string {
   }
 }
 
-function script(key: string, route: RouteName, res: ServerResponse): void {
+/** An error body under HTTP 200 for a non-stream request, as each route's upstream writes it. */
+function errorBody(route: RouteName, code: number | undefined): string {
+  if (route !== 'messages') return JSON.stringify({ error: { message: 'boom', type: 'BadRequestError', param: null, ...(code === undefined ? {} : { code }) } });
+  return JSON.stringify({ type: 'error', error: { type: 'internal_error', message: code === undefined ? 'boom' : chatErrorValidationMessage(errorInfo(code, 'boom')) } });
+}
+
+function script(key: string, route: RouteName, res: ServerResponse, stream = true): void {
+  if (!stream) {
+    const event = /^event code (\d{3})$/.exec(key);
+    res.writeHead(200, { 'content-type': 'application/json' });
+    if (key === 'overloaded type') res.end(JSON.stringify({ type: 'error', error: { type: 'overloaded_error', message: 'boom' } }));
+    else res.end(errorBody(route, event === null ? undefined : Number(event[1])));
+    return;
+  }
   const http = /^HTTP (\d{3})$/.exec(key);
   if (http !== null) {
     const status = Number(http[1]);
@@ -195,8 +208,8 @@ async function scripted(): Promise<Scripted> {
   upstream = await startScripted((req, res) => {
     const id = String(req.headers['x-case']);
     hits.set(id, (hits.get(id) ?? 0) + 1);
-    const [key, route] = id.split('|') as [string, RouteName];
-    script(key, route, res);
+    const [key, route, mode] = id.split('|') as [string, RouteName, string | undefined];
+    script(key, route, res, mode !== 'non-stream');
   });
   closers.push(() => (upstream as Scripted).close());
   return upstream;
@@ -247,16 +260,28 @@ function gateway(variant: Variant): Promise<Stack> {
 
 interface Received {
   status: number;
+  shouldRetry: string | undefined;
   body: Record<string, unknown>;
   attempts: number;
 }
 
-async function drive(key: string, route: RouteName, variant: Variant): Promise<Received> {
+async function drive(key: string, route: RouteName, variant: Variant, stream = true): Promise<Received> {
   const stack = await gateway(variant);
   const before = stack.settlements.length;
-  const result = await post(stack.base, ROUTES[route].path, ROUTES[route].body, { 'x-case': `${key}|${route}` });
+  const body = stream ? ROUTES[route].body : { ...ROUTES[route].body, stream: false };
+  const result = await post(stack.base, ROUTES[route].path, body, { 'x-case': `${key}|${route}${stream ? '' : '|non-stream'}` });
   const settlement = (await stack.settled(before + 1)).find((s, i) => i >= before && s.route === route);
-  return { status: result.status, body: JSON.parse(result.body) as Record<string, unknown>, attempts: settlement?.attempts.length ?? -1 };
+  const shouldRetry = result.headers['x-should-retry'];
+  return { status: result.status, shouldRetry: typeof shouldRetry === 'string' ? shouldRetry : undefined, body: JSON.parse(result.body) as Record<string, unknown>, attempts: settlement?.attempts.length ?? -1 };
+}
+
+/**
+ * The SDKs retry 408, 409, 429 and every 5xx unless told `x-should-retry: false`: Waybill says so when the row is not
+ * retried (the table's "SDK retries" note), or when it already made more than one attempt itself; never `true`.
+ */
+function expectShouldRetry(received: Received, key: string, row: Row, retryOn500 = false): void {
+  const retried = row.retried === 'yes' || (row.retried === 'retry_on_500' && retryOn500);
+  expect(received.shouldRetry, `${key}: x-should-retry`).toBe(!retried || received.attempts > 1 ? 'false' : undefined);
 }
 
 function expectCell(received: Received, cell: Cell, shape: ErrorShape, key: string): void {
@@ -288,12 +313,44 @@ describe('docs/errors.md: each row of the status table through a real gateway', 
     const received = await drive(key, route, variantOf(key));
     expectCell(received, cell, shape, key);
     expect(received.attempts, `${key}: attempts (retried: ${row.retried})`).toBe(row.retried === 'yes' ? 2 : 1);
+    expectShouldRetry(received, key, row);
     if (row.retried === 'retry_on_500') {
       // The same failure under retries.retry_on_500: true is retried, then answered the same.
       const again = await drive(key, route, 'retry_on_500');
       expectCell(again, cell, shape, key);
       expect(again.attempts, `${key}: attempts under retry_on_500`).toBe(2);
+      expectShouldRetry(again, key, row, true);
     }
+  });
+});
+
+// "or an error body under HTTP 200": the event rows again, each as a non-stream request answered 200 with the error.
+const BODY_CASES = CASES.filter(([key]) => key.startsWith('event '));
+
+describe('docs/errors.md: the event rows as an error body under HTTP 200 (stream: false)', () => {
+  it.each(BODY_CASES)('%s on %s, non-stream', async (key, route, row) => {
+    const shape = ROUTES[route].shape;
+    const cell = shape === 'anthropic' ? row.anthropic : row.openai;
+    const received = await drive(key, route, variantOf(key), false);
+    expectCell(received, cell, shape, key);
+    expect(received.attempts, `${key}: attempts (retried: ${row.retried})`).toBe(row.retried === 'yes' ? 2 : 1);
+    expectShouldRetry(received, key, row);
+  });
+
+  it("an Anthropic overloaded_error body under HTTP 200 on /v1/messages is 529 and retried, as the stream's event is", async () => {
+    const received = await drive('overloaded type', 'messages', 'plain', false);
+    expect(received.status).toBe(529);
+    expect(received.body).toMatchObject({ type: 'error', error: { type: 'overloaded_error' } });
+    expect(received.attempts).toBe(2);
+  });
+});
+
+describe('/v1/messages/count_tokens reads an Anthropic error body as Messages does', () => {
+  it('an overloaded_error body under HTTP 200 is 529 overloaded_error', async () => {
+    const stack = await gateway('plain');
+    const result = await post(stack.base, '/v1/messages/count_tokens', { model: 'sim-model', messages: [{ role: 'user', content: 'hi' }] }, { 'x-case': 'overloaded type|messages|non-stream' });
+    expect(result.status).toBe(529);
+    expect(JSON.parse(result.body)).toMatchObject({ type: 'error', error: { type: 'overloaded_error' } });
   });
 });
 
@@ -307,6 +364,18 @@ describe('/v1/messages through the Anthropic SDK', () => {
     expect(failure).toBeInstanceOf(Anthropic.APIError);
     expect((failure as Error).constructor.name).toBe('OverloadedError');
     expect(failure).toMatchObject({ status: 529, error: { type: 'error', error: { type: 'overloaded_error' } } });
+  });
+
+  it('a row the table does not retry (HTTP 501) is asked once upstream under the SDK default retries: x-should-retry: false', async () => {
+    const stack = await gateway('plain');
+    const id = 'HTTP 501|messages';
+    const before = hits.get(id) ?? 0;
+    // The SDK's default retries (2): without the header a 5xx is asked three times.
+    const client = new Anthropic({ baseURL: stack.base, apiKey: 'unused', defaultHeaders: { 'x-case': id } });
+    const failure = await client.messages.create({ model: 'sim-model', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }], stream: true }).catch((e: unknown) => e);
+    expect(failure).toBeInstanceOf(Anthropic.APIError);
+    expect(failure).toMatchObject({ status: 502 });
+    expect((hits.get(id) ?? 0) - before).toBe(1);
   });
 
   it("vLLM's lazy validation (a 400 inside the converter's error event) surfaces as BadRequestError and is not retried, by Waybill or the SDK", async () => {
@@ -336,6 +405,12 @@ describe("reading a Messages error event's code", () => {
     expect(code({ error: { type: 'overloaded_error', message: 'Overloaded' } })).toBe(529);
     expect(code({ error: { type: 'invalid_request_error', message: 'bad' } })).toBe(400);
     expect(code({ error: { type: 'internal_error', message: 'boom' } })).toBeUndefined();
+  });
+
+  it('a type naming a key of Object.prototype names no status', () => {
+    for (const type of ['constructor', 'toString', '__proto__', 'hasOwnProperty', 'valueOf']) {
+      expect(code({ error: { type, message: 'x' } }), type).toBeUndefined();
+    }
   });
 
   it("the error's own code first", () => {

@@ -140,7 +140,7 @@ export function failureResponse(failure: Failure): { status: number; body: Error
 }
 
 /** Anthropic's error type for a status, as its SDK maps them (api_error for what has no type of its own). */
-function anthropicType(status: number): string {
+export function anthropicType(status: number): string {
   switch (status) {
     case 400:
       return 'invalid_request_error';

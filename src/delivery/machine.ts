@@ -556,7 +556,20 @@ export class DeliveryMachine {
 
   private respondFailure(failure: Failure): void {
     const { status, body } = failureResponse(failure);
-    this.writeError(status, body);
+    this.writeError(status, body, this.shouldRetryHeader());
+  }
+
+  /**
+   * `x-should-retry: false` on an upstream failure the client's SDK should not retry (the OpenAI and Anthropic SDKs
+   * retry 408, 409, 429 and every 5xx unless told so): a row of the status table that is not retried (docs/errors.md),
+   * the total deadline, or any failure after Waybill itself already made more than one attempt — an SDK retry on top
+   * of the gateway's multiplies the load on a failing upstream. Never `true`: otherwise the SDK's own rules stand.
+   */
+  private shouldRetryHeader(): Record<string, string> {
+    const record = this.ledger.currentAttempt;
+    if (record === undefined || this.shuttingDown) return {};
+    const notRetried = this.pastDeadline || retryReason(record, this.deps.settings.retry) === undefined;
+    return notRetried || this.ledger.attemptCount > 1 ? { 'x-should-retry': 'false' } : {};
   }
 
   private writeError(status: number, body: ErrorBody, headers: Record<string, string> = {}): void {

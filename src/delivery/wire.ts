@@ -130,6 +130,9 @@ export function classifyWholeBody(route: Route, body: Buffer, contentType: strin
     return route === 'passthrough' ? answerFacts(undefined, undefined, undefined) : { kind: 'malformed' };
   }
   if (isAudioRoute(route)) return classifyAudioBody(json);
+  // An Anthropic-shaped error (`{"type":"error","error":{…}}`) on the Messages routes is read as Messages reads it:
+  // the code buried in vLLM's converter message, else the status its Anthropic type names (docs/errors.md).
+  if ((route === 'messages' || route === 'count_tokens') && isRecord(json) && json['type'] === 'error') return classifyMessagesBody(json, withParts);
   if (isWholeBodyRoute(route) || route === 'responses_retrieve') {
     // The store routes and pass-through: an error object is an error, anything else an answer; no usage counted.
     const facts = route === 'passthrough' && !isRecord(json) ? answerFacts(undefined, undefined, undefined) : classifyPoolingJson(json);

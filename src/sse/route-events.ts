@@ -121,7 +121,8 @@ function messagesError(value: unknown): UpstreamError {
   if (error.code !== undefined) return error;
   const buried = error.message === undefined ? null : CONVERTER_CODE.exec(error.message);
   if (buried !== null) return { ...error, code: Number(buried[1]) };
-  const named = error.type === undefined ? undefined : ANTHROPIC_TYPE_STATUS[error.type];
+  // Own keys only: a type of `constructor` or `__proto__` names no status.
+  const named = error.type === undefined || !Object.hasOwn(ANTHROPIC_TYPE_STATUS, error.type) ? undefined : ANTHROPIC_TYPE_STATUS[error.type];
   return named === undefined ? error : { ...error, code: named };
 }
 

@@ -187,7 +187,7 @@ describe('configuration and key reading', () => {
     expect(presentedKey({ authorization: 'Basic Zm9vOmJhcg==' })).toBe('');
     expect(presentedKey({ authorization: 'Basic Zm9vOmJhcg==', 'x-api-key': 'b' })).toBe('b');
     expect(presentedKey({})).toBeUndefined();
-    const authenticate = createAuthenticator({ keys: [{ tenant: 't', sha256: sha('k') }], required: true });
+    const authenticate = createAuthenticator({ keys: [{ tenant: 't', sha256: sha('k'), admin: false }], required: true });
     expect(authenticate({ authorization: 'Basic k' })).toMatchObject({ ok: false, tenant: '_unauthenticated' });
     expect(authenticate({ authorization: 'BEARER k' })).toEqual({ ok: true, tenant: 't' });
   });

@@ -1,6 +1,7 @@
 /**
  * A gateway in front of simulated vLLMs, over real loopback sockets, for integration tests.
  */
+import { createHash } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { pino } from 'pino';
 import { request } from 'undici';
@@ -39,6 +40,16 @@ export interface Stack {
   metric(name: string, labels?: Record<string, string>): Promise<number>;
   metricsText(): Promise<string>;
   close(): Promise<void>;
+}
+
+/**
+ * The key the helpers scrape /metrics with: a test that configures auth.keys adds `adminKey(tenant)` (naming a tenant
+ * it already has, so no tenant series is added) for its scrapes to be served (docs/operations.md).
+ */
+export const ADMIN_KEY = 'sk-test-admin';
+export const ADMIN_HEADERS = { authorization: `Bearer ${ADMIN_KEY}` };
+export function adminKey(tenant: string): { tenant: string; key_sha256: string; admin: true } {
+  return { tenant, key_sha256: createHash('sha256').update(ADMIN_KEY).digest('hex'), admin: true };
 }
 
 export const CHAT = { model: 'sim-model', messages: [{ role: 'user', content: 'Hello there' }] };
@@ -87,7 +98,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const base = `http://127.0.0.1:${port}`;
 
   const metricsText = async () => {
-    const response = await request(`${base}/metrics`);
+    const response = await request(`${base}/metrics`, { headers: ADMIN_HEADERS });
     return response.body.text();
   };
 

@@ -12,7 +12,7 @@ import { buildInfo } from '../src/util/build.js';
 import { watchEmptyConnections } from './client.js';
 import { runCompare } from './compare.js';
 import { measureTaken, redactArgs, redactUrl, workloadKeys, type RunHeader } from './header.js';
-import { reconcile, settledSnapshot, snapshot, type Reconciliation } from './reconcile.js';
+import { reconcile, settledSnapshot, snapshot, TargetError, type Reconciliation } from './reconcile.js';
 import { htmlReport, jsonReport, reconciliationText, summaryTable } from './report.js';
 import { runWorkload, type Progress, type RunResult } from './runner.js';
 import { summarize, type SloThresholds } from './stats.js';
@@ -251,11 +251,39 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
   };
 }
 
-async function firstModel(baseUrl: string, apiKey: string | undefined): Promise<string> {
+/** Errors of a connection that could not be made or was lost: the target's problem, not the tool's. */
+const CONNECTION_CODES: ReadonlySet<string> = new Set([
+  'ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT', 'EPIPE',
+  'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_SOCKET', 'UND_ERR_INVALID_ARG',
+  'ERR_INVALID_URL',
+]);
+
+/** One line for an error the operator fixes (an unreachable or wrong target), else undefined. */
+export function targetProblem(err: unknown, baseUrl: string): string | undefined {
+  if (err instanceof TargetError) return err.message;
+  if (!(err instanceof Error)) return undefined;
+  const code = (err as NodeJS.ErrnoException).code;
+  if (code === undefined || !CONNECTION_CODES.has(code)) return undefined;
+  // An AggregateError (every address of a name refused) has no message of its own.
+  const detail = err.message === '' ? code : err.message.includes(code) ? err.message : `${err.message} (${code})`;
+  return `cannot reach ${baseUrl}: ${detail}`;
+}
+
+/**
+ * The target answers at all (GET /v1/models), before any load: an unreachable URL is one line, not a run of
+ * failed requests. Without --model, the first model it lists.
+ */
+async function probeTarget(baseUrl: string, apiKey: string | undefined, model: string | undefined): Promise<string> {
   const response = await request(`${baseUrl}/v1/models`, { headers: apiKey === undefined ? {} : { authorization: `Bearer ${apiKey}` } });
-  const body = (await response.body.json()) as { data?: Array<{ id?: unknown }> };
-  const id = body.data?.[0]?.id;
-  if (typeof id !== 'string') throw new Error(`${baseUrl}/v1/models lists no model; give --model`);
+  const text = await response.body.text();
+  if (model !== undefined) return model;
+  let id: unknown;
+  try {
+    id = (JSON.parse(text) as { data?: Array<{ id?: unknown }> }).data?.[0]?.id;
+  } catch {
+    id = undefined;
+  }
+  if (typeof id !== 'string') throw new TargetError(`${baseUrl}/v1/models (${response.statusCode}) lists no model; give --model`);
   return id;
 }
 
@@ -302,7 +330,7 @@ export interface LoadOutcome {
 
 /** Runs the load tool with parsed options; returns its exit code (1 when reconciliation found mismatches). */
 export async function runLoadWith(config: LoadConfig, out: (text: string) => void = (t) => process.stdout.write(`${t}\n`)): Promise<LoadOutcome> {
-  const model = config.model ?? (await firstModel(config.baseUrl, config.apiKey));
+  const model = await probeTarget(config.baseUrl, config.apiKey, config.model);
   const shape = {
     baseUrl: config.baseUrl,
     model,
@@ -313,6 +341,8 @@ export async function runLoadWith(config: LoadConfig, out: (text: string) => voi
     simulator: config.simulator,
     requestTimeoutMs: config.timeoutMs,
   };
+  // A target that is not Waybill (or a --sim that is not a simulator) is refused before any load.
+  if (config.reconcile) await snapshot(config.baseUrl, config.sims);
   // From before the warm-up: a connection it left open could still be answered with a 408 during the run.
   const stopWatching = config.reconcile ? watchEmptyConnections(config.baseUrl) : undefined;
   if (config.warmup > 0) {
@@ -366,7 +396,15 @@ export async function runLoad(argv: string[]): Promise<number> {
     console.error(`invalid load options:\n${config.problems.map((p) => `  - ${p}`).join('\n')}\n\n${USAGE}`);
     return 2;
   }
-  return (await runLoadWith(config)).exitCode;
+  try {
+    return (await runLoadWith(config)).exitCode;
+  } catch (err) {
+    // Exit 2 with one line, as for a bad flag: the operator fixes the command (or starts the target).
+    const problem = targetProblem(err, config.baseUrl);
+    if (problem === undefined) throw err;
+    console.error(`waybill load: ${problem}`);
+    return 2;
+  }
 }
 
 const invoked = process.argv[1];

@@ -69,11 +69,52 @@ export interface Snapshot {
   readonly sims: SimStatsSnapshot[];
 }
 
+/**
+ * A target `--reconcile` cannot compare against: `--url` is not a Waybill gateway (its /metrics has no Waybill
+ * metrics: a simulator, vLLM, or a gateway whose /metrics is on its admin port), or a `--sim` is not a simulator.
+ * Its message is one line, for the operator to fix the command.
+ */
+export class TargetError extends Error {
+  override readonly name = 'TargetError';
+}
+
+/** The metric whose presence says a /metrics is Waybill's (its HELP line is written even before any request). */
+const WAYBILL_MARKER = '# TYPE waybill_requests_total counter';
+
+async function gatewayMetrics(gatewayUrl: string): Promise<Sample[]> {
+  const response = await request(`${gatewayUrl}/metrics`);
+  const text = await response.body.text();
+  if (response.statusCode !== 200 || !text.includes(WAYBILL_MARKER)) {
+    const why = response.statusCode !== 200 ? `GET /metrics answered ${response.statusCode}` : 'its /metrics has no waybill_* metrics';
+    throw new TargetError(`--reconcile: ${gatewayUrl} is not a Waybill gateway (${why}); give --url the gateway's API port (with server.admin_port set, /metrics is on the admin listener)`);
+  }
+  return parseMetrics(text);
+}
+
+async function simStats(url: string): Promise<SimStatsSnapshot> {
+  let response: Awaited<ReturnType<typeof request>>;
+  try {
+    response = await request(`${url}/sim/stats`);
+  } catch (error) {
+    // Named here: the operator must learn which of the URLs failed, not only --url.
+    const code = (error as NodeJS.ErrnoException).code;
+    throw new TargetError(`--sim: cannot reach ${url}: ${error instanceof Error && error.message !== '' ? error.message : String(code ?? error)}`);
+  }
+  const body = await response.body.text();
+  let stats: Partial<SimStatsSnapshot> | undefined;
+  try {
+    stats = response.statusCode === 200 ? (JSON.parse(body) as Partial<SimStatsSnapshot>) : undefined;
+  } catch {
+    stats = undefined;
+  }
+  if (typeof stats?.byRoute !== 'object' || typeof stats.faultsInjected !== 'object') {
+    throw new TargetError(`--sim: ${url} is not a Waybill simulator (GET /sim/stats answered ${response.statusCode}${response.statusCode === 200 ? ' without its counters' : ''})`);
+  }
+  return stats as SimStatsSnapshot;
+}
+
 export async function snapshot(gatewayUrl: string, simUrls: readonly string[]): Promise<Snapshot> {
-  const metrics = parseMetrics(await (await request(`${gatewayUrl}/metrics`)).body.text());
-  const sims = await Promise.all(
-    simUrls.map(async (url) => (await (await request(`${url}/sim/stats`)).body.json()) as SimStatsSnapshot),
-  );
+  const [metrics, sims] = await Promise.all([gatewayMetrics(gatewayUrl), Promise.all(simUrls.map(simStats))]);
   return { metrics, sims };
 }
 
@@ -239,8 +280,9 @@ const FAULT_EFFECTS: Readonly<Record<'chat' | 'responses' | 'messages', Readonly
     data_after_done: { anomalies: ['data_after_done'], outcome: 'delivered' },
   },
   messages: {
-    // `event: error` and a clean end, no `message_stop`: before output a 502 (no code, so not retried).
-    error_before_output: { anomalies: ['error_payload'], outcome: 'failed' },
+    // `event: error` and a clean end, no `message_stop`: before output the status of the code vLLM's converter
+    // keeps in its message (docs/errors.md) — the simulator's lazy validation, a 400, not retried.
+    error_before_output: { anomalies: ['error_payload'], outcome: 'rejected' },
     error_after: { anomalies: ['error_payload'], outcome: 'stream_error' },
     end_after: { anomalies: ['missing_done', 'missing_finish_reason'], outcome: 'incomplete' },
     no_done: { anomalies: ['missing_done'], outcome: 'incomplete' },

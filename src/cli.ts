@@ -34,7 +34,7 @@ exit status: 0 success; 2 a bad flag, an invalid configuration or a port that ca
 on stderr); 1 anything else (waybill load: also mismatches found by --reconcile)
 `;
 
-const SERVE_USAGE = `usage: waybill serve [--config FILE] [--upstream URL ...] [--model NAME ...] [--host H] [--port P] [--workers N]
+const SERVE_USAGE = `usage: waybill serve [--config FILE] [--upstream URL ... [--upstream-api-key-env NAME]] [--model NAME ...] [--host H] [--port P] [--workers N]
 
 Runs the gateway until SIGINT or SIGTERM, then drains (shutdown.grace, shutdown.drain_timeout) and exits 0.
 SIGHUP re-reads --config FILE (with the same flags over it) and applies it without dropping a request in flight;
@@ -48,6 +48,9 @@ options
   --upstream URL     an OpenAI-compatible upstream (vLLM) base URL, repeatable: replaces the file's pools with one
   --model NAME       a model that pool serves, repeatable (needs --upstream); without it the models are
                      discovered from the upstreams' GET /v1/models
+  --upstream-api-key-env NAME
+                     the environment variable holding the --upstream servers' API key (vLLM's --api-key),
+                     sent as Authorization: Bearer; like pools[].upstreams[].api_key_env
   --host H           listen address (default server.host, 0.0.0.0)
   --port P           API port (default server.port, 8080; 0 picks a free one)
   --workers N        processes serving the API: a number, or auto (default server.workers, auto: the cores this
@@ -58,6 +61,7 @@ examples
   waybill serve --upstream http://10.0.0.5:8000 --upstream http://10.0.0.6:8000
   waybill serve --upstream http://10.0.0.5:8000 --workers 4
   waybill serve --upstream http://10.0.0.5:8000 --model llama-3.1-8b-instruct --port 9000
+  VLLM_API_KEY=... waybill serve --upstream http://10.0.0.5:8000 --upstream-api-key-env VLLM_API_KEY
   waybill serve --config waybill.yaml
 `;
 
@@ -170,6 +174,7 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
       config: { type: 'string' },
       upstream: { type: 'string', multiple: true },
       model: { type: 'string', multiple: true },
+      'upstream-api-key-env': { type: 'string' },
       host: { type: 'string' },
       port: { type: 'string' },
       workers: { type: 'string' },
@@ -188,6 +193,9 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
     if (!Number.isInteger(port) || port < 0 || port > 65535) problems.push(`--port: "${values.port}" is not a port number`);
   }
   if (values.model !== undefined && values.upstream === undefined) problems.push('--model: needs at least one --upstream');
+  const keyEnv = values['upstream-api-key-env'];
+  if (keyEnv !== undefined && values.upstream === undefined) problems.push('--upstream-api-key-env: needs at least one --upstream');
+  if (keyEnv !== undefined && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(keyEnv)) problems.push(`--upstream-api-key-env: "${keyEnv}" is not an environment variable name`);
   if (values.config === undefined && values.upstream === undefined) problems.push('give --config FILE or at least one --upstream URL');
   if (problems.length > 0) throw new ConfigError('command line', problems);
 
@@ -198,7 +206,8 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
         {
           name: 'default',
           ...(values.model !== undefined ? { models: values.model } : {}),
-          upstreams: values.upstream.map((url) => ({ url })),
+          // The key is read from the variable as api_key_env is: never on the command line, where ps shows it.
+          upstreams: values.upstream.map((url) => ({ url, ...(keyEnv !== undefined ? { api_key_env: keyEnv } : {}) })),
         },
       ];
     }
@@ -239,7 +248,7 @@ async function serve(argv: string[]): Promise<number> {
     ...(identity !== undefined &&
       link !== undefined && {
         logger: createLogger(config.logging).child({ worker: identity.index }),
-        worker: { ...identity, scrape: () => link.scrape(), limitStore: new ClusterLimitStore(link.limits), held: link.held },
+        worker: { ...identity, scrape: () => link.scrape(), limitStore: new ClusterLimitStore(link.limits), held: link.held, owners: link.owners },
       }),
   });
   link?.serveMetrics(gateway.metrics.registry);
@@ -423,6 +432,8 @@ Try a streamed chat completion:
 Then one the simulator breaks mid-stream (see docs/simulator.md for every fault):
   curl -N ${base}/v1/chat/completions -H 'content-type: application/json' -H 'x-sim-fault: error_after=3' \\
     -d '{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"Hello"}]}'
+Send it three times and sim-0 would be ejected, but passive health never ejects the last upstream of a pool
+(health.max_ejection_percent, docs/operations.md): it keeps serving, and ${base}/readyz stays 200.
 
 And one that is delivered but not accepted: it asks for JSON, and the simulator (like a model served without
 structured outputs) answers in prose, so its format_valid check fails (docs/output-contract.md):

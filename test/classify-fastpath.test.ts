@@ -12,9 +12,12 @@ const chat = (delta: string, index = 0): string =>
 const completion = (text: string, index = 0): string =>
   `{"id":"cmpl-7","object":"text_completion","created":1779883200,"model":"Qwen/Qwen3-32B","choices":[{"index":${index},"text":${text},"logprobs":null,"finish_reason":null,"stop_reason":null}]}`;
 
-/** `answers` defaults to `output`: content and text are answers; reasoning is output but not an answer. */
-function chunkFacts(output: number[], index: number, id: string, model: string, answers = output): unknown {
-  return { kind: 'chunk', output, answers, choices: [index], finishes: [], usage: undefined, usageInvalid: false, usageOnly: false, id, model };
+/**
+ * `answers` defaults to `output`: content and text are answers; reasoning is output but not an answer. `chars`: the
+ * decoded length of the generated text (EventFacts.outputChars, absent when 0).
+ */
+function chunkFacts(output: number[], index: number, id: string, model: string, answers = output, chars = 0): unknown {
+  return { kind: 'chunk', output, answers, choices: [index], finishes: [], usage: undefined, usageInvalid: false, usageOnly: false, id, model, ...(chars > 0 && { outputChars: chars }) };
 }
 
 /** Asserts the fast path takes `data` and agrees with JSON.parse; returns the facts. */
@@ -38,31 +41,33 @@ describe('fastClassify on representative vLLM events', () => {
   });
 
   it('content delta, empty, null, escaped', () => {
-    expect(fastAndAgrees(chat('{"content":"Hel"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":"Hel"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', [0], 3));
     expect(fastAndAgrees(chat('{"content":""}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
     expect(fastAndAgrees(chat('{"content":null}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
-    expect(fastAndAgrees(chat('{"content":"\\n"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
-    expect(fastAndAgrees(chat('{"content":"\\u0000"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
-    expect(fastAndAgrees(chat('{"content":"\\"error\\": \\"usage\\" }]}"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
-    expect(fastAndAgrees(chat('{"content":"👍🏽 東京"}', 3))).toStrictEqual(chunkFacts([3], 3, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":"\\n"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', [0], 1));
+    expect(fastAndAgrees(chat('{"content":"\\u0000"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', [0], 1));
+    expect(fastAndAgrees(chat('{"content":"\\"error\\": \\"usage\\" }]}"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', [0], 20));
+    expect(fastAndAgrees(chat('{"content":"👍🏽 東京"}', 3))).toStrictEqual(chunkFacts([3], 3, 'chatcmpl-3f9a', 'm', [3], 7));
     expect(fastAndAgrees(chat('{}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
   });
 
   it('reasoning and reasoning_content deltas', () => {
-    expect(fastAndAgrees(chat('{"reasoning":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', []));
-    expect(fastAndAgrees(chat('{"reasoning_content":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', []));
+    expect(fastAndAgrees(chat('{"reasoning":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', [], 2));
+    expect(fastAndAgrees(chat('{"reasoning_content":"hm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', [], 2));
     expect(fastAndAgrees(chat('{"reasoning":""}'))).toStrictEqual(chunkFacts([], 0, 'chatcmpl-3f9a', 'm'));
-    expect(fastAndAgrees(chat('{"content":null,"reasoning":"x"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', []));
-    expect(fastAndAgrees(chat('{"content":"a","reasoning":"x"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm'));
+    expect(fastAndAgrees(chat('{"content":null,"reasoning":"x"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', [], 1));
+    expect(fastAndAgrees(chat('{"content":"a","reasoning":"x"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', [0], 2));
+    // Both names with the same text (a server sending both): the reasoning is counted once.
+    expect(fastAndAgrees(chat('{"reasoning":"hmm","reasoning_content":"hmm"}'))).toStrictEqual(chunkFacts([0], 0, 'chatcmpl-3f9a', 'm', [], 3));
     expect(fastAndAgrees(chat('{"role":"assistant","content":"","reasoning_content":null}'))).toStrictEqual(
       chunkFacts([], 0, 'chatcmpl-3f9a', 'm'),
     );
   });
 
   it('completions text delta', () => {
-    expect(fastAndAgrees(completion('"ab"', 2))).toStrictEqual(chunkFacts([2], 2, 'cmpl-7', 'Qwen/Qwen3-32B'));
+    expect(fastAndAgrees(completion('"ab"', 2))).toStrictEqual(chunkFacts([2], 2, 'cmpl-7', 'Qwen/Qwen3-32B', [2], 2));
     expect(fastAndAgrees(completion('""', 1))).toStrictEqual(chunkFacts([], 1, 'cmpl-7', 'Qwen/Qwen3-32B'));
-    expect(fastAndAgrees(completion('"\\\\"'))).toStrictEqual(chunkFacts([0], 0, 'cmpl-7', 'Qwen/Qwen3-32B'));
+    expect(fastAndAgrees(completion('"\\\\"'))).toStrictEqual(chunkFacts([0], 0, 'cmpl-7', 'Qwen/Qwen3-32B', [0], 1));
   });
 
   it('declines everything outside the narrow shape', () => {

@@ -13,6 +13,7 @@ import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { FLAG_OF } from '../src/sim/main.js';
 import { createSimulator } from '../src/sim/server.js';
+import { startStack } from './helpers/stack.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
 const children: ChildProcess[] = [];
@@ -32,8 +33,8 @@ function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: numbe
 }
 
 /** Starts a long-running command and resolves with the first stdout line matching `ready`. */
-function start(args: string[], ready: RegExp): { child: ChildProcess; line: Promise<string> } {
-  const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+function start(args: string[], ready: RegExp, env: NodeJS.ProcessEnv = {}): { child: ChildProcess; line: Promise<string> } {
+  const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   children.push(child);
   const lines = createInterface({ input: child.stdout as NodeJS.ReadableStream });
   const line = new Promise<string>((resolve, reject) => {
@@ -71,7 +72,7 @@ const EXAMPLE = new URL('../config.example.yaml', import.meta.url).pathname;
 
 describe('waybill --help and --version', () => {
   const OPTIONS: Record<string, readonly string[]> = {
-    serve: ['--config', '--upstream', '--model', '--host', '--port'],
+    serve: ['--config', '--upstream', '--upstream-api-key-env', '--model', '--host', '--port'],
     sim: ['--port', '--host', ...Object.values(FLAG_OF)],
     demo: ['--port'],
     load: ['--url', '--concurrency', '--rate', '--requests', '--duration', '--reconcile'],
@@ -169,16 +170,67 @@ describe('a port that cannot be listened on', () => {
   });
 });
 
+describe('waybill load against a target it cannot use', () => {
+  /** Exit 2, one line on stderr, no stack trace. */
+  function expectOneLine(result: { code: number | null; stderr: string }, line: RegExp): void {
+    expect(result.code).toBe(2);
+    const lines = ownStderr(result.stderr);
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(line);
+    expect(result.stderr).not.toMatch(/^\s+at /m);
+  }
+
+  it('an unreachable --url: one line and exit 2, with or without --model', async () => {
+    // Port 9 (discard): privileged, nothing listens there.
+    expectOneLine(await run(['load', '--url', 'http://127.0.0.1:9', '--concurrency', '1', '--requests', '1']), /^waybill load: cannot reach http:\/\/127\.0\.0\.1:9: connect ECONNREFUSED 127\.0\.0\.1:9$/);
+    expectOneLine(
+      await run(['load', '--url', 'http://127.0.0.1:9', '--model', 'm', '--concurrency', '1', '--requests', '1', '--reconcile']),
+      /^waybill load: cannot reach http:\/\/127\.0\.0\.1:9: connect ECONNREFUSED/,
+    );
+  });
+
+  it('an unreachable --sim: one line naming that URL, not --url, and exit 2', async () => {
+    const stack = await startStack({ sims: 1 });
+    try {
+      expectOneLine(
+        await run(['load', '--url', stack.base, '--concurrency', '1', '--requests', '1', '--reconcile', '--sim', 'http://127.0.0.1:9']),
+        /^waybill load: --sim: cannot reach http:\/\/127\.0\.0\.1:9: /,
+      );
+    } finally {
+      await stack.close();
+    }
+  });
+
+  it('--reconcile against something that is not Waybill (the simulator itself): says so in one line, exit 2, before any load', async () => {
+    const sim = createSimulator({ models: ['sim-model'] });
+    const { url } = await sim.listen(0, '127.0.0.1');
+    try {
+      expectOneLine(
+        await run(['load', '--url', url, '--concurrency', '1', '--requests', '1', '--reconcile', '--sim', url]),
+        new RegExp(`^waybill load: --reconcile: ${url.replaceAll('.', '\\.')} is not a Waybill gateway \\(its /metrics has no waybill_\\* metrics\\)`),
+      );
+      expect(sim.stats().requests).toBe(0);
+    } finally {
+      await sim.close();
+    }
+  });
+});
+
 describe('waybill check-config', () => {
-  it('accepts a valid file', async () => {
-    const example = EXAMPLE;
-    const result = await run(['check-config', example], { VLLM_API_KEY: 'k' });
+  it('accepts the shipped example as its header says, with no environment variable set', async () => {
+    // The newcomer's command, word for word from the example's header.
+    expect(readFileSync(EXAMPLE, 'utf8')).toContain('# Validate with: waybill check-config config.example.yaml\n');
+    const result = await run(['check-config', EXAMPLE], { VLLM_API_KEY: undefined });
     expect(result.code).toBe(0);
-    // The example names an API key variable; without it the check fails and says which.
-    const missing = await run(['check-config', example], { VLLM_API_KEY: '' });
+    expect(result.stdout).toMatch(/^\S+config\.example\.yaml: OK — 2 pool\(s\), models: llama-3\.1-8b-instruct, \(discovered for pool qwen\)\n$/);
+  });
+
+  it('names a variable the file needs that is not set, and exits 2', async () => {
+    const file = tempFile('key.yaml', 'pools: [{ name: p, models: [m], upstreams: [{ url: "http://127.0.0.1:1" }, { url: "http://127.0.0.1:9", api_key_env: VLLM_API_KEY }] }]\n');
+    expect((await run(['check-config', file], { VLLM_API_KEY: 'k' })).code).toBe(0);
+    const missing = await run(['check-config', file], { VLLM_API_KEY: '' });
     expect(missing.code).toBe(2);
     expect(missing.stderr).toContain('pools[0].upstreams[1].api_key_env: environment variable VLLM_API_KEY is not set');
-    expect(result.stdout).toMatch(/OK — 2 pool\(s\), models: llama-3\.1-8b-instruct, \(discovered for pool qwen\)/);
   });
 
   it('reports every problem at once, naming each field, and exits 2', async () => {
@@ -192,11 +244,13 @@ describe('waybill check-config', () => {
   });
 
   it('with --skip-env, passes the shipped example without its environment variables, and still checks the rest', async () => {
-    const result = await run(['check-config', '--skip-env', EXAMPLE], { VLLM_API_KEY: undefined });
+    expect((await run(['check-config', '--skip-env', EXAMPLE], { VLLM_API_KEY: undefined })).code).toBe(0);
+    const needsKey = tempFile('key.yaml', 'pools: [{ name: p, models: [m], upstreams: [{ url: "http://127.0.0.1:9", api_key_env: VLLM_API_KEY }] }]\n');
+    const result = await run(['check-config', '--skip-env', needsKey], { VLLM_API_KEY: undefined });
     expect(result.code).toBe(0);
-    expect(result.stdout).toMatch(/OK — 2 pool\(s\), models: llama-3\.1-8b-instruct, \(discovered for pool qwen\); not read \(--skip-env\): VLLM_API_KEY\n$/);
+    expect(result.stdout).toMatch(/OK — 1 pool\(s\), models: m; not read \(--skip-env\): VLLM_API_KEY\n$/);
     // The example's header says how.
-    expect(readFileSync(EXAMPLE, 'utf8')).toContain('waybill check-config --skip-env config.example.yaml');
+    expect(readFileSync(EXAMPLE, 'utf8')).toContain('waybill check-config --skip-env FILE');
 
     const file = tempFile('env.yaml', 'server: { port: 80, admin_port: 80 }\npools: [{ name: p, upstreams: [{ url: "http://127.0.0.1:1", api_key_env: NOT_SET_ANYWHERE }] }]\nauth: { keys: [{ tenant: a, key_env: A_KEY }, { tenant: b, key_env: B_KEY }] }\n');
     const bad = await run(['check-config', '--skip-env', file]);
@@ -275,6 +329,38 @@ describe('waybill serve', () => {
       await sim.close();
     }
   });
+
+  it('--upstream-api-key-env NAME: a vLLM behind --api-key, with no configuration file', async () => {
+    const sim = createSimulator({ models: ['tiny'], ttftMs: 1, itlMs: 1, outputTokens: 3, apiKey: 'sk-vllm' });
+    const { url } = await sim.listen(0, '127.0.0.1');
+    try {
+      const base = ['serve', '--upstream', url, '--upstream-api-key-env', 'WAYBILL_TEST_VLLM_KEY', '--host', '127.0.0.1', '--port', '0', '--workers', '1'];
+      // Not set: one line naming the variable, exit 2.
+      const unset = await run(base, { WAYBILL_TEST_VLLM_KEY: undefined });
+      expect(unset.code).toBe(2);
+      expect(unset.stderr).toContain('pools[0].upstreams[0].api_key_env: environment variable WAYBILL_TEST_VLLM_KEY is not set');
+      const needsUpstream = await run(['serve', '--config', EXAMPLE, '--upstream-api-key-env', 'K']);
+      expect(needsUpstream.code).toBe(2);
+      expect(needsUpstream.stderr).toContain('--upstream-api-key-env: needs at least one --upstream');
+
+      const { child, line } = start(base, /waybill listening/, { WAYBILL_TEST_VLLM_KEY: 'sk-vllm' });
+      // Discovery (GET /v1/models, behind the key) found the model: the key went with it.
+      const listening = JSON.parse(await line) as { url: string; models: string[] };
+      expect(listening.models).toEqual(['tiny']);
+      const completion = await request(`${listening.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content: 'hi' }] }),
+      });
+      expect(completion.statusCode).toBe(200);
+      await completion.body.dump();
+      expect(sim.stats().recent.at(-1)?.headers.authorization).toBe('present');
+      child.kill('SIGTERM');
+      await once(child, 'exit');
+    } finally {
+      await sim.close();
+    }
+  });
 });
 
 describe('waybill serve: SIGHUP', () => {
@@ -346,6 +432,28 @@ describe('waybill demo', () => {
       body: JSON.stringify({ model: 'sim-model', stream: true, messages: [{ role: 'user', content: 'Hello' }] }),
     });
     expect((await response.body.text()).endsWith('data: [DONE]\n\n')).toBe(true);
+    child.kill('SIGINT');
+    const [code] = (await once(child, 'exit')) as [number | null];
+    expect(code).toBe(0);
+  });
+  it('three faulty requests, as its text says, leave its one upstream serving and /readyz 200 (issue 22, item 16)', async () => {
+    const { child, line } = start(['demo', '--port', '0'], /readyz stays 200/);
+    const text = await line;
+    const base = /http:\/\/127\.0\.0\.1:\d+/.exec(text)?.[0];
+    expect(base).toBeDefined();
+    for (let i = 0; i < 3; i++) {
+      const faulty = await request(`${base}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-sim-fault': 'error_after=3' },
+        body: JSON.stringify({ model: 'sim-model', stream: true, messages: [{ role: 'user', content: 'Hello' }] }),
+      });
+      await faulty.body.text();
+    }
+    const metrics = await (await request(`${base}/metrics`)).body.text();
+    expect(metrics).toMatch(/^waybill_upstream_up\{upstream="sim-0"\} 1$/m);
+    const ready = await request(`${base}/readyz`);
+    expect(ready.statusCode).toBe(200);
+    expect(await ready.body.json()).toMatchObject({ status: 'ready', pools: [{ upstreams: [{ name: 'sim-0', circuit: 'closed' }] }] });
     child.kill('SIGINT');
     const [code] = (await once(child, 'exit')) as [number | null];
     expect(code).toBe(0);

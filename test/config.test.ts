@@ -5,7 +5,7 @@ import { describe, expect, it } from 'vitest';
 import { ConfigError, loadConfigFile, parseConfig } from '../src/config/load.js';
 import { configSchema } from '../src/config/schema.js';
 
-const minimal = { pools: [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://127.0.0.1:8000' }] }] };
+const minimal = { pools: [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://127.0.0.1:9' }] }] };
 
 function problemsOf(input: unknown): string[] {
   try {
@@ -53,7 +53,7 @@ describe('configuration', () => {
       max_choices: 128,
       max_upload_bytes: 26 * 1024 * 1024,
     });
-    expect(config.responses).toEqual({ maxRememberedIds: 100_000, lookupTimeoutMs: 2000 });
+    expect(config.responses).toEqual({ maxRememberedIds: 100_000, lookupTimeoutMs: 2000, maxLookupsPerTenant: 4, negativeCacheTtlMs: 1000, idSecret: undefined });
     expect(config.passthrough).toEqual([]);
     expect(config.timeouts).toEqual({ connectMs: 5000, firstOutputMs: 120_000, idleMs: 30_000, totalMs: 600_000 });
     expect(config.streaming).toEqual({
@@ -65,7 +65,7 @@ describe('configuration', () => {
       drainGraceMs: 1000,
       turnBudgetMs: 2,
     });
-    expect(config.pools[0]?.upstreams[0]).toMatchObject({ name: '127.0.0.1:8000', weight: 1 });
+    expect(config.pools[0]?.upstreams[0]).toMatchObject({ name: '127.0.0.1:9', weight: 1 });
     expect(config.metrics.promptLenClasses).toEqual(['0-1k', '1k-4k', '4k-16k', '16k-64k', '64k+', 'unknown']);
     expect(Object.isFrozen(config.pools[0])).toBe(true);
   });
@@ -176,9 +176,8 @@ describe('configuration', () => {
   });
 
   it('accepts config.example.yaml', async () => {
-    process.env['VLLM_API_KEY'] = 'example-key';
-    const config = await loadConfigFile(new URL('../config.example.yaml', import.meta.url).pathname);
-    expect(config.pools[0]?.upstreams[1]?.apiKey).toBe('example-key');
+    const config = await loadConfigFile(new URL('../config.example.yaml', import.meta.url).pathname, undefined, {});
+    expect(config.pools[0]?.upstreams[1]?.apiKey).toBeUndefined();
     expect(config.pools[0]?.admission).toEqual({ maxInflight: 512, maxQueue: 64, queueTimeoutMs: 30_000 });
     expect(config.pools.map((p) => p.name)).toEqual(['llama', 'qwen']);
     expect(config.slo.models['llama-3.1-8b-instruct']?.tpotMs).toBe(50);
@@ -200,6 +199,7 @@ describe('configuration', () => {
       tracing: { endpoint: 'http://collector:4318/v1/traces' },
       evaluation: { evaluator_header: 'x-waybill-evaluator' },
       limits: { redis_url: 'redis://r:6379', redis_password_env: 'P' },
+      responses: { id_secret_env: 'S' },
     });
     const { all, leaves } = keyPaths(parsed);
     for (const leaf of leaves) expect(documented, `undocumented key ${leaf}`).toContain(leaf);

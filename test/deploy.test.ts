@@ -74,7 +74,7 @@ function execForm(args: string): string[] {
 
 /** Waybill's default listen port, as the schema says when a config leaves server.port out. */
 function defaultPort(): number {
-  return configSchema.parse({ pools: [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://127.0.0.1:8000' }] }] }).server.port;
+  return configSchema.parse({ pools: [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://127.0.0.1:9' }] }] }).server.port;
 }
 
 describe('Dockerfile', () => {

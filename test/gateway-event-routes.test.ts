@@ -252,11 +252,23 @@ describe('/v1/messages', () => {
 
   it.each([
     ['m_max_tokens', 'length'],
-    ['m_null_stop', 'none'],
+    ['m_null_stop', 'abort_or_repetition'],
   ])('%s: stop reason mapped to %s', async (name, reason) => {
     const stack = await gateway();
     await post(stack.base, '/v1/messages', MESSAGES_BODY, { 'x-case': name });
     expect(await settledAfter(stack, 1)).toMatchObject({ outcome: 'delivered', finishReasons: [reason] });
+  });
+
+  it('stop_reason null (vLLM: abort or repetition) is delivered with finish reason abort_or_repetition, never none, and not accepted', async () => {
+    const stack = await gateway();
+    const result = await post(stack.base, '/v1/messages', MESSAGES_BODY, { 'x-case': 'm_null_stop' });
+    expect(result.status).toBe(200);
+    expect(await settledAfter(stack, 1)).toMatchObject({ outcome: 'delivered', accepted: false, failedChecks: ['not_truncated'] });
+    const labels = { model: 'sim-model' };
+    expect(await stack.metric('waybill_choice_finish_reasons_total', { ...labels, finish_reason: 'abort_or_repetition' })).toBe(1);
+    expect(await stack.metric('waybill_choice_finish_reasons_total', { ...labels, finish_reason: 'none' })).toBe(0);
+    expect(await stack.metric('waybill_requests_total', { ...labels, route: 'messages', outcome: 'delivered' })).toBe(1);
+    expect(await stack.metric('waybill_requests_accepted_total', { ...labels, route: 'messages' })).toBe(0);
   });
 
   it('an error event mid-stream is forwarded, counted as a stream error, and raised by the SDK', async () => {

@@ -491,12 +491,14 @@ describe('anthropic messages against the simulator', () => {
   );
 
   const BEFORE_OUTPUT = [
-    // Lazy validation: `event: error` is the first and only event; vLLM's converter lost the 400, so a 502.
-    { directive: 'error_before_output', status: 502, type: 'api_error', outcome: 'failed', attempt: 'error_payload', anomalies: { error_payload: 1 }, end: 'fault' },
-    { directive: 'error_after=0', status: 502, type: 'api_error', outcome: 'failed', attempt: 'error_payload', anomalies: { error_payload: 1 }, end: 'fault' },
+    // Lazy validation: `event: error` is the first and only event; vLLM's converter keeps the 400 only inside
+    // pydantic's message, where Waybill reads it (docs/errors.md): a 400 the SDK does not retry.
+    { directive: 'error_before_output', status: 400, type: 'invalid_request_error', outcome: 'rejected', attempt: 'error_payload', anomalies: { error_payload: 1 }, end: 'fault' },
+    // An engine error (code 500) before output: 500, not retried (retries.retry_on_500 is off).
+    { directive: 'error_after=0', status: 500, type: 'api_error', outcome: 'failed', attempt: 'error_payload', anomalies: { error_payload: 1 }, end: 'fault' },
     { directive: 'reset_after=0', status: 502, type: 'api_error', outcome: 'failed', attempt: 'reset', anomalies: {}, end: 'fault' },
     { directive: 'end_after=0', status: 502, type: 'api_error', outcome: 'failed', attempt: 'incomplete', anomalies: { missing_done: 1, missing_finish_reason: 1 }, end: 'fault' },
-    { directive: 'stall_after=0', status: 504, type: 'api_error', outcome: 'timeout', attempt: 'timeout', anomalies: {}, end: 'client_disconnect' },
+    { directive: 'stall_after=0', status: 504, type: 'timeout_error', outcome: 'timeout', attempt: 'timeout', anomalies: {}, end: 'client_disconnect' },
     { directive: 'status=500', status: 502, type: 'api_error', outcome: 'failed', attempt: 'http_5xx', anomalies: {}, end: 'fault' },
     { directive: 'status=400', status: 400, type: 'invalid_request_error', outcome: 'rejected', attempt: 'http_4xx', anomalies: {}, end: 'fault' },
     { directive: 'status=404', status: 404, type: 'not_found_error', outcome: 'rejected', attempt: 'http_4xx', anomalies: {}, end: 'fault' },

@@ -304,3 +304,47 @@ describe('RequestLedger — non-stream bodies', () => {
     expect(ledger.settle(6000)).toMatchObject({ outcome: 'delivered', slo: 'missed_e2e', usage: undefined });
   });
 });
+
+describe('relayed output, the estimate for a request without usage', () => {
+  it('counts output events per choice and their text, and estimates completion tokens only when usage has none', () => {
+    const ledger = started({ charsPerToken: 4 });
+    feed(ledger, [
+      [3, role()],
+      [4, delta('Hello world, this is')], // 20 chars
+      [5, '{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{}"}}]},"finish_reason":null}]}'], // 3
+      [6, delta('x')],
+    ]);
+    ledger.clientCancelled(7);
+    const settlement = ledger.settle(8);
+    expect(settlement.relayed).toEqual({ outputEvents: 3, outputChars: 24 });
+    // ceil(24 / 4) = 6 > 3 events.
+    expect(settlement.estimatedCompletionTokens).toBe(6);
+
+    // Never fewer tokens than output events: one character an event is still a token each.
+    const short = started({ charsPerToken: 4 });
+    feed(short, [[3, delta('a')], [4, delta('b')], [5, delta('c')]]);
+    short.clientCancelled(6);
+    expect(short.settle(7).estimatedCompletionTokens).toBe(3);
+
+    // Usage with completion tokens: counted, nothing estimated.
+    const reported = started();
+    feed(reported, [[3, delta('abc')], [4, finish('stop')], [5, usage(3, 1)], [6, '[DONE]']]);
+    expect(reported.settle(7)).toMatchObject({ relayed: { outputEvents: 1, outputChars: 3 }, estimatedCompletionTokens: undefined });
+  });
+
+  it('counts what the answering attempt relayed after a retry, and estimates nothing for a replay', () => {
+    const ledger = started();
+    feed(ledger, [[3, errorEvent(503)]]);
+    ledger.startAttempt(4, 'u1');
+    ledger.responseStarted(5, 200);
+    feed(ledger, [[6, delta('abcdefgh')]]);
+    ledger.streamEnded(7, 'reset');
+    expect(ledger.settle(8)).toMatchObject({ relayed: { outputEvents: 1, outputChars: 8 }, estimatedCompletionTokens: 2 });
+
+    // A stored response replayed was counted when it was generated.
+    const replay = started({ route: 'responses_retrieve' });
+    feed(replay, [[3, delta('abcdefgh')]]);
+    replay.clientCancelled(4);
+    expect(replay.settle(5)).toMatchObject({ relayed: { outputEvents: 1 }, estimatedCompletionTokens: undefined });
+  });
+});

@@ -15,7 +15,7 @@ const latency = (p50: number, p95: number | undefined, p99: number) => ({ count:
 /** A JSON report as `waybill load --json` writes it, with the figures compare reads (no requests list). */
 function report(over: { summary?: Record<string, unknown>; header?: Record<string, unknown> | null; workload?: Record<string, unknown>; reconciliation?: unknown } = {}) {
   const header = {
-    target: 'http://127.0.0.1:8080', model: 'sim-model', startedAt: '2026-12-01T10:00:00.000Z', load: { mode: 'closed', concurrency: 64 },
+    target: 'http://gw-1:8080', model: 'sim-model', startedAt: '2026-12-01T10:00:00.000Z', load: { mode: 'closed', concurrency: 64 },
     asked: { requests: null, durationS: 10, warmup: 0 }, seed: 1, waybill: { version: '0.1.0', revision: 'unknown' },
     workload: { model: 'sim-model', prompt_tokens: '64-512', output_tokens: '32-128', stream_share: 1, ...over.workload },
   };
@@ -112,7 +112,7 @@ describe('runs that differ', () => {
     const a = parsed(report());
     const b = parsed(report({ header: { target: 'http://gw-2:8080', load: { mode: 'open', ratePerS: 20 } }, workload: { output_tokens: '8-48' } }));
     expect(headerDifferences(a, b)).toEqual([
-      'the runs differ in target: http://127.0.0.1:8080 (A) vs http://gw-2:8080 (B)',
+      'the runs differ in target: http://gw-1:8080 (A) vs http://gw-2:8080 (B)',
       'the runs differ in load: {"mode":"closed","concurrency":64} (A) vs {"mode":"open","ratePerS":20} (B)',
       'the runs differ in workload output_tokens: 32-128 (A) vs 8-48 (B)',
     ]);
@@ -150,8 +150,8 @@ describe('runCompare', () => {
     expect(run.err).toEqual(['warning: the runs differ in workload output_tokens: 32-128 (A) vs 8 (B)']);
     const [text = ''] = run.out;
     expect(text.split('\n').slice(0, 2)).toEqual([
-      'A  a.json  2026-12-01T10:00:00.000Z  http://127.0.0.1:8080  concurrency 64  waybill 0.1.0',
-      'B  b.json  2026-12-01T10:00:00.000Z  http://127.0.0.1:8080  concurrency 64  waybill 0.1.0',
+      'A  a.json  2026-12-01T10:00:00.000Z  http://gw-1:8080  concurrency 64  waybill 0.1.0',
+      'B  b.json  2026-12-01T10:00:00.000Z  http://gw-1:8080  concurrency 64  waybill 0.1.0',
     ]);
     expect(text).toMatch(/^! throughput \(req\/s\) +100\.0 +50\.0 +-50\.0% +worse$/m);
   });

@@ -130,7 +130,8 @@ describe('the exported text carries exactly the contracted label names', () => {
     ledger.streamEnded(32, 'eof');
     ledger.clientEnded(31);
     metrics.record(ledger.settle(32), true);
-    const cancelled = new RequestLedger({ ...ledger.info }, 0);
+    // A client SDK's retry (x-stainless-retry-count 1), cancelled.
+    const cancelled = new RequestLedger({ ...ledger.info, clientRetry: 1 }, 0);
     cancelled.clientCancelled(5);
     metrics.record(cancelled.settle(5), false);
     const miss = new RequestLedger({ ...ledger.info, stream: false }, 0);
@@ -144,10 +145,14 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.queueWaited('m', 20);
     metrics.internalError('hook');
     metrics.probeFailed('u0', 'discovery');
+    metrics.readStopped('u0', 'discovery', 'too_large');
+    metrics.discoveredModelsRefusedBy('pool-a', 2);
     metrics.evaluationSampled('m');
     metrics.rateLimited('team-a', 'tokens');
     metrics.limitStoreError('reserve');
     metrics.limitStoreUp('redis', false);
+    metrics.backgroundHolding(1);
+    metrics.backgroundHoldEnded('ended');
     metrics.configReloaded('ok');
     metrics.configInForce('0123456789ab');
     metrics.turnYielded();

@@ -206,7 +206,7 @@ describe('not_truncated', () => {
     expect(notTruncated('stop')).toBe('pass');
     expect(notTruncated('tool_calls')).toBe('pass');
     expect(notTruncated('function_call')).toBe('pass');
-    for (const reason of ['length', 'abort', 'content_filter', 'repetition', 'other', 'none'] as const) expect(notTruncated(reason)).toBe('fail');
+    for (const reason of ['length', 'abort', 'content_filter', 'repetition', 'abort_or_repetition', 'other', 'none'] as const) expect(notTruncated(reason)).toBe('fail');
   });
 });
 

@@ -3,6 +3,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { AdmissionGate, type Admission, type AdmissionHooks, type AdmissionOptions } from '../src/proxy/admission.js';
 import { CircuitBreaker } from '../src/proxy/breaker.js';
+import { ModelLabels } from '../src/proxy/model-labels.js';
 import { pickUpstream, type Candidate } from '../src/proxy/picker.js';
 import { parseRetryAfter } from '../src/proxy/retry-after.js';
 import { RetryBudget } from '../src/delivery/retry-budget.js';
@@ -714,5 +715,39 @@ describe('parseRetryAfter', () => {
         }
       }),
     );
+  });
+});
+
+describe('ModelLabels: the model label set, capped per pool for the life of the process', () => {
+  it('admits discovered names up to the cap, keeps them for good, and reports the first refusal once per pool', () => {
+    const labels = new ModelLabels();
+    labels.configure(['configured']);
+    expect(labels.admit('p', 2, ['configured', 'a', 'b'])).toEqual({ refused: 0, firstRefusal: false });
+    expect(labels.admit('p', 2, ['c', 'd'])).toEqual({ refused: 2, firstRefusal: true });
+    expect(labels.admit('p', 2, ['e'])).toEqual({ refused: 1, firstRefusal: false });
+    // Another pool has a cap of its own; a name already labelled costs no pool a place.
+    expect(labels.admit('q', 1, ['a', 'f', 'g'])).toEqual({ refused: 1, firstRefusal: true });
+    expect(['configured', 'a', 'b', 'c', 'f', 'g'].map((m) => labels.label(m))).toEqual(['configured', 'a', 'b', '_other', 'f', '_other']);
+    // A name once labelled keeps its label though discovery no longer lists it.
+    expect(labels.admit('p', 2, ['z'])).toEqual({ refused: 1, firstRefusal: false });
+    expect(labels.label('b')).toBe('b');
+  });
+});
+
+describe('CircuitBreaker: an ejection the pool may not afford is held', () => {
+  it('stays closed at the threshold while held, ejects on the next failure once allowed; a held trial leaves it on trial', () => {
+    const breaker = new CircuitBreaker({ failureThreshold: 2, baseEjectionMs: 100, maxEjectionMs: 400 });
+    expect(breaker.onFailure(0, breaker.onSend(0), false)).toBeUndefined();
+    expect(breaker.onFailure(0, breaker.onSend(0), false)).toBe('held');
+    expect(breaker.onFailure(0, breaker.onSend(0), false)).toBe('held');
+    expect(breaker.state(0)).toBe('closed');
+    expect(breaker.onFailure(0, breaker.onSend(0), true)).toBe('consecutive_failures');
+    expect(breaker.state(50)).toBe('open');
+    const trial = breaker.onSend(100);
+    expect(breaker.isEligible(100)).toBe(false);
+    expect(breaker.onFailure(100, trial, false)).toBe('held');
+    expect(breaker.state(100)).toBe('half_open');
+    expect(breaker.isEligible(100)).toBe(true);
+    expect(breaker.ejections).toBe(1);
   });
 });

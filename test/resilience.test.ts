@@ -65,7 +65,7 @@ describe('retries before commit', () => {
   it('retries an error event before any output on another upstream; the client never sees it', async () => {
     const bad = await scripted((_req, res) => {
       res.writeHead(200, wire.sse);
-      res.end(wire.errorEvent(500) + wire.done);
+      res.end(wire.errorEvent(503) + wire.done);
     });
     const s = await stack({ extraUpstreams: [{ name: 'bad', url: bad.url }], config: { health: { interval: '1h', eject_after_failures: 100 } } });
     const n = 10;

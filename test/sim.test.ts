@@ -9,7 +9,7 @@ import { resolveSimOptions } from '../src/sim/options.js';
 import { prefillDelayMs, shapeAnswer } from '../src/sim/plan.js';
 import type { GenerationRequest } from '../src/sim/request.js';
 import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
-import { ROUTE_NAMES } from '../src/sim/stats.js';
+import { OPERATIONAL_PATHS, ROUTE_NAMES } from '../src/sim/stats.js';
 import { choiceText, estimateTokens, pythonJsonDumps, tokenText } from '../src/sim/wire.js';
 import { useSimulators } from './helpers/simulators.js';
 
@@ -907,8 +907,9 @@ describe('client disconnects and the control endpoints', () => {
 
     const stats = sim.stats();
     expect({ ...stats, recent: undefined }).toEqual({
-      requests: 5,
-      byRoute: { ...Object.fromEntries(ROUTE_NAMES.map((r) => [r, 0])), chat_completions: 2, completions: 1, other: 2 },
+      requests: 4,
+      byRoute: { ...Object.fromEntries(ROUTE_NAMES.map((r) => [r, 0])), chat_completions: 2, completions: 1, other: 1 },
+      operational: { ...Object.fromEntries(OPERATIONAL_PATHS.map((p) => [p, 0])), '/health': 1 },
       inflight: 0,
       completed: 2,
       clientDisconnects: 0,
@@ -931,6 +932,28 @@ describe('client disconnects and the control endpoints', () => {
     expect(JSON.parse((await send(url, '/sim/stats')).text)).toEqual(sim.stats());
     sim.resetStats();
     expect(sim.stats()).toMatchObject({ requests: 0, completed: 0, recent: [], byStatus: {}, tokens: { prompt: 0, completion: 0 } });
+  });
+
+  it("counts a gateway's own reads (vLLM's operational paths) apart from requests, by path, with no record", async () => {
+    const { sim, url } = await start({ apiKey: 'k' });
+    const auth = { authorization: 'Bearer k' };
+    const health = await send(url, '/health');
+    const ping = await send(url, '/ping', { body: {} });
+    const version = await send(url, '/version');
+    const load = await send(url, '/load');
+    const models = await send(url, '/v1/models', { headers: auth });
+    const unauthorized = await send(url, '/v1/models');
+    const metrics = await send(url, '/metrics');
+    expect([health.status, ping.status, version.status, load.status, models.status, unauthorized.status, metrics.status]).toEqual([200, 200, 200, 200, 200, 401, 200]);
+    expect(JSON.parse(version.text)).toEqual({ version: 'waybill-sim' });
+    expect(JSON.parse(load.text)).toEqual({ server_load: 0 });
+    const stats = sim.stats();
+    expect(stats.requests).toBe(0);
+    expect(stats.byRoute.other).toBe(0);
+    expect(stats.recent).toEqual([]);
+    expect(stats.operational).toEqual({ '/health': 1, '/ping': 1, '/version': 1, '/load': 1, '/metrics': 1, '/v1/models': 2 });
+    sim.resetStats();
+    expect(sim.stats().operational['/v1/models']).toBe(0);
   });
 });
 

@@ -6,10 +6,12 @@
  *
  * Needs Chromium (Debian: apt-get install chromium); skipped without it unless WAYBILL_REQUIRE_TOOLS=1.
  */
+import { randomUUID } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { delimiter, join } from 'node:path';
 import { chromium, type Browser, type ConsoleMessage, type Page } from 'playwright-core';
 import { afterAll, beforeAll, expect, it } from 'vitest';
+import { startTracing, type Tracing } from '../src/telemetry/tracing.js';
 import { describeWithTool, hasTool } from './helpers/system-tool.js';
 import { CHAT, post, startStack, type Stack } from './helpers/stack.js';
 
@@ -23,6 +25,8 @@ interface BrowserElement {
   readonly id: string;
   readonly tagName: string;
   readonly textContent: string | null;
+  readonly scrollWidth: number;
+  readonly clientWidth: number;
   getAttribute(name: string): string | null;
 }
 interface BrowserWindow {
@@ -31,7 +35,7 @@ interface BrowserWindow {
     readonly body: BrowserElement;
     readonly documentElement: { readonly scrollWidth: number; readonly clientWidth: number };
     querySelector(selector: string): BrowserElement | null;
-    querySelectorAll(selector: string): { readonly length: number };
+    querySelectorAll(selector: string): ArrayLike<BrowserElement>;
   };
   getComputedStyle(element: BrowserElement): { readonly outlineStyle: string; readonly outlineWidth: string };
 }
@@ -51,6 +55,7 @@ function executable(command: string): string {
 
 describeWithTool({ command: CHROMIUM, install: 'Debian: apt-get install chromium' }, 'the status page in a browser', () => {
   let browser: Browser;
+  let tracing: Tracing;
   let s: Stack;
   let admin: string;
   let stackClosed: Promise<void> | undefined;
@@ -75,7 +80,9 @@ describeWithTool({ command: CHROMIUM, install: 'Debian: apt-get install chromium
 
   beforeAll(async () => {
     mkdirSync(ARTIFACTS, { recursive: true });
-    s = await startStack({ config: { server: { host: '127.0.0.1', port: 0, admin_port: 0 }, retries: { max_attempts: 1 } } });
+    // Real trace ids in the table: spans are made (and dropped: port 9 refuses), so each failure has its 32-hex id.
+    tracing = startTracing({ endpoint: 'http://127.0.0.1:9/v1/traces', captureContent: false }, {});
+    s = await startStack({ tracing, config: { server: { host: '127.0.0.1', port: 0, admin_port: 0 }, retries: { max_attempts: 1 } } });
     admin = s.gateway.adminUrl ?? '';
     browser = await chromium.launch({ executablePath: executable(CHROMIUM), args: ['--no-sandbox'] });
   }, BROWSER_TIMEOUT);
@@ -83,23 +90,28 @@ describeWithTool({ command: CHROMIUM, install: 'Debian: apt-get install chromium
   afterAll(async () => {
     await browser?.close();
     if (s !== undefined) await closeStack();
+    await tracing?.shutdown();
   });
 
   it(
     'shows injected faults as they settle, from the keyboard, without errors, and on a phone',
     async () => {
-      const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+      const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+      await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: admin });
+      const page = await context.newPage();
       watch(page, 'desktop');
       await page.goto(`${admin}/status`);
       await waitForText(page, '#connection', 'live');
       expect(await text(page, '#window')).toMatch(/^Last 5 minutes in 10 s buckets/);
 
-      // A clean stream, one cut by an error event, one truncated at max tokens (delivered, not accepted), an upstream 429.
+      // A clean stream, one cut by an error event, one truncated at max tokens (delivered, not accepted), an upstream 429;
+      // with real ids (UUIDs, as clients send them), which are longer than the table has room for.
+      const ids = { ok: randomUUID(), errorEvent: randomUUID(), length: randomUUID(), tooMany: randomUUID() };
       const sent = [
-        await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': 'browser-ok' }),
-        await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': 'browser-error-event', 'x-sim-fault': 'error_after=2' }),
-        await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': 'browser-length', 'x-sim-fault': 'finish_reason=length' }),
-        await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': 'browser-429', 'x-sim-fault': 'status=429' }),
+        await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': ids.ok }),
+        await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': ids.errorEvent, 'x-sim-fault': 'error_after=2' }),
+        await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': ids.length, 'x-sim-fault': 'finish_reason=length' }),
+        await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': ids.tooMany, 'x-sim-fault': 'status=429' }),
       ];
       expect(sent.map((r) => r.status)).toEqual([200, 200, 200, 429]);
 
@@ -113,10 +125,26 @@ describeWithTool({ command: CHROMIUM, install: 'Debian: apt-get install chromium
       await waitForFailures(page, 3);
       const failures = await Promise.all((await page.locator('#failures-body tr').all()).map((row) => row.locator('th, td').allTextContents()));
       expect(failures.map((cells) => [cells[1], cells[6], cells[5], cells[7]])).toEqual([
-        ['browser-429', 'rejected', '429', 'upstream_4xx'],
-        ['browser-length', 'delivered', '200', 'check_failed:not_truncated'],
-        ['browser-error-event', 'stream_error', '200', 'error_payload'],
+        [ids.tooMany, 'rejected', '429', 'upstream_4xx'],
+        [ids.length, 'delivered', '200', 'check_failed:not_truncated'],
+        [ids.errorEvent, 'stream_error', '200', 'error_payload'],
       ]);
+      for (const cells of failures) expect(cells[9]).toMatch(/^[0-9a-f]{32}$/);
+
+      // At 1280 px nothing overflows: not the page, not the failed-requests table (ids are cut with an ellipsis)…
+      const fit = await page.evaluate(() => {
+        const { document } = globalThis as unknown as BrowserWindow;
+        const region = document.querySelector('#failures .scroll');
+        const id = document.querySelector('#failures-body button.id');
+        return {
+          page: [document.documentElement.scrollWidth, document.documentElement.clientWidth],
+          table: [region?.scrollWidth ?? -1, region?.clientWidth ?? -1],
+          id: [id?.scrollWidth ?? -1, id?.clientWidth ?? -1],
+        };
+      });
+      expect(fit.page[0]).toBeLessThanOrEqual(fit.page[1] ?? 0);
+      expect(fit.table[0], `failed-requests table ${fit.table.join(' > ')} px`).toBeLessThanOrEqual(fit.table[1] ?? 0);
+      expect(fit.id[0], 'the id is cut').toBeGreaterThan(fit.id[1] ?? 0);
       expect(await page.locator('#models-body tr th').first().textContent()).toBe('sim-model');
       expect(await page.locator('#upstreams-body tr td').nth(1).textContent()).toBe('up');
 
@@ -165,6 +193,21 @@ describeWithTool({ command: CHROMIUM, install: 'Debian: apt-get install chromium
       expect(await page.getAttribute('#pause', 'aria-pressed')).toBe('true');
       await page.keyboard.press('Enter');
       expect(await page.getAttribute('#pause', 'aria-pressed')).toBe('false');
+
+      // The picture in README.md and docs/status-page.md (copy test-artifacts/status-page.png to docs/).
+      await page.locator('#pause').blur();
+      await page.screenshot({ path: join(ARTIFACTS, 'status-page.png'), fullPage: true });
+      // …and each id is whole on hover (its title) and when copied, from the keyboard.
+      const first = page.locator('#failures-body button.id').first();
+      expect(await first.getAttribute('title')).toBe(`${ids.tooMany} — press to copy`);
+      await first.focus();
+      await page.keyboard.press('Enter');
+      await waitForText(page, '#copy-status', `Copied ${ids.tooMany}`);
+      expect(await page.evaluate(() => (globalThis as unknown as { navigator: { clipboard: { readText(): Promise<string> } } }).navigator.clipboard.readText())).toBe(ids.tooMany);
+      // The page's next update (once a second) keeps the focus on it.
+      const generated = await text(page, '#generated');
+      await page.waitForFunction((before) => (globalThis as unknown as BrowserWindow).document.querySelector('#generated')?.textContent !== before, generated, { timeout: 10_000 });
+      expect(await page.evaluate(() => (globalThis as unknown as BrowserWindow).document.activeElement?.getAttribute('data-id'))).toBe(ids.tooMany);
 
       await page.screenshot({ path: join(ARTIFACTS, 'status-desktop.png'), fullPage: true });
 

@@ -15,7 +15,8 @@ import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { CHAT, metricValue, post, startStack, type Stack, type StackOptions } from './helpers/stack.js';
 
 const STREAM = { ...CHAT, stream: true };
-const POOLS = [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://127.0.0.1:8000' }] }];
+/** Never served: port 9 (discard) is privileged and refuses, so no test probes a user's `waybill sim` on :8000. */
+const POOLS = [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://127.0.0.1:9' }] }];
 
 const cleanups: Array<() => Promise<void> | void> = [];
 afterEach(async () => {

@@ -24,6 +24,8 @@ function settlement(overrides: Partial<Settlement> = {}): Settlement {
     tpotMs: 20,
     durationMs: 500,
     usage: { promptTokens: 10, completionTokens: 5, cachedTokens: undefined },
+    relayed: { outputEvents: 5, outputChars: 20 },
+    estimatedCompletionTokens: undefined,
     promptLen: '0-1k',
     slo: 'met',
     doneAfterErrorDropped: 0,

@@ -37,6 +37,7 @@ import { createGateway, type Gateway } from '../src/http/server.js';
 import { LimitStoreUnavailable, RedisLimitStore, STALL_AFTER } from '../src/proxy/redis-limit-store.js';
 import { decide, WINDOW_MS, type TenantLimits } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { choiceText } from '../src/sim/wire.js';
 import { CHAT, metricValue } from './helpers/stack.js';
 import { describeWithTool, type SystemTool } from './helpers/system-tool.js';
 
@@ -529,6 +530,39 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     expect(sim.stats().byRoute.chat_completions).toBe(10);
     expect(await inspect.hget('waybill:limits:{team-a}:window', 'requests')).toBe('10');
   }, 60_000);
+
+  it('charges a stream whose client left before the usage chunk what it relayed, in the shared count', async () => {
+    await setUp();
+    const gateway = await startGateway(gatewayConfig(simUrl, { redis_url: redis.url }, { tokens_per_minute: 20_000 }));
+    cleanups.push(() => gateway.close());
+    await awayFromWindowEnd(inspect, 10_000);
+    // No max_tokens: 1024 reserved; the simulator relays 58 events of 50 tokens, then stalls before its usage chunk.
+    const controller = new AbortController();
+    const cut = await request(`${gateway.base}${CHAT_PATH}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, 'x-sim-fault': 'tokens=3000;tokens_per_event=50;stall_after=58' },
+      body: JSON.stringify({ ...CHAT, stream: true }),
+      signal: controller.signal,
+    });
+    expect(cut.statusCode).toBe(200);
+    const prompt = 20_000 - Number(cut.headers['x-ratelimit-remaining-tokens']) - 1024;
+    let text = '';
+    await new Promise<void>((resolve) => {
+      cut.body.on('data', (chunk: Buffer) => {
+        text += chunk.toString();
+        if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
+      });
+    });
+    controller.abort();
+    const [settlement] = await gateway.settled(1);
+    const estimate = Math.ceil(choiceText(0, 0, 2900).length / 4);
+    expect(settlement?.estimatedCompletionTokens).toBe(estimate);
+    // The settle goes out as the request settles, on the connection the next admission uses: Redis runs them in order.
+    const next = await chat(gateway.base, KEY, { ...CHAT, max_tokens: 100 });
+    expect(Number(next.headers['x-ratelimit-remaining-tokens'])).toBe(20_000 - (prompt + estimate) - (prompt + 100));
+    await gateway.settled(2);
+    expect(await gateway.metric('waybill_estimated_completion_tokens_total', { tenant: 'team-a' })).toBe(estimate);
+  }, 30_000);
 
   it('keeps serving when Redis dies mid-load (fail open), counts and logs it once; fail-closed answers 503; limits return with Redis', async () => {
     await setUp();

@@ -23,6 +23,7 @@ import {
   type LimitTicket,
   type TenantLimits,
 } from '../src/proxy/tenant-limits.js';
+import { choiceText } from '../src/sim/wire.js';
 import { CHAT, post, startStack, type Stack } from './helpers/stack.js';
 
 /** A clock the test moves. */
@@ -218,8 +219,9 @@ describe('configuration', () => {
     });
     expect(config.tenants['a']?.limits).toEqual({ requestsPerMinute: 60, tokensPerMinute: 1000, maxConcurrent: undefined });
     expect(config.tenants['b']?.limits).toBeUndefined();
-    expect(config.limits).toEqual({ defaultMaxTokens: 1024, anonymous: { requestsPerMinute: undefined, tokensPerMinute: undefined, maxConcurrent: 2 } });
-    expect(parseConfig({ pools }).limits).toEqual({ defaultMaxTokens: 1024, anonymous: undefined });
+    const background = { pollIntervalMs: 2_000, maxHoldMs: 600_000, maxPolls: 8, maxWatched: 1024 };
+    expect(config.limits).toEqual({ defaultMaxTokens: 1024, anonymous: { requestsPerMinute: undefined, tokensPerMinute: undefined, maxConcurrent: 2 }, background });
+    expect(parseConfig({ pools }).limits).toEqual({ defaultMaxTokens: 1024, anonymous: undefined, background });
   });
 
   it('refuses limits that are not positive integers, and unknown keys', () => {
@@ -359,6 +361,78 @@ describe('through the gateway', () => {
     expect(settlement?.usage).toBeUndefined();
     const next = await post(s.base, CHAT_PATH, { ...CHAT, max_tokens: 100 }, AUTH);
     expect(Number(next.headers['x-ratelimit-remaining-tokens'])).toBe(1000 - 2 * reserved);
+  });
+
+  it('charges a stream whose client left before the usage chunk what it relayed, not its reservation', async () => {
+    const s = await open({ tokens_per_minute: 20_000 });
+    await awayFromWindowEnd();
+    // No max_tokens: the request reserves limits.default_max_tokens (1024) and the simulator generates 3000, 50 per
+    // event; it stalls after 58 events, so the gateway relays exactly 2900 tokens and never the usage chunk.
+    const controller = new AbortController();
+    const cut = await request(`${s.base}${CHAT_PATH}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...AUTH, 'x-sim-fault': 'tokens=3000;tokens_per_event=50;stall_after=58' },
+      body: JSON.stringify({ ...CHAT, stream: true }),
+      signal: controller.signal,
+    });
+    expect(cut.statusCode).toBe(200);
+    const reserved = 20_000 - Number(cut.headers['x-ratelimit-remaining-tokens']);
+    const prompt = reserved - 1024;
+    expect(prompt).toBeGreaterThan(0);
+    let text = '';
+    await new Promise<void>((resolve) => {
+      cut.body.on('data', (chunk: Buffer) => {
+        text += chunk.toString();
+        if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
+      });
+    });
+    controller.abort();
+    const [settlement] = await s.settled(1);
+    const relayedChars = choiceText(0, 0, 2900).length;
+    const estimate = Math.ceil(relayedChars / 4); // metrics.chars_per_token's default
+    expect(settlement).toMatchObject({ outcome: 'client_cancelled', usage: undefined, relayed: { outputEvents: 58, outputChars: relayedChars }, estimatedCompletionTokens: estimate });
+    expect(estimate).toBeGreaterThan(2900); // the simulator's words average more than 4 characters
+    expect(estimate).toBeLessThan(2900 * 1.1);
+
+    // The next request sees what the first took: its prompt and the estimate of its 58 events, not its reservation.
+    const next = await post(s.base, CHAT_PATH, { ...CHAT, max_tokens: 100 }, AUTH);
+    expect(next.status).toBe(200);
+    expect(Number(next.headers['x-ratelimit-remaining-tokens'])).toBe(20_000 - (prompt + estimate) - (prompt + 100));
+    await s.settled(2);
+    // Usage and the estimate, each in its own counter: the estimate is never passed off as reported usage.
+    expect(await s.metric('waybill_estimated_completion_tokens_total', { tenant: 'team-a' })).toBe(estimate);
+    expect(await s.metric('waybill_completion_tokens_total', { tenant: 'team-a' })).toBe(8);
+  });
+
+  it('admits only what fits once the relayed output of clients that left early is charged', async () => {
+    const s = await open({ tokens_per_minute: 10_000 });
+    await awayFromWindowEnd();
+    // Each reserves ~1027 and takes ~3140 (2900 tokens relayed): 3 fit in 10 000, not 9.
+    const statuses: number[] = [];
+    for (let i = 0; i < 5; i++) {
+      const controller = new AbortController();
+      const answer = await request(`${s.base}${CHAT_PATH}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...AUTH, 'x-sim-fault': 'tokens=3000;tokens_per_event=50;stall_after=58' },
+        body: JSON.stringify({ ...CHAT, stream: true }),
+        signal: controller.signal,
+      });
+      statuses.push(answer.statusCode);
+      if (answer.statusCode === 200) {
+        let text = '';
+        await new Promise<void>((resolve) => {
+          answer.body.on('data', (chunk: Buffer) => {
+            text += chunk.toString();
+            if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
+          });
+        });
+        controller.abort();
+      } else {
+        await answer.body.text();
+      }
+      await s.settled(i + 1);
+    }
+    expect(statuses).toEqual([200, 200, 200, 429, 429]);
   });
 
   it('holds a max_concurrent slot for a stalled stream and frees it when the client cancels', async () => {

@@ -26,6 +26,7 @@ import { cgroupCpus, forWorker, oversplitLimits, shareOf, workerCount } from '..
 import { LimitHost } from '../src/proxy/cluster-limit-store.js';
 import type { Decision } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { choiceText } from '../src/sim/wire.js';
 import { metricValue } from './helpers/stack.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
@@ -324,6 +325,58 @@ describe('waybill serve --workers 2', () => {
     }
   }, 120_000);
 
+  it("charges a stream whose client left before the usage chunk what it relayed, in the primary's count", async () => {
+    const config = baseConfig(simUrls, {
+      auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }] },
+      tenants: { 'team-a': { limits: { tokens_per_minute: 20_000 } } },
+      logging: { requests: false },
+    });
+    // The primary counts windows on its own monotonic clock, which starts near 0 with it: this test runs in its first
+    // minute, so every count below is in one window.
+    const served = await serve(config);
+    try {
+      const body = { model: 'sim-model', messages: [{ role: 'user', content: 'Hello there' }], stream: true };
+      const dispatcher = new Agent({ pipelining: 0 });
+      const controller = new AbortController();
+      // No max_tokens: 1024 reserved; 58 events of 50 tokens relayed, then the simulator stalls before its usage.
+      const cut = await request(`${served.base}/v1/chat/completions`, {
+        method: 'POST',
+        dispatcher,
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}`, 'x-sim-fault': 'tokens=3000;tokens_per_event=50;stall_after=58' },
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      expect(cut.statusCode).toBe(200);
+      const prompt = 20_000 - Number(cut.headers['x-ratelimit-remaining-tokens']) - 1024;
+      let text = '';
+      await new Promise<void>((resolve) => {
+        cut.body.on('data', (chunk: Buffer) => {
+          text += chunk.toString();
+          if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
+        });
+      });
+      controller.abort();
+      await dispatcher.close().catch(() => undefined);
+      const estimate = Math.ceil(choiceText(0, 0, 2900).length / 4);
+      // Polled, bounded (5 s): the settlement is published in a worker, seen through the aggregated scrape. The worker
+      // sent its settle to the primary before it answered that scrape, on the same channel: the count has it.
+      const deadline = performance.now() + 5_000;
+      while ((await served.metric('waybill_estimated_completion_tokens_total', { tenant: 'team-a' })) !== estimate) {
+        if (performance.now() > deadline) throw new Error('the cut stream was not settled within 5 s');
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      const next = await request(`${served.base}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+        body: JSON.stringify({ ...body, stream: false, max_tokens: 100 }),
+      });
+      await next.body.text();
+      expect(Number(next.headers['x-ratelimit-remaining-tokens'])).toBe(20_000 - (prompt + estimate) - (prompt + 100));
+    } finally {
+      await served.stop();
+    }
+  }, 60_000);
+
   it("counts the requests in flight on a SIGKILLed worker, so the ledger adds up to what the clients saw", async () => {
     const served = await serve(baseConfig(simUrls, { logging: { requests: false } }));
     try {
@@ -418,3 +471,50 @@ async function untilGone(pid: number): Promise<void> {
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
 }
+
+describe('waybill serve --workers 2: stored responses under client-chosen ids', () => {
+  it("finds a client-chosen id's owner on whichever worker a read lands, and still refuses another tenant", async () => {
+    const sim = createSimulator({ responsesStore: true, ttftMs: 1, itlMs: 1, jitter: 0, outputTokens: 4 });
+    const { url } = await sim.listen(0, '127.0.0.1');
+    const OTHER = 'sk-team-b';
+    const served = await serve(
+      baseConfig([url], {
+        auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }, { tenant: 'team-b', key_sha256: sha256(OTHER) }] },
+      }),
+    );
+    /** A fresh connection per request, so the primary's round robin spreads them over both workers. */
+    const call = async (method: 'GET' | 'POST', path: string, key: string, body?: unknown): Promise<number> => {
+      const dispatcher = new Agent({ pipelining: 0 });
+      try {
+        const response = await request(`${served.base}${path}`, {
+          method,
+          dispatcher,
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+          ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+        });
+        await response.body.text();
+        return response.statusCode;
+      } finally {
+        await dispatcher.close();
+      }
+    };
+    try {
+      const ids = ['team-a-report-1', 'team-a-report-2'];
+      for (const id of ids) expect(await call('POST', '/v1/responses', KEY, { model: 'sim-model', input: 'hello', request_id: id })).toBe(200);
+      // Eight reads of each on fresh connections: without the owners shared, about half land on the worker that did
+      // not relay the answer, which knows no owner and answers 404 (keys are configured).
+      const reads: number[] = [];
+      for (const id of ids) for (let i = 0; i < 8; i++) reads.push(await call('GET', `/v1/responses/${id}`, KEY));
+      expect(reads).toEqual(Array(16).fill(200));
+      const workersThatRead = new Set(served.lines.filter((line) => line.msg === 'request' && line.route === 'responses_retrieve').map((line) => line.worker));
+      expect(workersThatRead.size, 'the reads reached both workers').toBe(2);
+      // Another tenant is refused on every worker, as an unknown id.
+      const foreign: number[] = [];
+      for (let i = 0; i < 4; i++) foreign.push(await call('GET', `/v1/responses/${ids[0]}`, OTHER));
+      expect(foreign).toEqual([404, 404, 404, 404]);
+    } finally {
+      expect(await served.stop()).toBe(0);
+      await sim.close();
+    }
+  }, 60_000);
+});

@@ -20,8 +20,9 @@ import {
   type SloResult,
 } from './outcomes.js';
 import { classifyPromptLen } from './prompt-len.js';
+import { clientStatus, errorShapeOf, type UpstreamSignal } from '../delivery/status-map.js';
 import { contractNeedsText, notTruncated, OutputAssembly, type ChoiceChecks, type OutputContract } from './output-contract.js';
-import { ANONYMOUS, OUTPUT_CHECKS, type OutputCheck } from './outcomes.js';
+import { ANONYMOUS, OUTPUT_CHECKS, reportsUsage, type OutputCheck } from './outcomes.js';
 
 export interface SloThresholds {
   readonly ttftMs: number;
@@ -59,6 +60,10 @@ export interface RequestInfo {
   readonly evaluator?: boolean | undefined;
   /** Keep the answer's text for the request's evaluation sample (evaluation.capture_content, and sampled). */
   readonly captureAnswer?: boolean | undefined;
+  /** The client SDK's retry count of this HTTP request (`x-stainless-retry-count`, validated); undefined: not sent. */
+  readonly clientRetry?: number | undefined;
+  /** Characters of text per token (metrics.chars_per_token): the estimate of output relayed without usage. */
+  readonly charsPerToken?: number | undefined;
 }
 
 /** What the shell does with the bytes of one upstream event. */
@@ -147,6 +152,13 @@ export interface Settlement {
   readonly tpotMs: number | undefined;
   readonly durationMs: number;
   readonly usage: Usage | undefined;
+  /** The generated output relayed to the client by the attempt that answered: output events (per choice) and text. */
+  readonly relayed: RelayedOutput;
+  /**
+   * The completion tokens of a request whose upstream reported none (no usage, or usage without completion_tokens)
+   * but that relayed output, estimated from what it relayed (`estimateCompletionTokens`); undefined otherwise.
+   */
+  readonly estimatedCompletionTokens: number | undefined;
   readonly promptLen: string;
   readonly slo: SloResult;
   /** Upstream `[DONE]`s dropped because an error event came first. */
@@ -160,8 +172,26 @@ export interface Settlement {
   readonly accepted: boolean;
   /** The checks that failed on some choice, each named once. */
   readonly failedChecks: readonly OutputCheck[];
+  /** The client SDK's retry count of this HTTP request (RequestInfo.clientRetry). */
+  readonly clientRetry?: number | undefined;
   /** Each choice's content, only for a delivered response whose request asked to capture it (undefined past the cap). */
   readonly answerText?: readonly (string | undefined)[];
+}
+
+export interface RelayedOutput {
+  /** Output-bearing events, counted once per choice they carry output for. */
+  readonly outputEvents: number;
+  /** UTF-16 units of the generated text those events carried (EventFacts.outputChars). */
+  readonly outputChars: number;
+}
+
+/**
+ * Completion tokens estimated from relayed output: the text at `charsPerToken` characters per token, and never fewer
+ * than the output events (vLLM sends an event only for a step that decoded at least one token of that choice). An
+ * estimate, not a count: a tokenizer's ratio varies with language and content (docs/security.md).
+ */
+export function estimateCompletionTokens(relayed: RelayedOutput, charsPerToken: number): number {
+  return Math.max(relayed.outputEvents, Math.ceil(relayed.outputChars / charsPerToken));
 }
 
 export interface LedgerHooks {
@@ -188,6 +218,9 @@ export class RequestLedger {
   private firstOutputAt: number | undefined;
   private lastOutputAt: number | undefined;
   private usage: Usage | undefined;
+  /** The current attempt's relayed output (RelayedOutput). */
+  private outputEvents = 0;
+  private outputChars = 0;
   private endingValue: Ending | undefined;
   private clientEndAt: number | undefined;
   private cancelledAt: number | undefined;
@@ -269,6 +302,8 @@ export class RequestLedger {
     this.answered.clear();
     this.assembly?.reset();
     this.usage = undefined;
+    this.outputEvents = 0;
+    this.outputChars = 0;
     this.responseId = undefined;
     this.responseModel = undefined;
     this.attempts.push({
@@ -324,7 +359,7 @@ export class RequestLedger {
           this.endingValue = { kind: 'upstream_error' };
           return 'forward';
         }
-        this.fail(attempt, 'error_payload', failureForErrorPayload(facts));
+        this.fail(attempt, 'error_payload', failureForErrorPayload(facts, this.info.route));
         return 'drop';
       }
       case 'done':
@@ -336,6 +371,7 @@ export class RequestLedger {
         this.responseId ??= facts.id;
         this.responseModel ??= facts.model;
         if (facts.usageOnly && this.info.dropUsageChunk) return 'drop';
+        this.recordOutput(facts);
         let verdict: Verdict;
         if (facts.output.length === 0) {
           verdict = this.committed ? 'forward' : 'hold';
@@ -366,7 +402,7 @@ export class RequestLedger {
     if (this.unfinishedChoices() > 0) {
       this.anomaly(attempt, 'missing_finish_reason');
       if (this.committed) this.endingValue = { kind: 'gateway_error', cause: 'unfinished_choices' };
-      else this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
+      else this.fail(attempt, 'incomplete', { status: statusOf({ kind: 'incomplete' }), outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
       return committedNow ? 'commit' : 'drop';
     }
     this.endingValue = { kind: 'complete' };
@@ -412,8 +448,8 @@ export class RequestLedger {
     const cause: FailureCause = result;
     const failure: Failure =
       result === 'timeout'
-        ? { status: 504, outcome: 'timeout', cause, upstreamError: undefined }
-        : { status: 502, outcome: 'failed', cause, upstreamError: undefined };
+        ? { status: statusOf({ kind: 'first_output_timeout' }), outcome: 'timeout', cause, upstreamError: undefined }
+        : { status: statusOf({ kind: result }), outcome: 'failed', cause, upstreamError: undefined };
     this.fail(attempt, result, failure);
   }
 
@@ -427,30 +463,33 @@ export class RequestLedger {
       if (status >= 300 && status < 400) {
         // Never followed: a redirect from an inference server is a misconfiguration (a URL missing its path, a
         // login page in front of it), and following it would send the prompt somewhere nobody configured.
-        this.fail(attempt, 'http_3xx', { status: 502, outcome: 'failed', cause: 'upstream_3xx', upstreamError: undefined });
+        this.fail(attempt, 'http_3xx', { status: statusOf({ kind: 'http', status }), outcome: 'failed', cause: 'upstream_3xx', upstreamError: undefined });
       } else if (status >= 400 && status < 500) {
-        this.fail(attempt, 'http_4xx', { status, outcome: 'rejected', cause: 'upstream_4xx', upstreamError });
+        this.fail(attempt, 'http_4xx', { status: statusOf({ kind: 'http', status }), outcome: 'rejected', cause: 'upstream_4xx', upstreamError });
       } else {
-        this.fail(attempt, 'http_5xx', { status: 502, outcome: 'failed', cause: 'upstream_5xx', upstreamError });
+        // 502 — but on /v1/messages an upstream 529 stays 529 (overloaded_error), as the Anthropic SDK reads it.
+        const answered = clientStatus({ kind: 'http', status }, errorShapeOf(this.info.route));
+        this.fail(attempt, 'http_5xx', { status: answered, outcome: 'failed', cause: 'upstream_5xx', upstreamError });
       }
       return;
     }
     if (facts.kind === 'error') {
       this.anomaly(attempt, 'error_payload');
-      this.fail(attempt, 'error_payload', failureForErrorPayload(facts));
+      this.fail(attempt, 'error_payload', failureForErrorPayload(facts, this.info.route));
       return;
     }
     if (facts.kind !== 'chunk' || this.info.stream) {
       // Not a completion body, or JSON where an event stream was asked for: the upstream broke the protocol.
       this.anomaly(attempt, 'malformed_event');
       const cause: FailureCause = this.info.stream ? 'not_event_stream' : 'malformed_body';
-      this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause, upstreamError: undefined });
+      this.fail(attempt, 'incomplete', { status: statusOf({ kind: 'unreadable' }), outcome: 'failed', cause, upstreamError: undefined });
       return;
     }
     this.recordFinishes(attempt, facts);
     this.recordAnswer(facts);
     this.usage = undefined;
     this.recordUsage(attempt, facts);
+    this.recordOutput(facts);
     this.responseId = facts.id;
     this.responseModel = facts.model;
     this.committedAt = at;
@@ -471,7 +510,7 @@ export class RequestLedger {
     const attempt = this.attempt();
     attempt.endedAt = at;
     this.anomaly(attempt, 'malformed_event');
-    this.fail(attempt, 'incomplete', { status: 502, outcome: 'failed', cause: violation, upstreamError: undefined });
+    this.fail(attempt, 'incomplete', { status: statusOf({ kind: 'unreadable' }), outcome: 'failed', cause: violation, upstreamError: undefined });
   }
 
   /**
@@ -546,6 +585,10 @@ export class RequestLedger {
     const tpotMs = outcome === 'delivered' ? this.tpot() : undefined;
     const checks = outcome === 'delivered' ? this.outputChecks() : [];
     const failedChecks = failedCheckNames(checks);
+    const relayed: RelayedOutput = { outputEvents: this.outputEvents, outputChars: this.outputChars };
+    const estimatedCompletionTokens =
+      // (A route that reports no usage of its own — a stored response replayed — was counted when it was generated.)
+      this.usage?.completionTokens === undefined && relayed.outputEvents > 0 && reportsUsage(this.info.route) ? estimateCompletionTokens(relayed, this.info.charsPerToken ?? DEFAULT_CHARS_PER_TOKEN) : undefined;
     return {
       model: this.info.model,
       tenant: this.info.tenant ?? ANONYMOUS,
@@ -561,6 +604,8 @@ export class RequestLedger {
       tpotMs,
       durationMs,
       usage: this.usage,
+      relayed,
+      estimatedCompletionTokens,
       promptLen,
       slo: this.sloResult(outcome, code, promptLen, ttftMs, tpotMs, durationMs),
       doneAfterErrorDropped: this.doneAfterError,
@@ -569,6 +614,7 @@ export class RequestLedger {
       checks,
       accepted: outcome === 'delivered' && failedChecks.length === 0,
       failedChecks,
+      clientRetry: this.info.clientRetry,
       ...(this.info.captureAnswer === true && outcome === 'delivered' ? { answerText: this.answerText() } : {}),
     };
   }
@@ -719,6 +765,11 @@ export class RequestLedger {
     return Number.isInteger(index) && index >= 0 && index < this.info.expectedChoices;
   }
 
+  private recordOutput(facts: Extract<EventFacts, { kind: 'chunk' }>): void {
+    this.outputEvents += facts.output.length;
+    this.outputChars += facts.outputChars ?? 0;
+  }
+
   /** Usage whose numbers cannot be counted is missing usage, plus an anomaly; the latest usage seen wins. */
   private recordUsage(attempt: AttemptState, facts: Extract<EventFacts, { kind: 'chunk' }>): void {
     if (facts.usageInvalid) {
@@ -777,6 +828,8 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
     tpotMs: undefined,
     durationMs: at - arrivalAt,
     usage: undefined,
+    relayed: { outputEvents: 0, outputChars: 0 },
+    estimatedCompletionTokens: undefined,
     promptLen: 'unknown',
     slo: 'failed',
     doneAfterErrorDropped: 0,
@@ -785,8 +838,12 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
     checks: [],
     accepted: false,
     failedChecks: [],
+    clientRetry: info.clientRetry,
   };
 }
+
+/** metrics.chars_per_token's default. */
+const DEFAULT_CHARS_PER_TOKEN = 4;
 
 /** Characters of answer text assembled per response when the request does not say (the config default). */
 const DEFAULT_MAX_OUTPUT_CHARS = 1_048_576;
@@ -801,10 +858,14 @@ function errorOf(facts: Extract<EventFacts, { kind: 'error' }>): UpstreamError {
   return { code: facts.code, type: facts.type, message: facts.message, param: facts.param };
 }
 
-/** An error event or error body under HTTP 200, before any output: the status its `code` names. */
-function failureForErrorPayload(facts: Extract<EventFacts, { kind: 'error' }>): Failure {
-  const code = facts.code;
-  const status = code !== undefined && code >= 400 && code <= 599 ? code : 502;
+/** The client's status for a failure whose status does not depend on the route's error shape (delivery/status-map.ts). */
+function statusOf(signal: UpstreamSignal): number {
+  return clientStatus(signal, 'openai');
+}
+
+/** An error event or error body under HTTP 200, before any output: the status its `code` names (else 502). */
+function failureForErrorPayload(facts: Extract<EventFacts, { kind: 'error' }>, route: Route): Failure {
+  const status = clientStatus({ kind: 'event', code: facts.code }, errorShapeOf(route));
   return {
     status,
     outcome: status < 500 ? 'rejected' : 'failed',
@@ -836,8 +897,11 @@ function resultForEnd(how: StreamEnd): AttemptResult {
 function failureForEnd(how: StreamEnd): Failure {
   // Shutting down is not the upstream's failure: 503, so clients and load balancers go elsewhere.
   if (how === 'shutdown') return { status: 503, outcome: 'failed', cause: 'shutdown', upstreamError: undefined };
-  if (how === 'oversized') return { status: 502, outcome: 'failed', cause: 'oversized', upstreamError: undefined };
+  if (how === 'oversized') return { status: statusOf({ kind: 'unreadable' }), outcome: 'failed', cause: 'oversized', upstreamError: undefined };
   const result = resultForEnd(how);
-  if (result === 'timeout') return { status: 504, outcome: 'timeout', cause: 'timeout', upstreamError: undefined };
-  return { status: 502, outcome: 'failed', cause: result === 'reset' ? 'reset' : 'incomplete', upstreamError: undefined };
+  if (result === 'timeout') {
+    return { status: statusOf({ kind: how === 'total_timeout' ? 'total_timeout' : 'first_output_timeout' }), outcome: 'timeout', cause: 'timeout', upstreamError: undefined };
+  }
+  const cause = result === 'reset' ? 'reset' : 'incomplete';
+  return { status: statusOf({ kind: cause }), outcome: 'failed', cause, upstreamError: undefined };
 }

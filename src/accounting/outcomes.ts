@@ -2,7 +2,6 @@
  * The closed label sets of the metrics contract. Every label value Waybill exports comes from one of these
  * lists or from configuration; docs/metrics.md lists the same values and test/metrics-contract.test.ts checks it.
  */
-import { NULL_STOP_REASON } from '../sse/route-events.js';
 
 /** Routes whose answers are generated, streamed or not, and checked choice by choice. */
 export const GENERATION_ROUTES = ['chat_completions', 'completions'] as const;
@@ -110,6 +109,8 @@ export const FINISH_REASONS = [
   'function_call',
   'abort',
   'repetition',
+  /** `/v1/messages` with `stop_reason: null`: vLLM maps both abort and repetition to null. */
+  'abort_or_repetition',
   'other',
   'none',
 ] as const;
@@ -129,8 +130,18 @@ export type RetryReason = (typeof RETRY_REASONS)[number];
 export const EJECTION_REASONS = ['consecutive_failures', 'trial_failed'] as const;
 export type EjectionReason = (typeof EJECTION_REASONS)[number];
 
+/** The bodies Waybill reads from an upstream for its own use (waybill_upstream_reads_stopped_total{read}). */
+export const OWN_READS = ['health', 'discovery', 'lookup', 'background'] as const;
+export type OwnRead = (typeof OWN_READS)[number];
+/** Why such a read was stopped: over health.max_body_bytes, or past its deadline while its body was read. */
+export const READ_STOP_REASONS = ['too_large', 'deadline'] as const;
+export type ReadStopReason = (typeof READ_STOP_REASONS)[number];
+
 /** Label value for a model (or upstream) name outside the configured and discovered set. */
 export const OTHER = '_other';
+
+/** `model` of a stored-response lookup's attempts (response-homes.ts): sent before the response's model is known. */
+export const LOOKUP = '_lookup';
 
 /** `tenant` of a request served without a client key (no keys configured, or keys optional and none given). */
 export const ANONYMOUS = '_anonymous';
@@ -139,9 +150,9 @@ export const UNAUTHENTICATED = '_unauthenticated';
 
 const KNOWN_FINISH = new Set<string>(FINISH_REASONS);
 
-/** Maps an upstream finish_reason to the closed set; `none` is for a choice that never got one, or a null one. */
+/** Maps an upstream finish_reason to the closed set; `none` is for a choice that never got one. */
 export function finishReasonLabel(reason: string | undefined): FinishReason {
-  if (reason === undefined || reason === NULL_STOP_REASON) return 'none';
+  if (reason === undefined) return 'none';
   return KNOWN_FINISH.has(reason) && reason !== 'none' && reason !== 'other' ? (reason as FinishReason) : 'other';
 }
 

@@ -102,6 +102,14 @@ function resolveRedis(raw: RawConfig['limits'], problems: string[], env: NodeJS.
   };
 }
 
+/** An optional secret read from the environment variable `name`: it must be set when `name` is. */
+function resolveSecret(name: string | undefined, field: string, problems: string[], env: NodeJS.ProcessEnv): string | undefined {
+  if (name === undefined) return undefined;
+  const value = env[name];
+  if (value === undefined || value === '') problems.push(`${field}: environment variable ${name} is not set`);
+  return value;
+}
+
 export type Config = DeepReadonly<ReturnType<typeof resolve>>;
 
 /** What deepFreeze makes of a value, as a type (a URL stays a URL). */
@@ -299,13 +307,15 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
   return {
     server: Object.freeze(raw.server),
     pools: Object.freeze(pools),
-    discovery: { refreshIntervalMs: raw.discovery.refresh_interval },
+    discovery: { refreshIntervalMs: raw.discovery.refresh_interval, maxModelsPerPool: raw.discovery.max_models_per_pool },
     health: {
       intervalMs: raw.health.interval,
       timeoutMs: raw.health.timeout,
       ejectAfterFailures: raw.health.eject_after_failures,
       ejectionBaseMs: raw.health.ejection_base,
       ejectionMaxMs: raw.health.ejection_max,
+      maxEjectionPercent: raw.health.max_ejection_percent,
+      maxBodyBytes: raw.health.max_body_bytes,
     },
     retries: {
       maxAttempts: raw.retries.max_attempts,
@@ -359,8 +369,25 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
     tenants: Object.fromEntries(
       Object.entries(raw.tenants).map(([name, rules]) => [name, { models: rules.models === undefined ? undefined : [...rules.models], limits: tenantLimits(rules.limits) }]),
     ),
-    limits: { defaultMaxTokens: raw.limits.default_max_tokens, anonymous: tenantLimits(raw.limits.anonymous), redis: resolveRedis(raw.limits, problems, env) },
-    responses: { maxRememberedIds: raw.responses.max_remembered_ids, lookupTimeoutMs: raw.responses.lookup_timeout },
+    limits: {
+      defaultMaxTokens: raw.limits.default_max_tokens,
+      anonymous: tenantLimits(raw.limits.anonymous),
+      redis: resolveRedis(raw.limits, problems, env),
+      background: {
+        pollIntervalMs: raw.limits.background_poll_interval,
+        maxHoldMs: raw.limits.background_max_hold,
+        maxPolls: raw.limits.background_max_polls,
+        maxWatched: raw.limits.background_max_watched,
+      },
+    },
+    responses: {
+      maxRememberedIds: raw.responses.max_remembered_ids,
+      lookupTimeoutMs: raw.responses.lookup_timeout,
+      maxLookupsPerTenant: raw.responses.max_lookups_per_tenant,
+      negativeCacheTtlMs: raw.responses.negative_cache_ttl,
+      /** From id_secret_env; undefined: the built-in key. Never logged. */
+      idSecret: resolveSecret(raw.responses.id_secret_env, 'responses.id_secret_env', problems, env),
+    },
     status: { enabled: raw.status.enabled, maxClients: raw.status.max_clients },
     passthrough: Object.freeze(raw.passthrough.paths.map((entry) => Object.freeze({ ...entry, methods: [...entry.methods] }))),
     logging: Object.freeze(raw.logging),
@@ -407,13 +434,14 @@ function deepFreeze<T>(value: T): T {
 export function requestInfo(
   config: Config,
   request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'> &
-    Partial<Pick<RequestInfo, 'tenant' | 'promptTokensEstimate' | 'contract' | 'evaluator' | 'captureAnswer'>>,
+    Partial<Pick<RequestInfo, 'tenant' | 'promptTokensEstimate' | 'contract' | 'evaluator' | 'captureAnswer' | 'clientRetry'>>,
 ): RequestInfo {
   return {
     tenant: request.tenant,
     contract: request.contract,
     evaluator: request.evaluator,
     captureAnswer: request.captureAnswer,
+    clientRetry: request.clientRetry,
     maxOutputChars: config.outputChecks.maxOutputChars,
     promptTokensEstimate: request.promptTokensEstimate,
     model: request.model,
@@ -424,6 +452,7 @@ export function requestInfo(
     slo: config.slo.models[request.model] ?? config.slo.defaults,
     promptLenBoundaries: config.metrics.promptLenBoundaries,
     promptLenClasses: config.metrics.promptLenClasses,
+    charsPerToken: config.metrics.charsPerToken,
   };
 }
 

@@ -146,6 +146,19 @@ export const configSchema = z.strictObject({
       max_remembered_ids: z.number().int().min(0).default(100_000),
       /** How long asking the upstreams for an unknown response id may take. */
       lookup_timeout: positiveDuration.prefault(2),
+      /**
+       * Lookups of unknown ids (a GET to every upstream each) one tenant may have in flight at once; past it the
+       * tenant's request gets 429 `rate_limited` (docs/security.md "tenant model for stored responses").
+       */
+      max_lookups_per_tenant: z.number().int().positive().max(1024).default(4),
+      /** How long a lookup that found an id nowhere is remembered (0: not at all); at most 10,000 ids are. */
+      negative_cache_ttl: duration.prefault('1s'),
+      /**
+       * The environment variable holding the secret Waybill signs the response ids it chooses with (the tenant
+       * binding, docs/security.md); unset: a built-in key, which binds as well but lets anyone holding an id test
+       * which tenant name created it. Give every replica the same secret.
+       */
+      id_secret_env: z.string().min(1).optional(),
     })
     .prefault({}),
   auth: z
@@ -210,6 +223,20 @@ export const configSchema = z.strictObject({
         .string()
         .regex(/^[A-Za-z0-9._:-]{1,64}$/, 'must be 1-64 characters of [A-Za-z0-9._:-]')
         .default('waybill:limits'),
+      /**
+       * A background response (`background: true`) of a limited tenant holds its slot and reservation until it ends:
+       * how often its home upstream is asked whether it has (GET /v1/responses/{id}).
+       */
+      background_poll_interval: positiveDuration.prefault('2s'),
+      /**
+       * The longest a background response holds its slot: past it the slot is released and the reservation stands.
+       * With redis_url a slot also expires with its in-flight TTL (timeouts.total + drain grace + a margin), whichever is first.
+       */
+      background_max_hold: positiveDuration.prefault('10m'),
+      /** Polls of background responses in flight at once, across the process; the others wait for the next interval. */
+      background_max_polls: z.number().int().positive().default(8),
+      /** Background responses watched at once; past it one is settled at its acknowledgement (reservation kept, slot freed). */
+      background_max_watched: z.number().int().positive().default(1024),
     })
     .prefault({}),
   passthrough: z
@@ -234,6 +261,11 @@ export const configSchema = z.strictObject({
   discovery: z
     .strictObject({
       refresh_interval: positiveDuration.prefault(30),
+      /**
+       * Discovered model names that get a metric label of their own, per pool, for the life of the process; later
+       * names are still served but counted under `_other` (waybill_discovered_models_refused_total).
+       */
+      max_models_per_pool: z.number().int().min(1).max(10_000).default(64),
     })
     .prefault({}),
   health: z
@@ -245,6 +277,13 @@ export const configSchema = z.strictObject({
       /** First ejection; each consecutive one doubles, up to ejection_max. */
       ejection_base: positiveDuration.prefault(5),
       ejection_max: positiveDuration.prefault(120),
+      /**
+       * Most of a pool's upstreams passive health may hold ejected at once, in percent (rounded down), like Envoy's
+       * max_ejection_percent; whatever the share, the last upstream of a pool that takes traffic is never ejected.
+       */
+      max_ejection_percent: z.number().int().min(0).max(100).default(100),
+      /** Largest body Waybill reads from an upstream for itself (health check, model discovery, stored-response lookup). */
+      max_body_bytes: z.number().int().positive().default(1024 * 1024),
     })
     .prefault({}),
   retries: z
@@ -253,7 +292,7 @@ export const configSchema = z.strictObject({
       max_attempts: z.number().int().min(1).max(10).default(3),
       backoff_base: positiveDuration.prefault(0.025),
       backoff_max: positiveDuration.prefault(1),
-      /** Also retry an upstream HTTP 500 (vLLM answers 500 when its engine died). */
+      /** Also retry an upstream HTTP 500, or an error event with code 500 before any output (vLLM answers 500 when its engine died). */
       retry_on_500: z.boolean().default(false),
       /** Longest Retry-After of a 429/408 that is honoured; longer fails the request. */
       retry_after_max: positiveDuration.prefault(5),
@@ -319,7 +358,7 @@ export const configSchema = z.strictObject({
     .strictObject({
       /** Prompt-token boundaries of the `prompt_len` classes. */
       prompt_len_boundaries: bucketList.default([1024, 4096, 16384, 65536]),
-      /** Characters per token for estimating a text prompt's length before usage arrives. */
+      /** Characters per token for estimating a text prompt's length before usage arrives, and the output a request relayed without usage. */
       chars_per_token: z.number().positive().max(100).default(4),
       buckets: z
         .strictObject({

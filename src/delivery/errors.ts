@@ -30,6 +30,8 @@ export const ERRORS = {
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   body_too_large: { status: 413, type: 'invalid_request_error' },
   model_not_found: { status: 404, type: 'invalid_request_error' },
+  /** The model is not served (yet), and a pool that discovers its models has not read any upstream's list. */
+  model_unavailable: { status: 503, type: 'unavailable_error' },
   /** No client key, or one that matches no configured key (auth.keys). */
   invalid_api_key: { status: 401, type: 'invalid_request_error' },
   /** The tenant's `tenants.<name>.models` does not list the model. */
@@ -157,6 +159,8 @@ function anthropicType(status: number): string {
     case 503:
     case 529:
       return 'overloaded_error';
+    case 504:
+      return 'timeout_error';
     case 408:
     case 415:
     case 422:

@@ -4,6 +4,7 @@
  */
 import type { AttemptRecord } from '../accounting/ledger.js';
 import type { RetryReason } from '../accounting/outcomes.js';
+import { isRetried, retryRule, type UpstreamSignal } from './status-map.js';
 
 export interface RetryRules {
   readonly retryOn500: boolean;
@@ -12,31 +13,53 @@ export interface RetryRules {
   readonly retryAfterMaxMs: number;
 }
 
-/** Why this attempt may be retried, or undefined when it must not be (4xx, 4xx-class error events, success). */
-export function retryReason(attempt: AttemptRecord, rules: RetryRules): RetryReason | undefined {
+/** What the attempt's upstream did, in the terms of the status table (status-map.ts); undefined: not a failure. */
+function signalOf(attempt: AttemptRecord): UpstreamSignal | undefined {
   switch (attempt.result) {
     case 'connect_error':
     case 'reset':
     case 'incomplete':
+      return { kind: attempt.result };
     case 'timeout':
-      return attempt.result;
-    case 'http_5xx': {
-      const status = attempt.status ?? 0;
-      if (status === 502 || status === 503 || status === 504) return 'http_5xx';
-      return status === 500 && rules.retryOn500 ? 'http_5xx' : undefined;
-    }
-    case 'http_4xx':
-      if (attempt.status === 429) return 'http_429';
-      return attempt.status === 408 ? 'http_408' : undefined;
-    case 'error_payload': {
-      const code = attempt.failure?.upstreamError?.code;
-      return code !== undefined && code >= 500 ? 'error_payload' : undefined;
-    }
-    case 'ok':
+      // The total deadline stops every further attempt in the machine; what reaches here is the first-output one.
+      return { kind: 'first_output_timeout' };
     case 'http_3xx':
+    case 'http_4xx':
+    case 'http_5xx':
+      return { kind: 'http', status: attempt.status ?? 0 };
+    case 'error_payload':
+      return { kind: 'event', code: attempt.failure?.upstreamError?.code };
+    case 'ok':
     case 'cancelled':
     case undefined:
       return undefined;
+  }
+}
+
+/**
+ * Why this attempt may be retried, or undefined when it must not be: the status table's rule (status-map.ts), which
+ * treats an error event's code as the HTTP status it names — an event with code 500 is retried only under
+ * `retry_on_500`, as an HTTP 500 is.
+ */
+export function retryReason(attempt: AttemptRecord, rules: RetryRules): RetryReason | undefined {
+  const signal = signalOf(attempt);
+  if (signal === undefined || !isRetried(retryRule(signal), rules.retryOn500)) return undefined;
+  switch (signal.kind) {
+    case 'http':
+      if (signal.status === 429) return 'http_429';
+      if (signal.status === 408) return 'http_408';
+      return 'http_5xx';
+    case 'event':
+      return 'error_payload';
+    case 'first_output_timeout':
+    case 'total_timeout':
+      return 'timeout';
+    case 'unreadable':
+      return 'incomplete';
+    case 'connect_error':
+    case 'reset':
+    case 'incomplete':
+      return signal.kind;
   }
 }
 

@@ -17,6 +17,7 @@ import { NO_TRACE, startRequestTrace, type RequestTrace } from '../telemetry/req
 import type { PublishSettlement } from '../telemetry/settlement.js';
 import { isRecord } from '../util/json.js';
 import type { ParsedBody } from './body.js';
+import { clientRetryOf } from './client-retry.js';
 
 /**
  * Every JSON API path Waybill serves with POST, with its `route` label; the upstream path is the same
@@ -133,7 +134,7 @@ export function createAnswers(deps: AnswersDeps): Answers {
     }
     // A rejection's SLO result (excluded, or failed for 429/503) does not depend on thresholds.
     const ledger = new RequestLedger(
-      requestInfo(deps.config, { model, tenant: start.tenant, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false }),
+      requestInfo(deps.config, { model, tenant: start.tenant, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false, clientRetry: clientRetryOf(start.headers) }),
       start.arrivalAt,
     );
     const at = now();

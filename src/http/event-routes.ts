@@ -57,6 +57,12 @@ export function checkResponses(body: unknown, charsPerToken = 4): Checked {
   if (!base.ok) return base.checked;
   const { json, model, stream } = base;
   if (json['input'] === undefined && json['previous_response_id'] === undefined) return invalid('`input` is required', 'input', stream);
+  // vLLM reads `background` and `store` as pydantic does (1, "1", "true", "yes", "on" are true): a value Waybill read
+  // differently would let a background generation run on as an ordinary request, past its tenant's limits.
+  for (const flag of ['background', 'store']) {
+    const value = json[flag];
+    if (value !== undefined && value !== null && typeof value !== 'boolean') return invalid(`\`${flag}\` must be a boolean`, flag, stream);
+  }
   // A background request without a stream is answered at once with the queued response: an acknowledgement with no
   // choice to finish (and nothing to check); its answer is fetched later from GET /v1/responses/{id}.
   const acknowledgement = json['background'] === true && !stream;

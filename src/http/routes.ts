@@ -9,6 +9,8 @@ import { errorBody } from '../delivery/errors.js';
 import { Exchange, type CompletionRequest, type ExchangeDeps } from '../proxy/exchange.js';
 import { upstreamHeaders } from '../proxy/headers.js';
 import { isResponseId, type ResponseHomes } from '../proxy/response-homes.js';
+import type { ResponseOwners } from '../proxy/response-owners.js';
+import { bindResponse, notFound } from './stored.js';
 import type { Upstream, UpstreamRegistry } from '../proxy/upstreams.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
 import { NO_TRACE, startRequestTrace } from '../telemetry/request-trace.js';
@@ -29,6 +31,7 @@ import { inSample, sampleRate } from '../telemetry/evaluation.js';
 import type { GatewayMetrics } from '../telemetry/metrics.js';
 import { canonicalJson } from '../config/reload.js';
 import type { Logger } from 'pino';
+import { clientRetryOf } from './client-retry.js';
 
 export interface RoutesDeps {
   /** The configuration the app started with: its pass-through routes (fastify's routes are fixed once it listens). */
@@ -40,6 +43,8 @@ export interface RoutesDeps {
   readonly schemas: SchemaCache;
   /** Where stored responses live. */
   readonly homes: ResponseHomes;
+  /** Whose each stored response is (docs/security.md "tenant model for stored responses"). */
+  readonly owners: ResponseOwners;
   /** For the refusals of the tenants' limits (waybill_rate_limited_total). */
   readonly metrics: GatewayMetrics;
 }
@@ -106,8 +111,16 @@ export function registerApiRoutes(app: FastifyInstance, shared: RoutesDeps): voi
       }
       const json = parsed.json as Record<string, unknown>;
       const fields = checked.fields;
+      // Its response is bound to the tenant, and a continuation goes where the response it continues lives.
+      const bound = route === 'responses' ? bindResponse(deps.owners, request.tenant, json, parsed.raw) : undefined;
+      if (bound?.ok === false) {
+        answers.reject(request, reply, route, fields.stream, bound.body, fields.model);
+        return;
+      }
       const withUsage = fields.stream && config.streaming.injectUsage && !fields.clientAskedUsage ? withUsageRequested(parsed.raw, json) : undefined;
-      proxy(deps, request, reply, { route, apiPath, fields, json, body: withUsage ?? parsed.raw, dropUsageChunk: withUsage !== undefined });
+      const body = bound?.body ?? withUsage ?? parsed.raw;
+      const stored = bound?.continues === undefined ? undefined : { id: bound.continues, modelFromHome: false };
+      proxy(deps, request, reply, { route, apiPath, fields, json, body, dropUsageChunk: withUsage !== undefined, ...(stored !== undefined && { stored }) });
     });
   }
 
@@ -142,7 +155,7 @@ export function registerApiRoutes(app: FastifyInstance, shared: RoutesDeps): voi
       method,
       url: `/v1/responses/:id${suffix}`,
       config: { waybillRoute: route },
-      handler: async (request, reply) => {
+      handler: (request, reply) => {
         const deps = requestDeps(request);
         const { upstreams, answers } = deps;
         const id = (request.params as { id: string }).id;
@@ -150,36 +163,23 @@ export function registerApiRoutes(app: FastifyInstance, shared: RoutesDeps): voi
         const search = query < 0 ? '' : request.url.slice(query);
         // FastAPI's reading of `stream`: the last value, as a pydantic boolean (vLLM answers a value it cannot read).
         const stream = route === 'responses_retrieve' && queryFlag(search, 'stream') === true;
-        if (!isResponseId(id)) {
-          answers.reject(request, reply, route, stream, errorBody('not_found', 'no stored response has this id', 'response_id'));
+        // Another tenant's id is answered as an id nobody holds: the same 404, and no upstream asked.
+        if (!isResponseId(id) || !deps.owners.mayUse(request.tenant, id)) {
+          answers.reject(request, reply, route, stream, notFound(id));
           return;
         }
-        const found = await deps.homes.find(id, upstreams);
-        // (The request stream itself is destroyed once its body is read: its socket tells whether the client left.)
-        if (request.raw.socket === null || request.raw.socket.destroyed || reply.raw.destroyed) {
-          // The client left during the lookup: nobody to answer, counted once as a cancellation.
-          void reply.hijack();
-          answers.record(answers.startOf(request, route, stream), 'cancelled');
+        // Known home: its model is checked before anything else; unknown: after the lookup (which is limited).
+        const known = deps.homes.known(id, upstreams);
+        const model = known === undefined ? OTHER : modelOf(upstreams, known);
+        if (known !== undefined && !mayUse(deps.config, request.tenant, model)) {
+          answers.reject(request, reply, route, stream, errorBody('model_not_allowed', `Your key may not use the model \`${model}\`.`, 'model'), model);
           return;
         }
-        if (found === 'busy') {
-          const message = 'too many stored-response lookups are in flight; retry shortly';
-          void reply.header('retry-after', '1');
-          answers.reject(request, reply, route, stream, errorBody('overloaded', message));
-          return;
-        }
-        const home = found;
-        if (home === undefined) {
-          answers.reject(request, reply, route, stream, errorBody('not_found', `Response with id '${id}' not found.`, 'response_id'));
-          return;
-        }
-        const model = upstreams.pools.find((pool) => pool.upstreams.includes(home))?.models[0] ?? OTHER;
         proxy(deps, request, reply, {
           route,
           apiPath: `/v1/responses/${encodeURIComponent(id)}${suffix}${search}`,
           method,
-          pinned: home,
-          storedId: id,
+          stored: { id, modelFromHome: true },
           fields: { model, stream, expectedChoices: stream ? 1 : 0, clientAskedUsage: true, promptTokensEstimate: undefined },
           json: {},
           body: EMPTY,
@@ -262,8 +262,13 @@ interface Proxied {
   readonly apiPath: string;
   readonly method?: 'GET' | 'POST' | 'PUT' | 'DELETE';
   readonly pinned?: Upstream;
-  /** The stored response the request reads or cancels: forgotten by the homes map if its home answers 404. */
+  /** The stored response the request reads, cancels or continues: forgotten by the homes map if its home answers 404. */
   readonly storedId?: string;
+  /**
+   * The request goes where this stored response lives: found (a lookup, limited per tenant) once the request is
+   * admitted, then pinned there. `modelFromHome`: the request has no model of its own (a read or a cancel).
+   */
+  readonly stored?: { readonly id: string; readonly modelFromHome: boolean };
   readonly fields: CompletionFields;
   /** The JSON body (for the span and the output contract); {} for a form or no body. */
   readonly json: Record<string, unknown>;
@@ -277,11 +282,20 @@ interface Proxied {
 function proxy(deps: RequestDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied): void {
   const { config, upstreams, guard, answers } = deps;
   const { fields, route } = p;
-  if (p.pinned === undefined && upstreams.poolFor(fields.model) === undefined) {
+  // A read or cancel of a stored response has its home's model, checked where the home is known (its route, locate).
+  const ownModel = p.pinned === undefined && p.stored?.modelFromHome !== true;
+  if (ownModel && upstreams.poolFor(fields.model) === undefined) {
+    if (upstreams.discoveryPending()) {
+      // A pool has not read its model list yet (its upstreams down, or not answering /v1/models): the model may be
+      // one it serves. Retry once the next discovery may have succeeded.
+      void reply.header('retry-after', String(Math.max(1, Math.ceil(config.discovery.refreshIntervalMs / 1000))));
+      answers.reject(request, reply, route, fields.stream, errorBody('model_unavailable', `The model \`${fields.model}\` is not available yet: model discovery has not succeeded. Please retry.`, 'model'), fields.model);
+      return;
+    }
     answers.reject(request, reply, route, fields.stream, errorBody('model_not_found', `The model \`${fields.model}\` does not exist.`, 'model'));
     return;
   }
-  if (!mayUse(config, request.tenant, fields.model)) {
+  if (p.stored?.modelFromHome !== true && !mayUse(config, request.tenant, fields.model)) {
     answers.reject(request, reply, route, fields.stream, errorBody('model_not_allowed', `Your key may not use the model \`${fields.model}\`.`, 'model'), fields.model);
     return;
   }
@@ -343,8 +357,65 @@ function admitOrRefuse(deps: RequestDeps, request: FastifyRequest, reply: Fastif
   deps.answers.reject(request, reply, route, fields.stream, errorBody('rate_limited', admission.message), fields.model);
 }
 
+/**
+ * An admitted request naming a stored response: sent where the response lives, found by a lookup when not
+ * remembered (after the admission, so a tenant's lookups count against its limits and its own lookup cap). No home:
+ * vLLM's 404; the tenant's lookups at their cap: 429. Either way the admission is given back, and counted once.
+ */
+async function locate(deps: RequestDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied & { stored: NonNullable<Proxied['stored']> }, limit: LimitTicket | undefined): Promise<void> {
+  const { upstreams, answers, guard } = deps;
+  const { route, fields, stored } = p;
+  let found: Upstream | undefined | 'busy';
+  try {
+    found = await deps.homes.find(stored.id, upstreams, { tenant: request.tenant });
+  } catch (error) {
+    guard.report('http', error);
+    found = undefined;
+  }
+  const refuse = (body: ReturnType<typeof errorBody>, model?: string) => {
+    if (limit !== undefined) {
+      guard.run('http', () => limit.settle(0));
+      void reply.headers(limit.headers);
+    }
+    answers.reject(request, reply, route, fields.stream, body, model ?? (stored.modelFromHome ? undefined : fields.model));
+  };
+  // (The request stream itself is destroyed once its body is read: its socket tells whether the client left.)
+  if (request.raw.socket === null || request.raw.socket.destroyed || reply.raw.destroyed) {
+    // The client left during the lookup: nobody to answer, counted once as a cancellation.
+    abandoned(deps, request, reply, p, limit === undefined ? undefined : { admitted: true, ticket: limit });
+    return;
+  }
+  if (found === 'busy') {
+    void reply.header('retry-after', '1');
+    refuse(errorBody('rate_limited', `too many stored-response lookups of this tenant are in flight (responses.max_lookups_per_tenant: ${deps.config.responses.maxLookupsPerTenant}); retry shortly`));
+    return;
+  }
+  if (found === undefined) {
+    refuse(notFound(stored.id));
+    return;
+  }
+  let model = fields.model;
+  if (stored.modelFromHome) {
+    model = modelOf(upstreams, found);
+    if (!mayUse(deps.config, request.tenant, model)) {
+      refuse(errorBody('model_not_allowed', `Your key may not use the model \`${model}\`.`, 'model'), model);
+      return;
+    }
+  }
+  dispatch(deps, request, reply, { ...p, pinned: found, storedId: stored.id, fields: { ...fields, model } }, limit);
+}
+
+/** The model label of a request served by `upstream` alone: its pool's first model. */
+function modelOf(upstreams: UpstreamRegistry, upstream: Upstream): string {
+  return upstreams.pools.find((pool) => pool.upstreams.includes(upstream))?.models[0] ?? OTHER;
+}
+
 /** Starts the Exchange of an admitted request: from here on it owns the raw response. */
 function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyReply, p: Proxied, limit: LimitTicket | undefined): void {
+  if (p.stored !== undefined && p.pinned === undefined) {
+    void locate(deps, request, reply, { ...p, stored: p.stored }, limit);
+    return;
+  }
   const { config, tracer, guard, answers } = deps;
   const { fields, route } = p;
   const path = request.routeOptions.url ?? p.apiPath;
@@ -369,9 +440,11 @@ function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyRepl
     evaluator: evaluatorValue !== undefined && evaluatorValue !== '',
     // The sample is decided from the request id alone: the same decision the settlement recorder makes.
     captureAnswer: evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
+    clientRetry: clientRetryOf(request.headers),
     dropUsageChunk: p.dropUsageChunk === true,
     requestId: request.id,
     ...(limit !== undefined && { limit }),
+    ...(route === 'responses' && p.json['background'] === true && { background: true }),
     headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined, p.contentType === undefined ? 'application/json' : p.contentType),
     arrivalAt: request.arrivalAt,
     trace,

@@ -10,6 +10,8 @@ import type { Settlement } from '../accounting/ledger.js';
 import type { Config } from '../config/load.js';
 import type { ExchangeDeps, HeldRequests } from '../proxy/exchange.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
+import { ModelLabels } from '../proxy/model-labels.js';
+import { OWN_READS, READ_STOP_REASONS } from '../accounting/outcomes.js';
 import { ObserverGuard } from '../telemetry/guard.js';
 import { createLogger } from '../telemetry/logger.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
@@ -26,6 +28,8 @@ import type { Generation } from './generation.js';
 import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.js';
 import { createAuthenticator, createOpsAccess } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
+import { ResponseOwners } from '../proxy/response-owners.js';
+import { BACKGROUND_HOLD_ENDS, BackgroundHolds } from '../proxy/background-holds.js';
 import { ReadTurns } from '../proxy/read-turns.js';
 import { createStatusPage } from './status-page.js';
 import { forWorker } from '../config/workers.js';
@@ -55,6 +59,8 @@ export interface WorkerRole {
   readonly limitStore: LimitStore;
   /** Tells the primary which requests this worker holds: it counts them if the worker dies. */
   readonly held?: HeldRequests | undefined;
+  /** Owners of stored responses under client-chosen ids, told to and learned from the other workers. */
+  readonly owners?: { share(id: string, tenant: string): void; onShared(listener: (id: string, tenant: string) => void): void } | undefined;
 }
 
 export type ReloadResult =
@@ -127,7 +133,36 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     evaluation: config.evaluation,
   });
   const schemas = new SchemaCache({ size: config.outputChecks.schemaCacheSize, maxSchemaChars: config.outputChecks.maxSchemaChars });
-  const homes = new ResponseHomes(config.responses.maxRememberedIds, config.responses.lookupTimeoutMs);
+  const homes = new ResponseHomes(config.responses.maxRememberedIds, config.responses.lookupTimeoutMs, {
+    maxLookupsPerTenant: config.responses.maxLookupsPerTenant,
+    negativeTtlMs: config.responses.negativeCacheTtlMs,
+    onLookup: (upstream, result) => guard.run('metrics', () => metrics.lookupAttempt(upstream.name, result)),
+    now,
+  });
+  // Whose each stored response is (docs/security.md): an id that nobody owns is usable only without client keys.
+  const owners = new ResponseOwners({
+    secret: config.responses.idSecret,
+    capacity: config.responses.maxRememberedIds,
+    // Read at each use: a reload may add the first keys (or remove the last).
+    unownedUsable: () => current.config.auth.keys.length === 0,
+    onBind: options.worker?.owners === undefined ? undefined : (id, tenant) => guard.run('exchange', () => options.worker?.owners?.share(id, tenant)),
+  });
+  options.worker?.owners?.onShared((id, tenant) => owners.learn(id, tenant));
+  // One per process, whatever the generation: a model name's label is the process's (discovery.max_models_per_pool).
+  const modelLabels = new ModelLabels();
+  metrics.labelModels((model) => modelLabels.label(model));
+  // One per process, like the homes: a background response is held across reloads, and polled on the upstream of
+  // its name in the configuration in force when it is asked (limits.background_*, read at start).
+  const backgroundHolds = new BackgroundHolds({
+    settings: { ...config.limits.background, pollTimeoutMs: config.responses.lookupTimeoutMs },
+    upstream: (name) => current.upstreams.upstreams.find((upstream) => upstream.name === name),
+    now,
+    onEnded: (how) => guard.run('metrics', () => metrics.backgroundHoldEnded(how)),
+    onHolding: (count) => guard.run('metrics', () => metrics.backgroundHolding(count)),
+    onError: (error) => guard.report('exchange', error),
+  });
+  for (const how of BACKGROUND_HOLD_ENDS) metrics.backgroundHoldEnded(how, 0);
+  metrics.backgroundHolding(0);
   // One per process, whatever the generation: the event loop's turns are the process's.
   const readTurns = new ReadTurns({ onYield: () => guard.run('metrics', () => metrics.turnYielded()) });
 
@@ -143,7 +178,12 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     const upstreams = new UpstreamRegistry(served, logger.child({ component: 'upstreams' }), random, {
       onEjected: (upstream, reason) => metrics.upstreamEjected(upstream, reason),
       onProbeFailed: (upstream, probe) => metrics.probeFailed(upstream, probe),
-    }, now);
+      onReadStopped: (upstream, read, reason) => metrics.readStopped(upstream, read, reason),
+      onModelsRefused: (pool, count) => metrics.discoveredModelsRefusedBy(pool, count),
+    }, now, modelLabels);
+    // At zero from the start, so an alert on any increase sees the first one.
+    for (const upstream of upstreams.upstreams) for (const read of OWN_READS) for (const reason of READ_STOP_REASONS) metrics.readStopped(upstream.name, read, reason, 0);
+    for (const pool of served.pools) if (pool.models === undefined) metrics.discoveredModelsRefusedBy(pool.name, 0);
     const limiter =
       previous !== undefined && previous.limiterHandle.settings === limiterSettings(next)
         ? previous.limiterHandle
@@ -175,7 +215,9 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
         release();
       },
       homes,
+      owners,
       readTurns,
+      backgroundHolds,
       held: options.worker?.held,
     };
     const generation: Built = {
@@ -256,6 +298,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     statusPage,
     current: () => current,
     closeUpstreams: async () => {
+      // Before the limiters close: each held slot is given back while its store still answers.
+      backgroundHolds.close();
       await Promise.all([...open].map((generation) => generation.close()));
     },
     metrics,
@@ -268,7 +312,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   if (config.auth.keys.length === 0) logger.warn('no client keys are configured (auth.keys): every client is served, counted as tenant _anonymous');
   warnOpsRefused(config, logger);
   installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing, current: () => current });
-  registerApiRoutes(app, { config, tracer, guard, answers, schemas, homes, metrics });
+  registerApiRoutes(app, { config, tracer, guard, answers, schemas, homes, owners, metrics });
 
   /** Reloads run one at a time, in the order asked. */
   let reloading: Promise<unknown> = Promise.resolve();

@@ -55,6 +55,10 @@ svg { display: block; width: 100%; height: 120px; }
 .legend { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 0.85rem; color: var(--muted); margin: 4px 0; }
 .swatch { display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: middle; }
 .s-req { background: var(--req); fill: var(--req); } .s-del { background: var(--del); fill: var(--del); } .s-acc { background: var(--acc); fill: var(--acc); }
+/* Ids (UUIDs, 32-hex trace ids) are cut with an ellipsis so the failed-requests table fits 1280 px; each is a button
+   whose title shows it whole and whose press copies it whole. */
+button.id { display: inline-block; max-width: 13ch; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; vertical-align: bottom;
+  padding: 0 2px; border: 0; border-radius: 3px; background: none; color: var(--accent); font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 0.9em; text-align: left; }
 .sr { position: absolute; width: 1px; height: 1px; overflow: hidden; clip-path: inset(50%); white-space: nowrap; }
 details { margin: 6px 0; }
 summary { cursor: pointer; }
@@ -174,16 +178,59 @@ export const STATUS_SCRIPT = `
     }, 'no classes');
   }
 
+  /** An id cell: the id as a button (cut to fit by CSS; whole in its text, its title and what it copies). */
+  function idCell(tr, id, kind) {
+    if (id === null || id === undefined) return cell(tr, '\\u2014', false, 'text');
+    var c = cell(tr, '', false, 'text');
+    var b = document.createElement('button');
+    b.type = 'button';
+    b.className = 'id';
+    b.textContent = id;
+    b.title = id + ' \\u2014 press to copy';
+    b.setAttribute('data-id', id);
+    b.setAttribute('data-kind', kind);
+    b.setAttribute('aria-label', 'copy ' + kind + ' ' + id);
+    c.appendChild(b);
+    return c;
+  }
+  function copyId(button) {
+    var id = button.getAttribute('data-id') || '';
+    var selectIt = function () {
+      var range = document.createRange();
+      range.selectNodeContents(button);
+      var selection = window.getSelection();
+      if (selection) { selection.removeAllRanges(); selection.addRange(range); }
+      setText('copy-status', id + ' selected: press Ctrl+C (\\u2318C) to copy it');
+    };
+    // The clipboard needs a secure context (https, or localhost); elsewhere the id is selected for the user to copy.
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(id).then(function () { setText('copy-status', 'Copied ' + id); }, selectIt);
+    } else selectIt();
+  }
+
+  var failuresDrawn = null;
   function drawFailures(rows) {
     setText('failures-count', rows.length === 0 ? 'none yet' : rows.length + ' shown, newest first');
+    // Redrawn only when they changed, so a focused or selected id stays focused or selected.
+    var drawn = JSON.stringify(rows);
+    if (drawn === failuresDrawn) return;
+    failuresDrawn = drawn;
+    var active = document.activeElement;
+    var focused = active && active.classList && active.classList.contains('id') ? [active.getAttribute('data-kind'), active.getAttribute('data-id')] : null;
     fill('failures-body', rows, 10, function (tr, f) {
       tr.setAttribute('data-outcome', f.outcome);
-      cell(tr, clock(f.at), true); cell(tr, f.request_id, false, 'text'); cell(tr, f.model, false, 'text');
+      cell(tr, clock(f.at), true); idCell(tr, f.request_id, 'request id'); cell(tr, f.model, false, 'text');
       cell(tr, f.tenant, false, 'text'); cell(tr, f.route + (f.stream ? ' (stream)' : ''), false, 'text');
       cell(tr, String(f.code)); cell(tr, f.outcome, false, f.outcome === 'delivered' ? 'text warn' : 'text bad'); cell(tr, f.cause, false, 'text');
       cell(tr, f.upstream === null ? '\\u2014' : f.upstream + (f.attempts > 1 ? ' (' + f.attempts + ' attempts)' : ''), false, 'text');
-      cell(tr, f.trace_id === null ? '\\u2014' : f.trace_id, false, 'text');
+      idCell(tr, f.trace_id, 'trace id');
     }, 'no failed requests kept');
+    if (focused !== null) {
+      var buttons = byId('failures-body').querySelectorAll('button.id');
+      for (var i = 0; i < buttons.length; i++) {
+        if (buttons[i].getAttribute('data-kind') === focused[0] && buttons[i].getAttribute('data-id') === focused[1]) { buttons[i].focus(); break; }
+      }
+    }
   }
 
   function render(s) {
@@ -223,6 +270,10 @@ export const STATUS_SCRIPT = `
     };
   }
 
+  byId('failures-body').addEventListener('click', function (event) {
+    var button = event.target && event.target.closest ? event.target.closest('button.id') : null;
+    if (button) copyId(button);
+  });
   byId('pause').addEventListener('click', function () {
     paused = !paused;
     this.setAttribute('aria-pressed', String(paused));
@@ -377,7 +428,9 @@ export const STATUS_PAGE_HTML = `<!doctype html>
   <section id="failures" aria-labelledby="failures-title">
     <h2 id="failures-title">Failed requests</h2>
     <p class="meta">The last requests that were not accepted (<span id="failures-count">none yet</span>): ids and causes
-    only, never a prompt, a completion, a header or a key.</p>
+    only, never a prompt, a completion, a header or a key. A long id is cut to fit: hover it to see it whole, press it
+    (or Enter on it) to copy it.</p>
+    <p class="meta" id="copy-status" role="status" aria-live="polite"></p>
     <div class="scroll" role="region" tabindex="0" aria-labelledby="failures-caption">
       <table id="failures-table">
         <caption id="failures-caption">Failed requests, newest first</caption>

@@ -57,14 +57,23 @@ type ToPrimary =
   | { readonly type: 'waybill:limit'; readonly id: number; readonly call: LimitCall }
   | { readonly type: 'waybill:limit-cancel'; readonly id: number }
   /** Changes to the requests the worker holds, by label set (HeldKey), since its last such message. */
-  | { readonly type: 'waybill:held'; readonly deltas: ReadonlyArray<readonly [key: string, delta: number]> };
+  | { readonly type: 'waybill:held'; readonly deltas: ReadonlyArray<readonly [key: string, delta: number]> }
+  /** A stored response's id the client chose, and the tenant whose request created it: for the other workers. */
+  | { readonly type: 'waybill:owner'; readonly id: string; readonly tenant: string };
 
 type ToWorker =
   | { readonly type: 'waybill:drain' }
   | { readonly type: 'waybill:reload' }
   | { readonly type: 'waybill:metrics'; readonly id: number; readonly body?: string; readonly error?: string }
   | { readonly type: 'waybill:collect'; readonly id: number }
-  | { readonly type: 'waybill:limit'; readonly id: number; readonly result?: unknown; readonly error?: string };
+  | { readonly type: 'waybill:limit'; readonly id: number; readonly result?: unknown; readonly error?: string }
+  /** Another worker relayed the answer that created a stored response under a client-chosen id. */
+  | { readonly type: 'waybill:owner'; readonly id: string; readonly tenant: string };
+
+/** An owner message's fields are a response id and a tenant name: bounded strings, or the message is ignored. */
+function isOwner(id: unknown, tenant: unknown): boolean {
+  return typeof id === 'string' && id.length > 0 && id.length <= 256 && typeof tenant === 'string' && tenant.length > 0 && tenant.length <= 256;
+}
 
 /** How long a worker waits for its primary: an aggregated scrape, a limit step. */
 const METRICS_TIMEOUT_MS = 10_000;
@@ -103,6 +112,7 @@ export class WorkerLink {
   private nextId = 0;
   private readonly pending = new Map<number, { resolve: (value: ToWorker) => void; reject: (error: Error) => void; timer: NodeJS.Timeout }>();
   private readonly onReload = new Set<() => void>();
+  private onOwner: ((id: string, tenant: string) => void) | undefined;
   private drainRequested: (() => void) | undefined;
   /** Resolves when the primary asks for a drain, or is gone. */
   readonly drain: Promise<void>;
@@ -151,6 +161,20 @@ export class WorkerLink {
    * request changes a count by label set at its start, its response head and its settlement, and the changes go in
    * one message per event-loop turn that had any, not one per request.
    */
+  /**
+   * Owners of stored responses under client-chosen ids (proxy/response-owners.ts), shared with the other workers so
+   * a read that lands on another worker finds its owner: one message per such answer, relayed by the primary.
+   */
+  readonly owners = {
+    share: (id: string, tenant: string): void => {
+      const message: ToPrimary = { type: 'waybill:owner', id, tenant };
+      process.send?.(message);
+    },
+    onShared: (listener: (id: string, tenant: string) => void): void => {
+      this.onOwner = listener;
+    },
+  };
+
   readonly held: HeldRequests = {
     begin: (labels) => {
       const base = [labels.model, labels.tenant, labels.route, String(labels.stream)];
@@ -248,6 +272,9 @@ export class WorkerLink {
     if (message.type === 'waybill:drain') this.drainRequested?.();
     else if (message.type === 'waybill:reload') for (const listener of this.onReload) listener();
     else if (message.type === 'waybill:collect') this.collect(message.id);
+    else if (message.type === 'waybill:owner') {
+      if (isOwner(message.id, message.tenant)) this.onOwner?.(message.id, message.tenant);
+    }
     else if (message.type === 'waybill:metrics' || message.type === 'waybill:limit') {
       const waiting = this.pending.get(message.id);
       if (waiting === undefined) return;
@@ -346,6 +373,14 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
         tell(worker, answer);
       } else if (message.type === 'waybill:limit-cancel') {
         limits.cancel(index, message.id);
+      } else if (message.type === 'waybill:owner') {
+        // Relayed as it came to every other worker that serves; one that starts later does not learn it (its
+        // residual: docs/security.md).
+        if (!isOwner(message.id, message.tenant)) return;
+        for (const i of listening) if (i !== index) {
+          const other = workers.get(i);
+          if (other !== undefined) tell(other, { type: 'waybill:owner', id: message.id, tenant: message.tenant });
+        }
       } else if (message.type === 'waybill:held') {
         let counts = held.get(index);
         if (counts === undefined) held.set(index, (counts = new Map<HeldKey, number>()));

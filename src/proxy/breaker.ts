@@ -106,18 +106,32 @@ export class CircuitBreaker {
     }
   }
 
-  /** Returns the ejection reason when this report opened the circuit. */
-  onFailure(now: number, ticket: SendTicket): EjectionReason | undefined {
+  /**
+   * Returns the ejection reason when this report opened the circuit, or `held` when it would have but `mayEject`
+   * said no (the pool's max ejection share, decided by the caller): the circuit stays closed, its failures at the
+   * threshold, so the next failure asks again (once another upstream is back, it ejects). A failed trial that may
+   * not eject leaves the circuit half open with its trial slot free: the next request is another trial.
+   */
+  onFailure(now: number, ticket: SendTicket, mayEject = true): EjectionReason | 'held' | undefined {
     switch (this.state(now)) {
       case 'closed':
         if (ticket <= this.staleUpTo) return undefined;
         if (++this.failures < this.options.failureThreshold) return undefined;
+        if (!mayEject) {
+          this.failures = this.options.failureThreshold - 1;
+          return 'held';
+        }
         this.eject(now, this.options.baseEjectionMs);
         return 'consecutive_failures';
       case 'open':
         return undefined;
       case 'half_open':
         if (ticket !== this.trial) return undefined;
+        if (!mayEject) {
+          // Still ejected but eligible: the next request is another trial.
+          this.trial = undefined;
+          return 'held';
+        }
         this.eject(now, Math.min(this.ejectionMs * 2, this.options.maxEjectionMs));
         return 'trial_failed';
     }

@@ -24,7 +24,10 @@ import { Attempt, type TurnShare } from './attempt.js';
 import { ClientWriter } from './client-writer.js';
 import type { ReadTurns } from './read-turns.js';
 import type { ResponseHomes } from './response-homes.js';
-import { usedTokens, type LimitTicket } from './tenant-limits.js';
+import type { ResponseOwners } from './response-owners.js';
+import { chargedTokens, type LimitTicket } from './tenant-limits.js';
+import type { BackgroundHolds } from './background-holds.js';
+import type { Settlement } from '../accounting/ledger.js';
 import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
 
 export interface ExchangeDeps {
@@ -45,8 +48,12 @@ export interface ExchangeDeps {
   readonly onDone?: (exchange: Exchange) => void;
   /** Which upstream holds each stored response: learned from every /v1/responses answer. */
   readonly homes?: ResponseHomes;
+  /** Whose each stored response is: the tenant of every /v1/responses answer's id. */
+  readonly owners?: ResponseOwners;
   /** The process's turns, whose budget answering streams share (read-turns.ts); absent: they never yield. */
   readonly readTurns?: ReadTurns;
+  /** Where a background response that has not ended keeps its hold on its tenant's limits (background-holds.ts). */
+  readonly backgroundHolds?: BackgroundHolds;
   /** A worker's account to its primary of the requests it holds (http/workers.ts), counted if the worker dies. */
   readonly held?: HeldRequests | undefined;
 }
@@ -77,6 +84,8 @@ export interface CompletionRequest {
   readonly tenant?: string;
   /** The request's hold on its tenant's limits (tenant-limits.ts): settled, and its slot freed, when the request settles. */
   readonly limit?: LimitTicket;
+  /** A Responses request with `background: true`: its generation may go on after the request settles. */
+  readonly background?: boolean;
   /** Upstream API path, e.g. /v1/chat/completions (with the query, if any). */
   readonly apiPath: string;
   /** POST unless given; a GET or DELETE has no body. */
@@ -98,6 +107,8 @@ export interface CompletionRequest {
   readonly evaluator: boolean;
   /** Keep the answer's text for its evaluation sample. */
   readonly captureAnswer: boolean;
+  /** The client SDK's retry count (`x-stainless-retry-count`), validated; undefined: not sent. */
+  readonly clientRetry?: number | undefined;
   readonly dropUsageChunk: boolean;
   readonly requestId: string;
   /** Headers for every upstream attempt (see upstreamHeaders). */
@@ -260,9 +271,17 @@ export class Exchange {
         // settles exactly once, whatever ends the request (delivery, failure, the client leaving, shutdown).
         if (this.request.limit !== undefined) {
           const limit = this.request.limit;
-          this.deps.guard.run('exchange', () => limit.settle(usedTokens(effect.settlement.usage)));
+          // A background response still running keeps its slot and reservation until it ends (background-holds.ts).
+          const held = this.deps.guard.run('exchange', () => this.holdBackground(effect.settlement, limit), false);
+          const charge = chargedTokens(effect.settlement, this.request.promptTokensEstimate);
+          if (!held) this.deps.guard.run('exchange', () => limit.settle(charge?.tokens, charge?.estimated));
         }
         if (this.request.route === 'responses') this.learnHome(effect.settlement.responseId, effect.settlement.attempts);
+        // A client read a stored response: if it is a held background one, its hold asks its home now.
+        if (this.request.route === 'responses_retrieve' && this.request.storedId !== undefined && effect.settlement.code === 200) {
+          const id = this.request.storedId;
+          this.deps.guard.run('exchange', () => this.deps.backgroundHolds?.nudge(id));
+        }
         // The home it was sent to no longer holds it (restarted, or a lookup long ago): ask everyone next time.
         if (this.request.storedId !== undefined && effect.settlement.code === 404) this.deps.homes?.forget(this.request.storedId);
         this.writer.detach();
@@ -353,10 +372,25 @@ export class Exchange {
     return turns === undefined || budgetMs === 0 || !this.request.stream ? undefined : { turns, budgetMs, now: this.deps.now };
   }
 
+  /**
+   * Hands the ticket of a background response that has not ended to the holds: answered 2xx (the `queued`
+   * acknowledgement, or a background stream its client left), with the response's id, and no usage yet — usage
+   * comes with the end. True when held.
+   */
+  private holdBackground(settlement: Settlement, limit: LimitTicket): boolean {
+    const holds = this.deps.backgroundHolds;
+    const home = settlement.attempts.at(-1)?.upstream;
+    if (holds === undefined || this.request.background !== true || this.request.route !== 'responses') return false;
+    if (settlement.code < 200 || settlement.code >= 300 || settlement.usage !== undefined || settlement.responseId === undefined || home === undefined) return false;
+    return holds.hold(settlement.responseId, home, limit);
+  }
+
   /** A response id and the upstream whose answer carried it: where GET /v1/responses/{id} will find it. */
   private learnHome(responseId: string | undefined, attempts: readonly { readonly upstream: string }[]): void {
     const last = attempts[attempts.length - 1];
-    if (responseId !== undefined && last !== undefined) this.deps.homes?.learn(responseId, last.upstream);
+    if (responseId === undefined || last === undefined) return;
+    this.deps.homes?.learn(responseId, last.upstream);
+    if (this.request.tenant !== undefined) this.deps.owners?.bind(responseId, this.request.tenant);
   }
 
   private attemptOver(number: number, effect: Extract<Effect, { kind: 'attempt_over' }>): void {

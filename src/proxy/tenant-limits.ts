@@ -7,13 +7,17 @@
  *   counts that a shared store (redis-limit-store.ts: one hash per tenant, reset when a window opens) keeps just as well.
  * - **Tokens.** Reserved at admission from an estimate (the prompt's estimate plus the output the request may ask
  *   for: `reservedTokens`), then corrected to the real usage (prompt + completion) when the request settles —
- *   cancelled and failed requests included; a request without usage keeps its reservation.
+ *   cancelled and failed requests included. A request without usage that relayed output (its client left before
+ *   the usage chunk, its stream broke) is charged the larger of its reservation and the estimate of what it relayed
+ *   (`chargedTokens`): what it took beyond its reservation is charged into the window, so the tenant's next requests
+ *   wait for it. One that relayed nothing keeps its reservation.
  * - **In flight.** A slot is taken at admission and released exactly once, when the request settles (LimitTicket).
  *
  * The decision is pure (`decide`); a LimitStore holds the counts and applies the decision atomically. The store
  * here lives in the process; a store shared across replicas implements the same interface (every method may answer
  * with a promise) without any caller changing.
  */
+import type { Settlement } from '../accounting/ledger.js';
 import { reportsUsage, type ProxiedRoute } from '../accounting/outcomes.js';
 import type { Usage } from '../sse/classify.js';
 
@@ -241,6 +245,27 @@ export function reservedTokens(
   return prompt + cap * Math.max(1, request.expectedChoices);
 }
 
+/** What a settled request is charged against tokens_per_minute; `estimated`: from relayed output, not usage. */
+export interface Charge {
+  readonly tokens: number;
+  readonly estimated: boolean;
+}
+
+/**
+ * The tokens a settled request is charged: its usage (prompt + completion) when the upstream reported completion
+ * tokens; otherwise, when it relayed output, the prompt (usage's, or the estimate made at admission) plus the
+ * completion estimated from what it relayed (Settlement.estimatedCompletionTokens); undefined when it has neither
+ * (the reservation stands).
+ */
+export function chargedTokens(settlement: Pick<Settlement, 'usage' | 'estimatedCompletionTokens'>, promptTokensEstimate: number | undefined): Charge | undefined {
+  const estimated = settlement.estimatedCompletionTokens;
+  if (estimated === undefined) {
+    const used = usedTokens(settlement.usage);
+    return used === undefined ? undefined : { tokens: used, estimated: false };
+  }
+  return { tokens: (settlement.usage?.promptTokens ?? promptTokensEstimate ?? 0) + estimated, estimated: true };
+}
+
 /** Prompt + completion tokens of the usage; undefined when the request reported none. */
 export function usedTokens(usage: Usage | undefined): number | undefined {
   if (usage === undefined || (usage.promptTokens === undefined && usage.completionTokens === undefined)) return undefined;
@@ -281,8 +306,12 @@ export function retryAfterSeconds(ms: number): number {
 export interface LimitTicket {
   /** The tenant's `x-ratelimit-*` headers as of the admission. */
   readonly headers: Readonly<Record<string, string>>;
-  /** Corrects the reserved tokens to `usedTokens` (undefined: keep the reservation) and frees the slot; later calls do nothing. */
-  settle(usedTokens: number | undefined): void;
+  /**
+   * Corrects the reserved tokens to `usedTokens` (undefined: keep the reservation) and frees the slot; later calls do
+   * nothing. An `estimated` use (no usage reported) never charges less than the reservation: the estimate is of what
+   * was relayed, and the upstream may have generated more.
+   */
+  settle(usedTokens: number | undefined, estimated?: boolean): void;
 }
 
 export type Admission =
@@ -383,10 +412,11 @@ export class TenantLimiter {
     let settled = false;
     return {
       headers,
-      settle: (usedTokens) => {
+      settle: (usedTokens, estimated = false) => {
         if (settled) return;
         settled = true;
-        this.guarded(() => this.store.settle(reservation, usedTokens, this.options.now()));
+        const used = estimated && usedTokens !== undefined ? Math.max(usedTokens, reservation.tokens) : usedTokens;
+        this.guarded(() => this.store.settle(reservation, used, this.options.now()));
         this.guarded(() => this.store.release(reservation));
       },
     };

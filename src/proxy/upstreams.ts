@@ -1,12 +1,13 @@
 /**
  * Upstream pools: which upstreams serve which model, their connection pools, active health and model discovery.
  */
-import { Pool } from 'undici';
+import { Pool, type Dispatcher } from 'undici';
 import type { Logger } from 'pino';
 import type { AttemptRecord } from '../accounting/ledger.js';
-import type { EjectionReason } from '../accounting/outcomes.js';
 import type { AdmissionConfig, Config, PoolConfig, UpstreamConfig } from '../config/load.js';
+import { OTHER, type EjectionReason, type OwnRead, type ReadStopReason } from '../accounting/outcomes.js';
 import { AdmissionGate } from './admission.js';
+import { ModelLabels } from './model-labels.js';
 import { CircuitBreaker, type BreakerState, type SendTicket } from './breaker.js';
 import { pickUpstream } from './picker.js';
 import { RetryBudget } from '../delivery/retry-budget.js';
@@ -17,6 +18,21 @@ import { healthVerdict } from '../delivery/retry-policy.js';
  * reset under a non-idempotent POST. Keep ours idle for less.
  */
 const KEEP_ALIVE_MS = 4_000;
+
+/** A read of an upstream body for the gateway's own use that was stopped: the request aborted, the socket closed. */
+export class ReadStopped extends Error {
+  constructor(
+    readonly reason: ReadStopReason,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+function isDeadline(error: unknown): boolean {
+  const { name, code } = error as { name?: unknown; code?: unknown };
+  return name === 'AbortError' || name === 'TimeoutError' || code === 'UND_ERR_BODY_TIMEOUT' || code === 'UND_ERR_ABORTED';
+}
 
 export class Upstream {
   readonly name: string;
@@ -36,15 +52,24 @@ export class Upstream {
   healthy: boolean | undefined = undefined;
   /** Whether the last model discovery failed, so a failure is logged when it starts, not every interval. */
   discoveryFailing = false;
+  /** Whether passive health has held back an ejection of this upstream since its last success (logged once). */
+  ejectionHeld = false;
   inflight = 0;
+  private readonly maxBodyBytes: number;
 
-  constructor(config: UpstreamConfig, settings: Config) {
+  constructor(
+    config: UpstreamConfig,
+    settings: Config,
+    /** A body read for the gateway's own use was stopped (counted by the caller). */
+    private readonly onReadStopped: (upstream: string, read: OwnRead, reason: ReadStopReason) => void = () => {},
+  ) {
     const connectTimeoutMs = settings.timeouts.connectMs;
     const probeTimeoutMs = settings.health.timeoutMs;
     this.name = config.name;
     this.url = config.url;
     this.weight = config.weight;
     this.maxInflight = config.maxInflight ?? Number.POSITIVE_INFINITY;
+    this.maxBodyBytes = settings.health.maxBodyBytes;
     this.authorization = config.apiKey === undefined ? undefined : `Bearer ${config.apiKey}`;
     this.breaker = new CircuitBreaker({
       failureThreshold: settings.health.ejectAfterFailures,
@@ -86,21 +111,67 @@ export class Upstream {
     return `${base}${apiPath}`;
   }
 
-  /** A GET for health checks and discovery, failing after `timeoutMs` whatever stage it is in. */
-  async get(apiPath: string, timeoutMs: number): Promise<{ status: number; body: string }> {
+  /**
+   * A GET for health checks and discovery, failing after `timeoutMs` whatever stage it is in, its body read up to
+   * health.max_body_bytes (more throws {@link ReadStopped}, the connection closed).
+   */
+  async get(apiPath: string, timeoutMs: number, read: 'health' | 'discovery'): Promise<{ status: number; body: string }> {
     const response = await this.getOn(this.probe, apiPath, timeoutMs);
-    const body = await response.body.text();
+    const body = await this.readOwn(response.body, read, true);
+    return { status: response.statusCode, body };
+  }
+
+  /**
+   * A GET whose answer the gateway reads for itself on the traffic connections (a background hold's poll of its
+   * stored response): its body read up to health.max_body_bytes within `timeoutMs`, like every own read.
+   */
+  async fetch(apiPath: string, timeoutMs: number, read: OwnRead): Promise<{ status: number; body: string }> {
+    const response = await this.getOn(this.dispatcher, apiPath, timeoutMs);
+    const body = await this.readOwn(response.body, read, true);
     return { status: response.statusCode, body };
   }
 
   /**
    * A GET on the traffic connections (not the probe's single one: a burst of lookups must not queue health checks
-   * behind it), failing after `timeoutMs`. Answers the status only; the body is read and dropped.
+   * behind it), failing after `timeoutMs`. Answers the status only; the body is read and dropped, up to
+   * health.max_body_bytes: a longer one is cut there (counted) and its status still answers.
    */
   async lookup(apiPath: string, timeoutMs: number): Promise<number> {
     const response = await this.getOn(this.dispatcher, apiPath, timeoutMs);
-    await response.body.dump();
+    try {
+      await this.readOwn(response.body, 'lookup', false);
+    } catch (error) {
+      if (!(error instanceof ReadStopped && error.reason === 'too_large')) throw error;
+    }
     return response.statusCode;
+  }
+
+  /**
+   * The one way Waybill reads an upstream body for itself: at most health.max_body_bytes, within the request's
+   * deadline (its signal). Past either, the body is destroyed — the request aborted, its socket closed, so the
+   * upstream cannot make the gateway hold more — and the stop counted.
+   */
+  private async readOwn(body: Dispatcher.ResponseData['body'], read: OwnRead, keep: boolean): Promise<string> {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    try {
+      for await (const chunk of body as AsyncIterable<Buffer>) {
+        size += chunk.length;
+        if (size > this.maxBodyBytes) {
+          body.destroy();
+          this.onReadStopped(this.name, read, 'too_large');
+          throw new ReadStopped('too_large', `the upstream's body is over health.max_body_bytes (${this.maxBodyBytes})`);
+        }
+        if (keep) chunks.push(chunk);
+      }
+    } catch (error) {
+      if (error instanceof ReadStopped) throw error;
+      body.destroy();
+      if (!isDeadline(error)) throw error;
+      this.onReadStopped(this.name, read, 'deadline');
+      throw new ReadStopped('deadline', `the upstream's body did not arrive within its deadline (${(error as Error).message})`);
+    }
+    return Buffer.concat(chunks).toString('utf8');
   }
 
   private getOn(pool: Pool, apiPath: string, timeoutMs: number): ReturnType<Pool['request']> {
@@ -124,6 +195,8 @@ export interface ServedPool {
   readonly config: PoolConfig;
   readonly upstreams: readonly Upstream[];
   models: readonly string[];
+  /** Configured models, or a discovery of this pool has read an upstream's model list at least once. */
+  discovered: boolean;
 }
 
 /** One upstream's state at a moment (UpstreamRegistry.snapshot). */
@@ -153,17 +226,20 @@ export interface RegistryHooks {
   onEjected?(upstream: string, reason: EjectionReason): void;
   /** An active health check or a model discovery of this upstream failed. */
   onProbeFailed?(upstream: string, probe: 'health' | 'discovery'): void;
+  /** A body read for the gateway's own use was stopped at its size limit or deadline. */
+  onReadStopped?(upstream: string, read: OwnRead, reason: ReadStopReason): void;
+  /** Newly discovered names of `pool` that got no metric label (discovery.max_models_per_pool was reached). */
+  onModelsRefused?(pool: string, count: number): void;
 }
 
 /** What one probe saw: an HTTP status, or the error that stopped it. */
 type ProbeResult = { ok: true } | { ok: false; status: number | undefined; error: string | undefined };
 
 /**
- * A discovered model id becomes a metric label value: only ids of the shape configured names may have, and at most
- * MAX_DISCOVERED_MODELS per pool, so an upstream cannot inflate the label set.
+ * A discovered model id is served only if it has the shape configured names may have; its metric label is bounded
+ * by {@link ModelLabels} (discovery.max_models_per_pool), and the list itself by health.max_body_bytes.
  */
 const MODEL_ID = /^[A-Za-z0-9._:/-]{1,128}$/;
-const MAX_DISCOVERED_MODELS = 64;
 
 export class UpstreamRegistry {
   readonly pools: readonly ServedPool[];
@@ -173,6 +249,7 @@ export class UpstreamRegistry {
   private closed = false;
   /** Reused per pick: the eligible upstreams of one pool. */
   private readonly eligible: Upstream[] = [];
+  private readonly poolOf = new Map<Upstream, ServedPool>();
 
   constructor(
     private readonly config: Config,
@@ -181,12 +258,18 @@ export class UpstreamRegistry {
     private readonly hooks: RegistryHooks = {},
     /** Monotonic milliseconds: the gateway's one clock (admission queues read it). */
     private readonly now: () => number = () => performance.now(),
+    /** The metric labels of model names: the process's, shared by every configuration a reload brings. */
+    readonly labels: ModelLabels = new ModelLabels(),
   ) {
+    const onReadStopped = (upstream: string, read: OwnRead, reason: ReadStopReason) => hooks.onReadStopped?.(upstream, read, reason);
     this.pools = config.pools.map((pool) => ({
       config: pool,
-      upstreams: pool.upstreams.map((u) => new Upstream(u, config)),
+      upstreams: pool.upstreams.map((u) => new Upstream(u, config, onReadStopped)),
       models: pool.models ?? [],
+      discovered: pool.models !== undefined,
     }));
+    for (const pool of this.pools) for (const upstream of pool.upstreams) this.poolOf.set(upstream, pool);
+    labels.configure(config.pools.flatMap((pool) => pool.models ?? []));
     this.indexModels();
   }
 
@@ -203,9 +286,23 @@ export class UpstreamRegistry {
     return this.byModel.get(model);
   }
 
-  /** The model's retry budget and admission gate, made on first use (discovered models included). */
+  /**
+   * Whether a pool that discovers its models has not read any upstream's model list yet: a model it does not know
+   * may be one it serves once discovery succeeds (answered 503 model_unavailable, not 404).
+   */
+  discoveryPending(): boolean {
+    return this.pools.some((pool) => !pool.discovered);
+  }
+
+  /**
+   * The model's retry budget and admission gate, made on first use (discovered models included). Models without a
+   * label of their own (over discovery.max_models_per_pool) share their pool's, as they share its `_other` series:
+   * what the registry holds per model stays bounded too.
+   */
   controls(model: string): ModelControls {
-    let controls = this.controlsByModel.get(model);
+    const label = this.labels.label(model);
+    const key = label === OTHER ? `${OTHER}\u0000${this.byModel.get(model)?.config.name ?? ''}` : model;
+    let controls = this.controlsByModel.get(key);
     if (controls === undefined) {
       const admission: AdmissionConfig | undefined = this.byModel.get(model)?.config.admission;
       controls = {
@@ -220,14 +317,20 @@ export class UpstreamRegistry {
             },
           }),
       };
-      this.controlsByModel.set(model, controls);
+      this.controlsByModel.set(key, controls);
     }
     return controls;
   }
 
-  /** Admission queues, for the queue-depth gauge. */
+  /** Admission queues, for the queue-depth gauge (the `_other` queues of several pools added up). */
   *queues(): Iterable<{ model: string; depth: number }> {
-    for (const [model, controls] of this.controlsByModel) if (controls.gate !== undefined) yield { model, depth: controls.gate.depth };
+    let other: number | undefined;
+    for (const [key, controls] of this.controlsByModel) {
+      if (controls.gate === undefined) continue;
+      if (key.startsWith(`${OTHER}\u0000`)) other = (other ?? 0) + controls.gate.depth;
+      else yield { model: key, depth: controls.gate.depth };
+    }
+    if (other !== undefined) yield { model: OTHER, depth: other };
   }
 
   /**
@@ -264,6 +367,7 @@ export class UpstreamRegistry {
     upstream.inflight--;
     const verdict = record === undefined ? 'none' : healthVerdict(record);
     if (verdict === 'success') {
+      upstream.ejectionHeld = false;
       upstream.breaker.onSuccess(now, ticket);
       return;
     }
@@ -271,11 +375,42 @@ export class UpstreamRegistry {
       upstream.breaker.onAbandon(now, ticket);
       return;
     }
-    const ejected = upstream.breaker.onFailure(now, ticket);
+    const ejected = upstream.breaker.onFailure(now, ticket, this.mayEject(upstream, now));
+    if (ejected === 'held') {
+      if (!upstream.ejectionHeld) {
+        upstream.ejectionHeld = true;
+        this.logger.warn(
+          { upstream: upstream.name, result: record?.result, maxEjectionPercent: this.config.health.maxEjectionPercent },
+          'upstream not ejected: its pool keeps at least one upstream taking traffic and at most health.max_ejection_percent ejected',
+        );
+      }
+      return;
+    }
+    upstream.ejectionHeld = false;
     if (ejected !== undefined) {
       this.logger.warn({ upstream: upstream.name, reason: ejected, result: record?.result }, 'upstream ejected');
       this.hooks.onEjected?.(upstream.name, ejected);
     }
+  }
+
+  /**
+   * May passive health eject `upstream` now? Only while the pool keeps another upstream that takes traffic (up by its
+   * health check and not ejected) and ejecting it keeps the pool's ejected upstreams (open or half open) within
+   * health.max_ejection_percent of the pool, rounded down. Active health checks are not bounded: an upstream whose
+   * /health fails is out until it passes (and when none is up, picking falls back to all of them).
+   */
+  private mayEject(upstream: Upstream, now: number): boolean {
+    const pool = this.poolOf.get(upstream);
+    if (pool === undefined) return true;
+    const bound = Math.floor((pool.upstreams.length * this.config.health.maxEjectionPercent) / 100);
+    let ejected = 0;
+    let othersUp = false;
+    for (const other of pool.upstreams) {
+      if (other === upstream) continue;
+      if (other.breaker.state(now) !== 'closed') ejected++;
+      if (other.isUp(now)) othersUp = true;
+    }
+    return othersUp && ejected + 1 <= bound;
   }
 
   /**
@@ -337,7 +472,7 @@ export class UpstreamRegistry {
       this.upstreams.map(async (upstream) => {
         let result: ProbeResult;
         try {
-          const { status } = await upstream.get('/health', this.config.health.timeoutMs);
+          const { status } = await upstream.get('/health', this.config.health.timeoutMs, 'health');
           result = status === 200 ? { ok: true } : { ok: false, status, error: undefined };
         } catch (err) {
           result = { ok: false, status: undefined, error: (err as Error).message };
@@ -367,11 +502,12 @@ export class UpstreamRegistry {
     for (const pool of this.pools) {
       if (pool.config.models !== undefined) continue;
       const found = new Set<string>();
+      let read = false;
       await Promise.all(
         pool.upstreams.map(async (upstream) => {
           let status: number | undefined;
           try {
-            const response = await upstream.get('/v1/models', this.config.health.timeoutMs);
+            const response = await upstream.get('/v1/models', this.config.health.timeoutMs, 'discovery');
             status = response.status;
             if (status !== 200) {
               this.discoveryFailed(upstream, status, undefined);
@@ -383,6 +519,7 @@ export class UpstreamRegistry {
               const id = (entry as { id?: unknown } | null)?.id;
               if (typeof id === 'string' && MODEL_ID.test(id)) found.add(id);
             }
+            read = true;
             upstream.discoveryFailing = false;
           } catch (err) {
             this.discoveryFailed(upstream, status, (err as Error).message);
@@ -390,11 +527,25 @@ export class UpstreamRegistry {
         }),
       );
       if (this.closed) return;
+      if (read) pool.discovered = true;
       // Keep the last known list when every upstream is unreachable, so a blip does not unserve a model.
       if (found.size === 0) continue;
-      const models = [...found].sort().slice(0, MAX_DISCOVERED_MODELS);
+      const models = [...found].sort();
       if (models.join('\n') !== pool.models.join('\n')) {
-        this.logger.info({ pool: pool.config.name, models }, 'models discovered');
+        const before = new Set(pool.models);
+        const { refused, firstRefusal } = this.labels.admit(
+          pool.config.name,
+          this.config.discovery.maxModelsPerPool,
+          models.filter((model) => !before.has(model)),
+        );
+        if (refused > 0) this.hooks.onModelsRefused?.(pool.config.name, refused);
+        if (firstRefusal) {
+          this.logger.warn(
+            { pool: pool.config.name, maxModelsPerPool: this.config.discovery.maxModelsPerPool },
+            'discovered model names over discovery.max_models_per_pool: served, but counted under model="_other" in metrics for the life of the process',
+          );
+        }
+        this.logger.info({ pool: pool.config.name, models: models.length > 64 ? `${models.length} models` : models }, 'models discovered');
         pool.models = models;
       }
     }

@@ -59,7 +59,7 @@ import {
   type StoreLookup,
 } from './responses.js';
 import { SimTokenizer } from './tokens.js';
-import { renderMetrics, StatsStore, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';
+import { isOperationalPath, renderMetrics, StatsStore, type OperationalPath, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';
 import { startStream, type StreamControl } from './stream.js';
 import {
   choiceText,
@@ -106,6 +106,8 @@ const IDLE_KEEP_ALIVE_MS = 5_000;
 const MAX_BODY_BYTES = 64 * 1024 * 1024;
 const MAX_RECORDED_HEADER = 256;
 const METRICS_CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
+/** What `GET /version` answers: not a vLLM version, so nothing mistakes the simulator for one. */
+const SIM_VERSION = 'waybill-sim';
 /** The separate PRNG stream random faults are drawn from, in arrival order. */
 const FAULT_STREAM = 0xfa017;
 
@@ -321,6 +323,12 @@ class SimServer implements Simulator {
       return;
     }
 
+    if (isOperationalPath(path)) {
+      // A gateway's own reads (health, discovery, scrapes): counted apart, never as requests (src/sim/stats.ts).
+      this.store.countOperational(path);
+      this.handleOperational(req, res, path);
+      return;
+    }
     const route = routeOf(path);
     this.store.countRequest(route);
     if (isGenerationRoute(route)) {
@@ -366,26 +374,44 @@ class SimServer implements Simulator {
 
   private handleOther(req: IncomingMessage, res: ServerResponse, path: string): void {
     req.resume();
-    const isIntrospection = path === '/health' || path === '/v1/models' || path === '/metrics';
-    if (!isIntrospection) {
-      // Unknown routes get a record: a gateway sending traffic to the wrong path should be visible.
-      const ex = this.open(req, 'other', path);
-      const status = this.isAuthorized(req, path) ? 404 : 401;
-      sendBody(res, status, status === 404 ? NOT_FOUND_BODY : UNAUTHORIZED_BODY);
-      this.settle(ex, 'rejected', status);
-      return;
-    }
+    // Unknown routes get a record: a gateway sending traffic to the wrong path should be visible.
+    const ex = this.open(req, 'other', path);
+    const status = this.isAuthorized(req, path) ? 404 : 401;
+    sendBody(res, status, status === 404 ? NOT_FOUND_BODY : UNAUTHORIZED_BODY);
+    this.settle(ex, 'rejected', status);
+  }
+
+  /** vLLM's operational endpoints: no record, only a status count. `/ping` takes POST too, as SageMaker's does. */
+  private handleOperational(req: IncomingMessage, res: ServerResponse, path: OperationalPath): void {
+    req.resume();
     if (!this.isAuthorized(req, path)) {
       this.respond(res, 401, UNAUTHORIZED_BODY);
       return;
     }
-    if (req.method !== 'GET') {
-      this.respond(res, 405, METHOD_NOT_ALLOWED_BODY, 'application/json', { allow: 'GET' });
+    const methods = path === '/ping' ? ['GET', 'POST'] : ['GET'];
+    if (!methods.includes(req.method ?? '')) {
+      this.respond(res, 405, METHOD_NOT_ALLOWED_BODY, 'application/json', { allow: methods.join(', ') });
       return;
     }
-    if (path === '/health') this.respond(res, this.engineDead ? 503 : 200, '', null);
-    else if (path === '/v1/models') this.respond(res, 200, modelListBody(this.opts.models, MAX_MODEL_LEN, Math.floor(Date.now() / 1000)));
-    else this.respond(res, 200, renderMetrics(this.store.engine, this.opts.models[0] ?? ''), METRICS_CONTENT_TYPE);
+    switch (path) {
+      case '/health':
+      case '/ping':
+        this.respond(res, this.engineDead ? 503 : 200, '', null);
+        return;
+      case '/v1/models':
+        this.respond(res, 200, modelListBody(this.opts.models, MAX_MODEL_LEN, Math.floor(Date.now() / 1000)));
+        return;
+      case '/metrics':
+        this.respond(res, 200, renderMetrics(this.store.engine, this.opts.models[0] ?? ''), METRICS_CONTENT_TYPE);
+        return;
+      case '/version':
+        this.respond(res, 200, JSON.stringify({ version: SIM_VERSION }));
+        return;
+      case '/load':
+        // vLLM counts its load only with --enable-server-load-tracking; without it, 0.
+        this.respond(res, 200, JSON.stringify({ server_load: 0 }));
+        return;
+    }
   }
 
   // ---- request records ----

@@ -28,6 +28,20 @@ export const ROUTE_NAMES = [
 export type RouteName = (typeof ROUTE_NAMES)[number];
 
 /**
+ * vLLM's operational endpoints (docs/vllm-routes.md: not API routes): what a gateway reads for itself — health
+ * checks, model discovery, scrapes, load probes — never a client's request sent on. The simulator counts them apart
+ * (SimStats.operational), not as requests, so that a gateway's own reads never pass for attempts, however often it
+ * makes them. Every other path is an API route (or an unknown one, `other`, which a passthrough would reach).
+ */
+export const OPERATIONAL_PATHS = ['/health', '/ping', '/version', '/load', '/metrics', '/v1/models'] as const;
+
+export type OperationalPath = (typeof OPERATIONAL_PATHS)[number];
+
+export function isOperationalPath(path: string): path is OperationalPath {
+  return (OPERATIONAL_PATHS as readonly string[]).includes(path);
+}
+
+/**
  * How a request ended. `fault`: a fault was injected (whether or not [DONE] went out); `rejected`: an error
  * status before any generation (validation, auth, unknown model or route, dead engine), or vLLM's lazy refusal of a
  * replay it cannot give (a 200, then the connection cut);
@@ -78,8 +92,11 @@ export interface RequestRecord {
 }
 
 export interface SimStats {
+  /** Requests on the API routes (every route but the operational paths): what a gateway's attempts add to. */
   requests: number;
   byRoute: Record<RouteName, number>;
+  /** Requests on the operational paths, by path: a gateway's own reads, never counted in `requests`. */
+  operational: Record<OperationalPath, number>;
   inflight: number;
   /** Finished normally, [DONE] included, no fault injected. */
   completed: number;
@@ -116,6 +133,12 @@ function zeroRoutes(): Record<RouteName, number> {
   return routes;
 }
 
+function zeroOperational(): Record<OperationalPath, number> {
+  const paths = {} as Record<OperationalPath, number>;
+  for (const path of OPERATIONAL_PATHS) paths[path] = 0;
+  return paths;
+}
+
 function zeroFaults(): Record<FaultKind, number> {
   const faults = {} as Record<FaultKind, number>;
   for (const kind of FAULT_KINDS) faults[kind] = 0;
@@ -129,6 +152,7 @@ function copyRecord(record: RequestRecord): RequestRecord {
 export class StatsStore {
   private requests = 0;
   private byRoute = zeroRoutes();
+  private operational = zeroOperational();
   private inflight = 0;
   private completed = 0;
   private clientDisconnects = 0;
@@ -149,6 +173,10 @@ export class StatsStore {
   countRequest(route: RouteName): void {
     this.requests += 1;
     this.byRoute[route] += 1;
+  }
+
+  countOperational(path: OperationalPath): void {
+    this.operational[path] += 1;
   }
 
   countStatus(status: number): void {
@@ -196,6 +224,7 @@ export class StatsStore {
     return {
       requests: this.requests,
       byRoute: { ...this.byRoute },
+      operational: { ...this.operational },
       inflight: this.inflight,
       completed: this.completed,
       clientDisconnects: this.clientDisconnects,
@@ -210,6 +239,7 @@ export class StatsStore {
   reset(): void {
     this.requests = 0;
     this.byRoute = zeroRoutes();
+    this.operational = zeroOperational();
     this.completed = 0;
     this.clientDisconnects = 0;
     this.faultsInjected = zeroFaults();

@@ -46,6 +46,11 @@ export type EventFacts =
       terminal?: boolean;
       /** The event's own sequence number (Responses), so an event Waybill adds can continue the numbering. */
       sequence?: number;
+      /**
+       * UTF-16 units of generated text this event carries (content, text, reasoning, tool-call names and arguments),
+       * when any: what a request without usage is charged from (accounting/ledger.ts, `relayed`). Absent: none.
+       */
+      outputChars?: number;
     };
 
 const DONE = '[DONE]';
@@ -128,6 +133,24 @@ function hasAnswer(choice: Record<string, unknown>): boolean {
   return Array.isArray(toolCalls) && toolCalls.some((call) => isRecord(call) && isRecord(call['function']) && nonEmptyString(call['function']['name']));
 }
 
+const charsOf = (value: unknown): number => (typeof value === 'string' ? value.length : 0);
+
+/** The generated text of a chat delta, message or completions choice, in UTF-16 units (what hasOutput looks at). */
+function choiceChars(choice: Record<string, unknown>): number {
+  let chars = charsOf(choice['text']);
+  const delta = choice['delta'] ?? choice['message'];
+  if (!isRecord(delta)) return chars;
+  // One reasoning text under either name (`reasoning_content` before late 2025): counted once if both came.
+  chars += charsOf(delta['content']) + Math.max(charsOf(delta['reasoning']), charsOf(delta['reasoning_content']));
+  const toolCalls = delta['tool_calls'];
+  if (Array.isArray(toolCalls)) {
+    for (const call of toolCalls) {
+      if (isRecord(call) && isRecord(call['function'])) chars += charsOf(call['function']['name']) + charsOf(call['function']['arguments']);
+    }
+  }
+  return chars;
+}
+
 /**
  * Classifies a parsed JSON body (an SSE event's data, or a whole non-stream response). With `withParts`, the facts
  * also carry the answer's pieces (for the output contract's checks).
@@ -142,12 +165,16 @@ export function classifyJson(json: unknown, withParts = false): EventFacts {
   const answers: number[] = [];
   const choices: number[] = [];
   const finishes: ChoiceFinish[] = [];
+  let outputChars = 0;
   if (Array.isArray(rawChoices)) {
     for (const choice of rawChoices) {
       if (!isRecord(choice)) continue;
       const index = typeof choice['index'] === 'number' ? choice['index'] : 0;
       choices.push(index);
-      if (hasOutput(choice)) output.push(index);
+      if (hasOutput(choice)) {
+        output.push(index);
+        outputChars += choiceChars(choice);
+      }
       if (hasAnswer(choice)) answers.push(index);
       const reason = choice['finish_reason'];
       if (typeof reason === 'string' && reason.length > 0) finishes.push({ index, reason });
@@ -170,6 +197,7 @@ export function classifyJson(json: unknown, withParts = false): EventFacts {
     id: typeof id === 'string' ? id : undefined,
     model: typeof model === 'string' ? model : undefined,
   };
+  if (outputChars > 0) facts.outputChars = outputChars;
   if (withParts) facts.parts = readOutputParts(rawChoices);
   return facts;
 }
@@ -262,6 +290,8 @@ const ANSWER_BIT = 2;
 
 /** Scan state shared by the helpers below; the fast path runs on one thread and never re-enters. */
 let pos = 0;
+/** The generated text scanDelta found, in UTF-16 units (content plus reasoning under either name, counted once). */
+let deltaChars = 0;
 
 /** At `pos` just after an opening quote: a string with no backslash or control character. Leaves `pos` after the closing quote; false to decline. */
 function scanPlainString(s: string): boolean {
@@ -282,26 +312,30 @@ function isHex(c: number): boolean {
 }
 
 /**
- * At `pos` just after an opening quote: a valid JSON string. Leaves `pos` after the closing quote and returns
- * whether the decoded value is non-empty (0 empty, 1 non-empty), or -1 to decline.
+ * At `pos` just after an opening quote: a valid JSON string. Leaves `pos` after the closing quote and returns the
+ * decoded value's length in UTF-16 units (0: empty), or -1 to decline. Every escape decodes to one unit, so the
+ * length is the text's minus what its escapes save, counted as they are validated.
  */
 function scanJsonString(s: string): number {
   const start = pos;
   const length = s.length;
+  let saved = 0;
   for (let i = start; i < length; i++) {
     const c = s.charCodeAt(i);
     if (c === QUOTE) {
       pos = i + 1;
-      return i > start ? 1 : 0;
+      return i - start - saved;
     }
     if (c < 0x20) return -1;
     if (c === BACKSLASH) {
       const e = s.charCodeAt(++i); // NaN past the end: no case matches
+      saved++;
       if (e === 0x75 /* u */) {
         if (!(isHex(s.charCodeAt(i + 1)) && isHex(s.charCodeAt(i + 2)) && isHex(s.charCodeAt(i + 3)) && isHex(s.charCodeAt(i + 4)))) {
           return -1;
         }
         i += 4;
+        saved += 4;
       } else if (
         e !== QUOTE && e !== BACKSLASH && e !== 0x2f /* / */ && e !== 0x62 /* b */ && e !== 0x66 /* f */ &&
         e !== 0x6e /* n */ && e !== 0x72 /* r */ && e !== 0x74 /* t */
@@ -331,7 +365,7 @@ function scanUint(s: string): number {
   return digits === 0 ? -1 : value;
 }
 
-/** At `pos`: STRING or `null` (a delta value). Returns 1 for a non-empty string, 0 for empty or null, -1 to decline. */
+/** At `pos`: STRING or `null` (a delta value). Returns the string's decoded length, 0 for null, -1 to decline. */
 function scanStringOrNull(s: string): number {
   if (s.charCodeAt(pos) === QUOTE) {
     pos++;
@@ -349,12 +383,14 @@ function scanStringOrNull(s: string): number {
  * ANSWER_BIT too when that output includes content (reasoning is output, not an answer); 0 for none, -1 to decline.
  */
 function scanDelta(s: string): number {
+  deltaChars = 0;
   if (s.charCodeAt(pos) === CLOSE_BRACE) {
     pos++;
     return 0;
   }
   let seen = 0;
   let output = 0;
+  let reasoningChars = 0;
   for (;;) {
     let key: number;
     if (s.startsWith('"content":', pos)) {
@@ -378,12 +414,17 @@ function scanDelta(s: string): number {
     if (key !== 0) {
       if ((seen & key) !== 0) return -1;
       seen |= key;
-      const nonEmpty = scanStringOrNull(s);
-      if (nonEmpty < 0) return -1;
-      if (nonEmpty === 1) output |= key === CONTENT ? OUTPUT_BIT | ANSWER_BIT : OUTPUT_BIT;
+      const chars = scanStringOrNull(s);
+      if (chars < 0) return -1;
+      if (chars > 0) output |= key === CONTENT ? OUTPUT_BIT | ANSWER_BIT : OUTPUT_BIT;
+      if (key === CONTENT) deltaChars += chars;
+      else reasoningChars = Math.max(reasoningChars, chars);
     }
     const c = s.charCodeAt(pos++);
-    if (c === CLOSE_BRACE) return output;
+    if (c === CLOSE_BRACE) {
+      deltaChars += reasoningChars;
+      return output;
+    }
     if (c !== COMMA) return -1;
   }
 }
@@ -429,22 +470,24 @@ export function fastClassify(data: string): EventFacts | undefined {
   const index = scanUint(data);
   if (index < 0) return undefined;
   let output: number;
+  let chars: number;
   if (chat) {
     if (!data.startsWith(DELTA_OPEN, pos)) return undefined;
     pos += DELTA_OPEN.length;
     output = scanDelta(data);
+    chars = deltaChars;
   } else {
     if (!data.startsWith(TEXT_KEY, pos)) return undefined;
     pos += TEXT_KEY.length;
-    const text = scanJsonString(data);
-    output = text === 1 ? OUTPUT_BIT | ANSWER_BIT : text;
+    chars = scanJsonString(data);
+    output = chars > 0 ? OUTPUT_BIT | ANSWER_BIT : chars;
   }
   if (output < 0 || !data.startsWith(TAIL, pos)) return undefined;
   pos += TAIL.length;
   if (data.startsWith(STOP_REASON_NULL, pos)) pos += STOP_REASON_NULL.length;
   if (pos + END.length !== data.length || !data.endsWith(END)) return undefined;
   const only = indexOnly(index);
-  return {
+  const facts: EventFacts = {
     kind: 'chunk',
     output: output !== 0 ? only : NO_INDICES,
     answers: (output & ANSWER_BIT) !== 0 ? only : NO_INDICES,
@@ -456,6 +499,8 @@ export function fastClassify(data: string): EventFacts | undefined {
     id: data.slice(idStart, idEnd),
     model: data.slice(modelStart, modelEnd),
   };
+  if (chars > 0) facts.outputChars = chars;
+  return facts;
 }
 
 /** Classifies one SSE event's data buffer with JSON.parse alone (the path `classifyEventData` falls back to). */

@@ -10,11 +10,14 @@
  *   of those three — it cuts the connection — but newer servers may.
  */
 import { isRecord } from '../util/json.js';
-import { readError, type EventFacts, type Usage } from './classify.js';
+import { readError, type EventFacts, type UpstreamError, type Usage } from './classify.js';
 import type { OutputPart } from './output-parts.js';
 
-/** The finish reason of an answer whose stop reason is null (vLLM's Messages maps abort and repetition to null). */
-export const NULL_STOP_REASON = '(null)';
+/**
+ * The finish reason of an answer whose stop reason is null: vLLM's Messages converter maps both `abort` and
+ * `repetition` to null, so which of the two it was is lost. A named reason, not `none` (a choice that never got one).
+ */
+export const NULL_STOP_REASON = 'abort_or_repetition';
 
 type ChunkFacts = Extract<EventFacts, { kind: 'chunk' }>;
 
@@ -85,13 +88,50 @@ export function messagesFinishReason(stopReason: unknown): string {
   }
 }
 
+/**
+ * Anthropic's error types and the status each names (the Anthropic API's own table): a Messages error that carries
+ * a type and no code is read by its type.
+ */
+const ANTHROPIC_TYPE_STATUS: Readonly<Record<string, number>> = {
+  invalid_request_error: 400,
+  authentication_error: 401,
+  permission_error: 403,
+  not_found_error: 404,
+  request_too_large: 413,
+  rate_limit_error: 429,
+  api_error: 500,
+  timeout_error: 504,
+  overloaded_error: 529,
+};
+
+/**
+ * vLLM's Messages converter fails on the chat layer's error event and sends pydantic's message instead, which shows
+ * the event it could not parse (its first 25 and last 24 characters): `…'code': 400}}, input_type=dict]`. The code
+ * there is the real one (400 for lazy validation); the rest of the error is lost.
+ */
+const CONVERTER_CODE = /'code': (\d{3})\}\}, input_type=dict\]/;
+
+/**
+ * An Anthropic-shaped error (`{"type":"error","error":{"type","message"}}`, or an OpenAI-shaped one some servers
+ * send here) with its code: the error's own `code`, else the code in vLLM's converter message, else the status its
+ * Anthropic type names. No code when none of them says (docs/errors.md).
+ */
+function messagesError(value: unknown): UpstreamError {
+  const error = readError(value);
+  if (error.code !== undefined) return error;
+  const buried = error.message === undefined ? null : CONVERTER_CODE.exec(error.message);
+  if (buried !== null) return { ...error, code: Number(buried[1]) };
+  const named = error.type === undefined ? undefined : ANTHROPIC_TYPE_STATUS[error.type];
+  return named === undefined ? error : { ...error, code: named };
+}
+
 export function classifyMessagesEvent(eventType: string, data: string, withParts = false): EventFacts {
   const json = parse(data);
   if (json === undefined) return { kind: 'malformed' };
   const type = typeof json['type'] === 'string' ? json['type'] : eventType;
   switch (type) {
     case 'error':
-      return { kind: 'error', ...readError(json['error'] ?? json) };
+      return { kind: 'error', ...messagesError(json['error'] ?? json) };
     case 'message_stop':
       return { kind: 'done' };
     case 'message_start': {
@@ -104,20 +144,20 @@ export function classifyMessagesEvent(eventType: string, data: string, withParts
       const block = isRecord(json['content_block']) ? json['content_block'] : {};
       if (block['type'] === 'tool_use' && nonEmpty(block['name'])) {
         const parts = withParts ? [toolPart(json['index'], block['name'], undefined)] : undefined;
-        return chunk({ output: [0], answers: [0], ...(parts && { parts }) });
+        return chunk({ output: [0], answers: [0], outputChars: block['name'].length, ...(parts && { parts }) });
       }
-      if (block['type'] === 'text' && nonEmpty(block['text'])) return chunk({ output: [0], answers: [0], ...(withParts && { parts: [text(block['text'])] }) });
+      if (block['type'] === 'text' && nonEmpty(block['text'])) return chunk({ output: [0], answers: [0], outputChars: block['text'].length, ...(withParts && { parts: [text(block['text'])] }) });
       return chunk();
     }
     case 'content_block_delta': {
       const delta = isRecord(json['delta']) ? json['delta'] : {};
       if (delta['type'] === 'text_delta' && nonEmpty(delta['text'])) {
-        return chunk({ output: [0], answers: [0], ...(withParts && { parts: [text(delta['text'])] }) });
+        return chunk({ output: [0], answers: [0], outputChars: delta['text'].length, ...(withParts && { parts: [text(delta['text'])] }) });
       }
       if (delta['type'] === 'input_json_delta' && nonEmpty(delta['partial_json'])) {
-        return chunk({ output: [0], answers: [0], ...(withParts && { parts: [toolPart(json['index'], undefined, delta['partial_json'])] }) });
+        return chunk({ output: [0], answers: [0], outputChars: delta['partial_json'].length, ...(withParts && { parts: [toolPart(json['index'], undefined, delta['partial_json'])] }) });
       }
-      if (delta['type'] === 'thinking_delta' && nonEmpty(delta['thinking'])) return chunk({ output: [0] });
+      if (delta['type'] === 'thinking_delta' && nonEmpty(delta['thinking'])) return chunk({ output: [0], outputChars: delta['thinking'].length });
       return chunk();
     }
     case 'message_delta': {
@@ -137,7 +177,7 @@ export function classifyMessagesEvent(eventType: string, data: string, withParts
 /** A whole non-stream Messages body. */
 export function classifyMessagesBody(json: unknown, withParts = false): EventFacts {
   if (!isRecord(json)) return { kind: 'malformed' };
-  if (json['type'] === 'error' || (isRecord(json['error']) && json['type'] !== 'message')) return { kind: 'error', ...readError(json['error']) };
+  if (json['type'] === 'error' || (isRecord(json['error']) && json['type'] !== 'message')) return { kind: 'error', ...messagesError(json['error']) };
   if (json['type'] !== 'message' && !Array.isArray(json['content'])) return { kind: 'malformed' };
   const content = Array.isArray(json['content']) ? json['content'] : [];
   let answered = false;
@@ -237,15 +277,15 @@ export function classifyResponsesEvent(eventType: string, data: string, withPart
     case 'response.output_text.delta':
     case 'response.refusal.delta':
       return nonEmpty(json['delta'])
-        ? chunk({ output: [0], answers: [0], ...seq, ...(withParts && type === 'response.output_text.delta' && { parts: [text(json['delta'])] }) })
+        ? chunk({ output: [0], answers: [0], outputChars: json['delta'].length, ...seq, ...(withParts && type === 'response.output_text.delta' && { parts: [text(json['delta'])] }) })
         : chunk(seq);
     case 'response.function_call_arguments.delta':
       return nonEmpty(json['delta'])
-        ? chunk({ output: [0], answers: [0], ...seq, ...(withParts && { parts: [toolPart(json['output_index'], undefined, json['delta'])] }) })
+        ? chunk({ output: [0], answers: [0], outputChars: json['delta'].length, ...seq, ...(withParts && { parts: [toolPart(json['output_index'], undefined, json['delta'])] }) })
         : chunk(seq);
     case 'response.reasoning_text.delta':
     case 'response.reasoning_summary_text.delta':
-      return nonEmpty(json['delta']) ? chunk({ output: [0], ...seq }) : chunk(seq);
+      return nonEmpty(json['delta']) ? chunk({ output: [0], outputChars: json['delta'].length, ...seq }) : chunk(seq);
     case 'response.output_item.added': {
       const item = isRecord(json['item']) ? json['item'] : {};
       // A function call's name is known here; its arguments follow as deltas of the same output index.

@@ -8,7 +8,8 @@ import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
 import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
-import { ANONYMOUS, GENERATION_ROUTES, OUTPUT_CHECKS, reportsUsage, type EjectionReason, type RetryReason } from '../accounting/outcomes.js';
+import type { BackgroundHoldEnd } from '../proxy/background-holds.js';
+import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, OUTPUT_CHECKS, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -102,6 +103,12 @@ export const METRICS = {
     labels: ['model', 'tenant'],
     help: 'Completion tokens, from upstream usage.',
   },
+  estimatedCompletionTokens: {
+    name: 'waybill_estimated_completion_tokens_total',
+    type: 'counter',
+    labels: ['model', 'tenant'],
+    help: 'Completion tokens of requests whose upstream reported none, estimated from the output relayed (metrics.chars_per_token).',
+  },
   usageMissing: {
     name: 'waybill_usage_missing_total',
     type: 'counter',
@@ -186,6 +193,18 @@ export const METRICS = {
     labels: ['upstream', 'probe'],
     help: 'Failed active health checks (probe="health") and model discoveries (probe="discovery") per upstream.',
   },
+  readsStopped: {
+    name: 'waybill_upstream_reads_stopped_total',
+    type: 'counter',
+    labels: ['upstream', 'read', 'reason'],
+    help: 'Bodies Waybill reads from an upstream for itself (read: health, discovery, lookup) that it stopped reading, the request aborted: over health.max_body_bytes (reason="too_large") or past their deadline (reason="deadline").',
+  },
+  discoveredModelsRefused: {
+    name: 'waybill_discovered_models_refused_total',
+    type: 'counter',
+    labels: ['pool'],
+    help: 'Newly discovered model names that got no model label of their own because the pool already has discovery.max_models_per_pool: served, but counted under model="_other".',
+  },
   outputChecks: {
     name: 'waybill_output_checks_total',
     type: 'counter',
@@ -197,6 +216,12 @@ export const METRICS = {
     type: 'counter',
     labels: ['model', 'tenant', 'route', 'stream'],
     help: 'Logical requests delivered with every applicable output check passed: a subset of waybill_requests_total{outcome="delivered"}.',
+  },
+  clientRetries: {
+    name: 'waybill_client_retries_total',
+    type: 'counter',
+    labels: ['model', 'route'],
+    help: 'Logical requests that were a client SDK\'s retry (x-stainless-retry-count of 1 or more): user calls are waybill_requests_total minus these.',
   },
   evaluationSamples: {
     name: 'waybill_evaluation_samples_total',
@@ -215,6 +240,18 @@ export const METRICS = {
     type: 'counter',
     labels: ['op'],
     help: 'Operations on the shared store of the limits per tenant (limits.redis_url) that failed or missed limits.redis_timeout, by op (reserve, settle, release).',
+  },
+  backgroundHolds: {
+    name: 'waybill_background_holds',
+    type: 'gauge',
+    labels: [],
+    help: 'Background responses of limited tenants holding their slot and reservation until they end (limits.background_*).',
+  },
+  backgroundHoldsEnded: {
+    name: 'waybill_background_holds_ended_total',
+    type: 'counter',
+    labels: ['how'],
+    help: 'Background responses whose hold on their limits ended, by how: ended (seen completed, failed, incomplete or cancelled), lost (its home no longer has it), deadline (limits.background_max_hold), overflow (limits.background_max_watched), shutdown.',
   },
   limitStoreUp: {
     name: 'waybill_limit_store_up',
@@ -363,6 +400,7 @@ export class GatewayMetrics {
   private readonly anomalies = new CounterPair(this.registries, METRICS.anomalies);
   private readonly finishReasons = new CounterPair(this.registries, METRICS.finishReasons);
   private readonly cancellations = new CounterPair(this.registries, METRICS.cancellations);
+  private readonly clientRetries = new CounterPair(this.registries, METRICS.clientRetries);
   private readonly ttft: Histogram<'model' | 'prompt_len'>;
   private readonly itl: EventHistogram;
   private readonly tpot: Histogram<'model'>;
@@ -372,6 +410,7 @@ export class GatewayMetrics {
   private readonly cachedPromptTokens = new CounterPair(this.registries, METRICS.cachedPromptTokens);
   private readonly completionTokens = new CounterPair(this.registries, METRICS.completionTokens);
   private readonly usageMissing = new CounterPair(this.registries, METRICS.usageMissing);
+  private readonly estimatedCompletionTokens = new CounterPair(this.registries, METRICS.estimatedCompletionTokens);
   private readonly inflight = new Gauge({
     name: METRICS.inflight.name,
     help: METRICS.inflight.help,
@@ -385,11 +424,23 @@ export class GatewayMetrics {
   private readonly internalErrors = new CounterPair(this.registries, METRICS.internalErrors);
   private readonly turnYields = new CounterPair(this.registries, METRICS.turnYields);
   private readonly probeFailures = new CounterPair(this.registries, METRICS.probeFailures);
+  private readonly readsStopped = new CounterPair(this.registries, METRICS.readsStopped);
+  private readonly discoveredModelsRefused = new CounterPair(this.registries, METRICS.discoveredModelsRefused);
+  /** A served model's label value (proxy/model-labels.ts): its name, or `_other` past discovery.max_models_per_pool. */
+  private modelLabel: (model: string) => string = (model) => model;
   private readonly outputChecks = new CounterPair(this.registries, METRICS.outputChecks);
   private readonly accepted = new CounterPair(this.registries, METRICS.accepted);
   private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
   private readonly rateLimitedRequests = new CounterPair(this.registries, METRICS.rateLimited);
   private readonly limitStoreErrors = new CounterPair(this.registries, METRICS.limitStoreErrors);
+  private readonly backgroundHoldsGauge = new Gauge({
+    name: METRICS.backgroundHolds.name,
+    help: METRICS.backgroundHolds.help,
+    labelNames: METRICS.backgroundHolds.labels,
+    aggregator: 'sum' satisfies WorkerAggregator,
+    registers: [this.registry, this.openMetrics],
+  });
+  private readonly backgroundHoldsEnded = new CounterPair(this.registries, METRICS.backgroundHoldsEnded);
   private readonly limitStoreUpGauge = new Gauge({
     name: METRICS.limitStoreUp.name,
     help: METRICS.limitStoreUp.help,
@@ -463,6 +514,8 @@ export class GatewayMetrics {
   /** Pre-creates zero-valued series for the served models so dashboards and `rate()` see them from the start. */
   declareModels(models: readonly string[], promptLenClasses: readonly string[], tenants: readonly string[] = [ANONYMOUS]): void {
     for (const model of models) {
+      // A model without a label of its own is counted under _other, which is declared by its first request.
+      if (this.modelLabel(model) !== model) continue;
       // Declared, never reset: a reload declares its models again while their requests are in flight, and a gauge
       // of work in flight set back to 0 would read below zero once they end.
       this.inflight.inc({ model }, 0);
@@ -477,6 +530,7 @@ export class GatewayMetrics {
         }
         for (const promptLen of promptLenClasses) this.slo.inc({ model, tenant, prompt_len: promptLen, result: 'met' }, 0);
       }
+      for (const route of GENERATION_ROUTES) this.clientRetries.inc({ model, route }, 0);
     }
   }
 
@@ -485,12 +539,17 @@ export class GatewayMetrics {
     this.sources = sources;
   }
 
+  /** How a served model's name becomes its label value (the upstream registry's ModelLabels, for the process's life). */
+  labelModels(label: (model: string) => string): void {
+    this.modelLabel = label;
+  }
+
   retryMade(model: string, reason: RetryReason): void {
-    this.retries.inc({ model, reason });
+    this.retries.inc({ model: this.modelLabel(model), reason });
   }
 
   retryBudgetSpent(model: string): void {
-    this.retryBudgetExhausted.inc({ model });
+    this.retryBudgetExhausted.inc({ model: this.modelLabel(model) });
   }
 
   upstreamEjected(upstream: string, reason: EjectionReason): void {
@@ -510,8 +569,23 @@ export class GatewayMetrics {
     this.probeFailures.inc({ upstream, probe });
   }
 
+  /** A body read from an upstream for the gateway's own use was stopped; `count` 0 declares the series. */
+  readStopped(upstream: string, read: OwnRead, reason: ReadStopReason, count = 1): void {
+    this.readsStopped.inc({ upstream, read, reason }, count);
+  }
+
+  /** `count` newly discovered names of `pool` got no label of their own; 0 declares the series. */
+  discoveredModelsRefusedBy(pool: string, count: number): void {
+    this.discoveredModelsRefused.inc({ pool }, count);
+  }
+
   evaluationSampled(model: string): void {
-    this.evaluationSamples.inc({ model });
+    this.evaluationSamples.inc({ model: this.modelLabel(model) });
+  }
+
+  /** One stored-response lookup GET to `upstream` (response-homes.ts), counted as an attempt of model `_lookup`. */
+  lookupAttempt(upstream: string, result: AttemptResult): void {
+    this.attempts.inc({ model: LOOKUP, upstream, result });
   }
 
   /** A request refused for its tenant's `limit`; `count` 0 declares the series (at start-up, for each limit configured). */
@@ -522,6 +596,16 @@ export class GatewayMetrics {
   /** A failed operation on the shared limit store; `count` 0 declares the series (at start-up, with limits.redis_url). */
   limitStoreError(op: LimitStoreOp, count = 1): void {
     this.limitStoreErrors.inc({ op }, count);
+  }
+
+  /** Background responses holding their limits now (proxy/background-holds.ts). */
+  backgroundHolding(count: number): void {
+    this.backgroundHoldsGauge.set(count);
+  }
+
+  /** A background response's hold ended `how`; `count` 0 declares the series. */
+  backgroundHoldEnded(how: BackgroundHoldEnd, count = 1): void {
+    this.backgroundHoldsEnded.inc({ how }, count);
   }
 
   /** The shared limit store answers again (true) or stopped answering (false). */
@@ -541,16 +625,16 @@ export class GatewayMetrics {
   }
 
   queueWaited(model: string, ms: number): void {
-    this.queueWait.observe({ model }, ms / 1000);
+    this.queueWait.observe({ model: this.modelLabel(model) }, ms / 1000);
   }
 
   requestStarted(model: string): void {
-    this.inflight.inc({ model });
+    this.inflight.inc({ model: this.modelLabel(model) });
   }
 
   /** The inter-token-latency observer for a model's requests: take it once per request, observe per event. */
   interTokenLatency(model: string): EventObserver {
-    return this.itl.for(model);
+    return this.itl.for(this.modelLabel(model));
   }
 
 
@@ -559,12 +643,13 @@ export class GatewayMetrics {
    * the request was traced, becomes the exemplar of its observations.
    */
   record(s: Settlement, started: boolean, traceId?: string): void {
-    const model = s.model;
+    const model = this.modelLabel(s.model);
     const exemplar = traceId === undefined ? undefined : { trace_id: traceId };
     const exemplarLabels = exemplar ?? NO_EXEMPLAR;
     if (started) this.inflight.dec({ model });
     const tenant = s.tenant;
     this.requests.inc({ model, tenant, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplar);
+    if (s.clientRetry !== undefined && s.clientRetry > 0) this.clientRetries.inc({ model, route: s.route });
     for (const attempt of s.attempts) {
       this.attempts.inc({ model, upstream: attempt.upstream, result: attempt.result ?? 'cancelled' });
       // Per upstream, so one slow or overloaded replica stands out of the pool's TTFT.
@@ -591,5 +676,6 @@ export class GatewayMetrics {
       // (A background request's acknowledgement — Responses without a choice — has no usage yet: not missing.)
       this.usageMissing.inc({ model });
     }
+    if (s.estimatedCompletionTokens !== undefined) this.estimatedCompletionTokens.inc({ model, tenant }, s.estimatedCompletionTokens);
   }
 }

@@ -30,6 +30,8 @@ export interface RequestLogLine {
   format_valid: string | undefined;
   /** The inclusion probability when the response was sampled for evaluation. */
   evaluation_sample: number | undefined;
+  /** The client SDK's retry count (`x-stainless-retry-count`: 0 first try, n its n-th retry); absent when not sent. */
+  client_retry: number | undefined;
   duration_ms: number;
 }
 
@@ -63,6 +65,7 @@ export function requestLogLine(s: Settlement, requestId: string, traceId: string
     checks_failed: [...s.failedChecks],
     format_valid: formatValid(s),
     evaluation_sample: sampleProbability,
+    client_retry: s.clientRetry,
     duration_ms: round(s.durationMs) ?? 0,
   };
 }

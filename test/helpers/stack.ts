@@ -52,6 +52,17 @@ export function adminKey(tenant: string): { tenant: string; key_sha256: string; 
   return { tenant, key_sha256: createHash('sha256').update(ADMIN_KEY).digest('hex'), admin: true };
 }
 
+/**
+ * The stack scrapes /metrics with ADMIN_KEY: where a test configures auth.keys and none of them is an admin key, the
+ * admin key is added for the first key's tenant (no new tenant series), so the helpers' scrapes are served.
+ */
+function withAdminKey(config: Partial<ConfigInput> | undefined): Partial<ConfigInput> | undefined {
+  const keys = (config?.auth as { keys?: Array<{ tenant: string; admin?: boolean }> } | undefined)?.keys;
+  const first = keys?.[0];
+  if (config === undefined || keys === undefined || first === undefined || keys.some((key) => key.admin === true)) return config;
+  return { ...config, auth: { ...config.auth, keys: [...keys, adminKey(first.tenant)] } } as Partial<ConfigInput>;
+}
+
 export const CHAT = { model: 'sim-model', messages: [{ role: 'user', content: 'Hello there' }] };
 
 export async function startStack(options: StackOptions = {}): Promise<Stack> {
@@ -75,7 +86,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
         },
       ],
       logging: { level: 'silent' },
-      ...options.config,
+      ...withAdminKey(options.config),
     },
     'test',
   );

@@ -13,7 +13,7 @@ import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { FLAG_OF } from '../src/sim/main.js';
 import { createSimulator } from '../src/sim/server.js';
-import { startStack } from './helpers/stack.js';
+import { ADMIN_HEADERS, adminKey, startStack } from './helpers/stack.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
 const children: ChildProcess[] = [];
@@ -369,7 +369,7 @@ describe('waybill serve: SIGHUP', () => {
     const { url } = await sim.listen(0, '127.0.0.1');
     const sha = (key: string) => createHash('sha256').update(key).digest('hex');
     const yaml = (key: string) =>
-      `pools: [{ name: p, models: [tiny], upstreams: [{ url: "${url}" }] }]\nauth: { keys: [{ tenant: t, key_sha256: "${sha(key)}" }] }\nshutdown: { grace: 0, drain_timeout: 1s }\n`;
+      `pools: [{ name: p, models: [tiny], upstreams: [{ url: "${url}" }] }]\nauth: { keys: [{ tenant: t, key_sha256: "${sha(key)}" }, { tenant: t, key_sha256: "${adminKey('t').key_sha256}", admin: true }] }\nshutdown: { grace: 0, drain_timeout: 1s }\n`;
     try {
       const file = tempFile('reload.yaml', yaml('old-key'));
       // One process, so the reload counter counts one reload (test/workers.test.ts reloads several workers).
@@ -387,7 +387,7 @@ describe('waybill serve: SIGHUP', () => {
         return response.statusCode;
       };
       const metric = async (name: string) => {
-        const text = await (await request(`${base}/metrics`)).body.text();
+        const text = await (await request(`${base}/metrics`, { headers: ADMIN_HEADERS })).body.text();
         return text.split('\n').find((l) => l.startsWith(name)) ?? '';
       };
       const eventually = async (check: () => Promise<boolean>) => {

@@ -73,7 +73,7 @@ describe('operational endpoints on the API port with client keys', () => {
     for (const path of OPS_PATHS) {
       const anonymous = await get(`${base}${path}`);
       expect(anonymous.status, path).toBe(401);
-      expect(JSON.parse(anonymous.body).error.code).toBe('invalid_api_key');
+      expect((JSON.parse(anonymous.body) as { error: { code: string } }).error.code).toBe('invalid_api_key');
       expect(String(anonymous.headers['www-authenticate'])).toMatch(/Basic/);
       expect(anonymous.body).not.toContain('acme');
 
@@ -82,7 +82,7 @@ describe('operational endpoints on the API port with client keys', () => {
 
       const client = await get(`${base}${path}`, { authorization: `Bearer ${CLIENT}` });
       expect(client.status, path).toBe(403);
-      expect(JSON.parse(client.body).error.code).toBe('admin_required');
+      expect((JSON.parse(client.body) as { error: { code: string } }).error.code).toBe('admin_required');
       expect(client.body).not.toContain('acme');
 
       for (const headers of [{ authorization: `Bearer ${ADMIN}` }, { 'x-api-key': ADMIN }, { authorization: basic('me', ADMIN) }]) {

@@ -60,7 +60,7 @@ function withAdminKey(config: Partial<ConfigInput> | undefined): Partial<ConfigI
   const keys = (config?.auth as { keys?: Array<{ tenant: string; admin?: boolean }> } | undefined)?.keys;
   const first = keys?.[0];
   if (config === undefined || keys === undefined || first === undefined || keys.some((key) => key.admin === true)) return config;
-  return { ...config, auth: { ...config.auth, keys: [...keys, adminKey(first.tenant)] } } as Partial<ConfigInput>;
+  return { ...config, auth: { ...config.auth, keys: [...keys, adminKey(first.tenant)] } };
 }
 
 export const CHAT = { model: 'sim-model', messages: [{ role: 'user', content: 'Hello there' }] };

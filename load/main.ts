@@ -56,7 +56,7 @@ SLO, reports, reconciliation
   --sim URL                   a simulator behind Waybill, for --reconcile (repeatable)
   --borderline-margin D       client and Waybill clocks agree within D (default 50ms): SLO results this close to
                               a threshold are borderline, compared as bounds, not exactly (docs/load.md)
-  --api-key KEY               sent as Authorization: Bearer
+  --api-key KEY               sent as Authorization: Bearer (with --reconcile, also on the gateway's /metrics: where client keys exist and there is no admin port, a key with admin: true)
   --timeout D                 per-request limit (default 5m)
   --quiet                     no progress line
   -h, --help                  this help
@@ -342,16 +342,16 @@ export async function runLoadWith(config: LoadConfig, out: (text: string) => voi
     requestTimeoutMs: config.timeoutMs,
   };
   // A target that is not Waybill (or a --sim that is not a simulator) is refused before any load.
-  if (config.reconcile) await snapshot(config.baseUrl, config.sims);
+  if (config.reconcile) await snapshot(config.baseUrl, config.sims, config.apiKey);
   // From before the warm-up: a connection it left open could still be answered with a 408 during the run.
   const stopWatching = config.reconcile ? watchEmptyConnections(config.baseUrl) : undefined;
   if (config.warmup > 0) {
     // Settled before the run's first snapshot, so none of it is counted in the comparison.
-    const start = config.reconcile ? await snapshot(config.baseUrl, config.sims) : undefined;
+    const start = config.reconcile ? await snapshot(config.baseUrl, config.sims, config.apiKey) : undefined;
     const warm = await runWorkload({ ...shape, seed: config.seed + 1, requests: config.warmup, durationMs: undefined, idPrefix: 'warmup' });
-    if (start !== undefined) await settledSnapshot(config.baseUrl, config.sims, start, warm.results.length);
+    if (start !== undefined) await settledSnapshot(config.baseUrl, config.sims, start, warm.results.length, undefined, config.apiKey);
   }
-  const before = config.reconcile ? await snapshot(config.baseUrl, config.sims) : undefined;
+  const before = config.reconcile ? await snapshot(config.baseUrl, config.sims, config.apiKey) : undefined;
   const progress = progressPrinter(config.quiet);
   const run = await runWorkload({
     ...shape,
@@ -367,7 +367,7 @@ export async function runLoadWith(config: LoadConfig, out: (text: string) => voi
   out(`run             ${header.taken.explanation}`);
   let reconciliation;
   if (before !== undefined) {
-    const after = await settledSnapshot(config.baseUrl, config.sims, before, run.results.length);
+    const after = await settledSnapshot(config.baseUrl, config.sims, before, run.results.length, undefined, config.apiKey);
     reconciliation = reconcile(run.results, before, after, config.slo, config.borderlineMarginMs, stopWatching?.() ?? 0);
     out(reconciliationText(reconciliation));
   }

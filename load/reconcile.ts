@@ -81,9 +81,13 @@ export class TargetError extends Error {
 /** The metric whose presence says a /metrics is Waybill's (its HELP line is written even before any request). */
 const WAYBILL_MARKER = '# TYPE waybill_requests_total counter';
 
-async function gatewayMetrics(gatewayUrl: string): Promise<Sample[]> {
-  const response = await request(`${gatewayUrl}/metrics`);
+async function gatewayMetrics(gatewayUrl: string, apiKey: string | undefined): Promise<Sample[]> {
+  // With client keys and no admin port, /metrics needs a key with admin: true: --api-key, when it is one.
+  const response = await request(`${gatewayUrl}/metrics`, { headers: apiKey === undefined ? {} : { authorization: `Bearer ${apiKey}` } });
   const text = await response.body.text();
+  if (response.statusCode === 401 || response.statusCode === 403) {
+    throw new TargetError(`--reconcile: ${gatewayUrl}/metrics answered ${response.statusCode}: the gateway has client keys; give --api-key a key with admin: true, or --url a gateway whose /metrics is open`);
+  }
   if (response.statusCode !== 200 || !text.includes(WAYBILL_MARKER)) {
     const why = response.statusCode !== 200 ? `GET /metrics answered ${response.statusCode}` : 'its /metrics has no waybill_* metrics';
     throw new TargetError(`--reconcile: ${gatewayUrl} is not a Waybill gateway (${why}); give --url the gateway's API port (with server.admin_port set, /metrics is on the admin listener)`);
@@ -113,8 +117,8 @@ async function simStats(url: string): Promise<SimStatsSnapshot> {
   return stats as SimStatsSnapshot;
 }
 
-export async function snapshot(gatewayUrl: string, simUrls: readonly string[]): Promise<Snapshot> {
-  const [metrics, sims] = await Promise.all([gatewayMetrics(gatewayUrl), Promise.all(simUrls.map(simStats))]);
+export async function snapshot(gatewayUrl: string, simUrls: readonly string[], apiKey?: string): Promise<Snapshot> {
+  const [metrics, sims] = await Promise.all([gatewayMetrics(gatewayUrl, apiKey), Promise.all(simUrls.map(simStats))]);
   return { metrics, sims };
 }
 
@@ -122,11 +126,11 @@ export async function snapshot(gatewayUrl: string, simUrls: readonly string[]): 
  * Waits (bounded) until Waybill has settled every request of the run: its in-flight gauge is back to zero and its
  * request counter grew by the number of requests sent. A request settles after its response (the drain grace).
  */
-export async function settledSnapshot(gatewayUrl: string, simUrls: readonly string[], before: Snapshot, expected: number, timeoutMs = 30_000): Promise<Snapshot> {
+export async function settledSnapshot(gatewayUrl: string, simUrls: readonly string[], before: Snapshot, expected: number, timeoutMs = 30_000, apiKey?: string): Promise<Snapshot> {
   const deadline = performance.now() + timeoutMs;
   const startCount = [...sumBy(before.metrics, 'waybill_requests_total', []).values()][0] ?? 0;
   for (;;) {
-    const now = await snapshot(gatewayUrl, simUrls);
+    const now = await snapshot(gatewayUrl, simUrls, apiKey);
     const count = ([...sumBy(now.metrics, 'waybill_requests_total', []).values()][0] ?? 0) - startCount;
     const inflight = [...sumBy(now.metrics, 'waybill_inflight_requests', []).values()][0] ?? 0;
     if ((count >= expected && inflight === 0) || performance.now() > deadline) return now;

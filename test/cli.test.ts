@@ -13,7 +13,7 @@ import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { FLAG_OF } from '../src/sim/main.js';
 import { createSimulator } from '../src/sim/server.js';
-import { startStack } from './helpers/stack.js';
+import { ADMIN_HEADERS, ADMIN_KEY, adminKey, startStack } from './helpers/stack.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
 const children: ChildProcess[] = [];
@@ -187,6 +187,24 @@ describe('waybill load against a target it cannot use', () => {
       await run(['load', '--url', 'http://127.0.0.1:9', '--model', 'm', '--concurrency', '1', '--requests', '1', '--reconcile']),
       /^waybill load: cannot reach http:\/\/127\.0\.0\.1:9: connect ECONNREFUSED/,
     );
+  });
+
+  it('--reconcile against a gateway with client keys: a client key is refused in one line, an admin key reconciles', async () => {
+    const sha256 = (key: string) => createHash('sha256').update(key).digest('hex');
+    // startStack adds ADMIN_KEY (admin: true) for the first tenant.
+    const stack = await startStack({ sims: 1, config: { auth: { keys: [{ tenant: 'team-a', key_sha256: sha256('sk-client') }] } } });
+    try {
+      const sim = stack.gateway.upstreams.upstreams[0]?.url.origin ?? '';
+      expectOneLine(
+        await run(['load', '--url', stack.base, '--api-key', 'sk-client', '--concurrency', '1', '--requests', '1', '--reconcile', '--sim', sim]),
+        /^waybill load: --reconcile: .*\/metrics answered 403: the gateway has client keys; give --api-key a key with admin: true/,
+      );
+      const admin = await run(['load', '--url', stack.base, '--api-key', ADMIN_KEY, '--concurrency', '1', '--requests', '2', '--reconcile', '--sim', sim, '--quiet']);
+      expect(admin.stdout).toMatch(/reconcil/i);
+      expect(admin.code).toBe(0);
+    } finally {
+      await stack.close();
+    }
   });
 
   it('an unreachable --sim: one line naming that URL, not --url, and exit 2', async () => {
@@ -369,7 +387,7 @@ describe('waybill serve: SIGHUP', () => {
     const { url } = await sim.listen(0, '127.0.0.1');
     const sha = (key: string) => createHash('sha256').update(key).digest('hex');
     const yaml = (key: string) =>
-      `pools: [{ name: p, models: [tiny], upstreams: [{ url: "${url}" }] }]\nauth: { keys: [{ tenant: t, key_sha256: "${sha(key)}" }] }\nshutdown: { grace: 0, drain_timeout: 1s }\n`;
+      `pools: [{ name: p, models: [tiny], upstreams: [{ url: "${url}" }] }]\nauth: { keys: [{ tenant: t, key_sha256: "${sha(key)}" }, { tenant: t, key_sha256: "${adminKey('t').key_sha256}", admin: true }] }\nshutdown: { grace: 0, drain_timeout: 1s }\n`;
     try {
       const file = tempFile('reload.yaml', yaml('old-key'));
       // One process, so the reload counter counts one reload (test/workers.test.ts reloads several workers).
@@ -387,7 +405,7 @@ describe('waybill serve: SIGHUP', () => {
         return response.statusCode;
       };
       const metric = async (name: string) => {
-        const text = await (await request(`${base}/metrics`)).body.text();
+        const text = await (await request(`${base}/metrics`, { headers: ADMIN_HEADERS })).body.text();
         return text.split('\n').find((l) => l.startsWith(name)) ?? '';
       };
       const eventually = async (check: () => Promise<boolean>) => {

@@ -13,7 +13,7 @@ import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import { createAuthenticator, presentedKey } from '../src/http/auth.js';
-import { CHAT, post, startStack, type Stack } from './helpers/stack.js';
+import { ADMIN_HEADERS, CHAT, post, startStack, type Stack } from './helpers/stack.js';
 
 const cleanups: Array<() => Promise<void> | void> = [];
 afterEach(async () => {
@@ -114,10 +114,11 @@ describe('client keys', () => {
     expect(await stack.metric('waybill_requests_total', { tenant: '_unauthenticated', code: '401' })).toBe(1);
   });
 
-  it('operational endpoints and unknown paths need no key; a 404 is not a 401', async () => {
+  it('probes and unknown paths need no key, /metrics an admin key (test/admin-key.test.ts); a 404 is not a 401', async () => {
     const stack = await gateway(KEYS);
     expect((await request(`${stack.base}/healthz`)).statusCode).toBe(200);
-    expect((await request(`${stack.base}/metrics`)).statusCode).toBe(200);
+    expect((await request(`${stack.base}/metrics`)).statusCode).toBe(401);
+    expect((await request(`${stack.base}/metrics`, { headers: ADMIN_HEADERS })).statusCode).toBe(200);
     const unknown = await post(stack.base, '/v1/nowhere', {});
     expect(unknown.status).toBe(404);
     await stack.settled(1);
@@ -187,7 +188,7 @@ describe('configuration and key reading', () => {
     expect(presentedKey({ authorization: 'Basic Zm9vOmJhcg==' })).toBe('');
     expect(presentedKey({ authorization: 'Basic Zm9vOmJhcg==', 'x-api-key': 'b' })).toBe('b');
     expect(presentedKey({})).toBeUndefined();
-    const authenticate = createAuthenticator({ keys: [{ tenant: 't', sha256: sha('k') }], required: true });
+    const authenticate = createAuthenticator({ keys: [{ tenant: 't', sha256: sha('k'), admin: false }], required: true });
     expect(authenticate({ authorization: 'Basic k' })).toMatchObject({ ok: false, tenant: '_unauthenticated' });
     expect(authenticate({ authorization: 'BEARER k' })).toEqual({ ok: true, tenant: 't' });
   });

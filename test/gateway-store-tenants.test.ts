@@ -17,7 +17,7 @@ import { ResponseOwners } from '../src/proxy/response-owners.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import type { Simulator } from '../src/sim/server.js';
 import { startScripted } from './helpers/scripted.js';
-import { metricValue, post, startStack, type Stack } from './helpers/stack.js';
+import { ADMIN_HEADERS, adminKey, metricValue, post, startStack, type Stack } from './helpers/stack.js';
 
 const cleanups: Array<() => Promise<void> | void> = [];
 afterEach(async () => {
@@ -32,7 +32,7 @@ const sha = (key: string) => createHash('sha256').update(key).digest('hex');
 const A = { authorization: 'Bearer key-a' };
 const C = { authorization: 'Bearer key-c' };
 const TENANTS = {
-  auth: { keys: [{ tenant: 'team-a', key_sha256: sha('key-a') }, { tenant: 'team-c', key_sha256: sha('key-c') }] },
+  auth: { keys: [{ tenant: 'team-a', key_sha256: sha('key-a') }, { tenant: 'team-c', key_sha256: sha('key-c') }, adminKey('team-a')] },
   responses: { id_secret_env: SECRET_ENV },
 };
 const MODEL = 'sim-model';
@@ -65,7 +65,7 @@ async function replica(stack: Stack): Promise<{ gateway: Gateway; base: string; 
   await gateway.listen();
   cleanups.push(() => gateway.close());
   const base = `http://127.0.0.1:${(gateway.app.server.address() as AddressInfo).port}`;
-  return { gateway, base, metric: async (name, labels = {}) => metricValue(await (await request(`${base}/metrics`)).body.text(), name, labels) };
+  return { gateway, base, metric: async (name, labels = {}) => metricValue(await (await request(`${base}/metrics`, { headers: ADMIN_HEADERS })).body.text(), name, labels) };
 }
 
 async function get(url: string, headers: Record<string, string>): Promise<{ status: number; body: string }> {

@@ -38,7 +38,7 @@ import { LimitStoreUnavailable, RedisLimitStore, STALL_AFTER } from '../src/prox
 import { decide, WINDOW_MS, type TenantLimits } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { choiceText } from '../src/sim/wire.js';
-import { CHAT, metricValue } from './helpers/stack.js';
+import { ADMIN_HEADERS, CHAT, adminKey, metricValue } from './helpers/stack.js';
 import { describeWithTool, type SystemTool } from './helpers/system-tool.js';
 
 const REDIS: SystemTool = { command: 'redis-server', install: 'Debian: apt-get install redis-server' };
@@ -238,6 +238,7 @@ function gatewayConfig(sim: string, limits: Record<string, unknown>, tenantLimit
       keys: [
         { tenant: 'team-a', key_sha256: sha256(KEY) },
         { tenant: 'free', key_sha256: sha256(FREE_KEY) },
+        adminKey('team-a'),
       ],
     },
     tenants: { 'team-a': { limits: tenantLimits } },
@@ -272,7 +273,7 @@ async function startGateway(config: ConfigInput): Promise<TestGateway> {
     },
   });
   const base = await gateway.listen();
-  const metricsText = async () => (await request(`${base}/metrics`)).body.text();
+  const metricsText = async () => (await request(`${base}/metrics`, { headers: ADMIN_HEADERS })).body.text();
   return {
     gateway,
     base,
@@ -522,7 +523,7 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     // Both processes served and refused some: the limit is not each one's.
     const servedBy = (base: string) => answers.filter((answer, i) => (i % 2 === 0 ? a.base : b.base) === base && answer.status === 200).length;
     expect(servedBy(a.base) + servedBy(b.base)).toBe(10);
-    const scraped = await Promise.all([a.base, b.base].map(async (base) => (await request(`${base}/metrics`)).body.text()));
+    const scraped = await Promise.all([a.base, b.base].map(async (base) => (await request(`${base}/metrics`, { headers: ADMIN_HEADERS })).body.text()));
     const sum = (name: string, labels: Record<string, string>) => scraped.reduce((total, text) => total + metricValue(text, name, labels), 0);
     expect(sum('waybill_rate_limited_total', { tenant: 'team-a', limit: 'requests' })).toBe(20);
     expect(sum('waybill_limit_store_up', { store: 'redis' })).toBe(2);

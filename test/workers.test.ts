@@ -27,7 +27,7 @@ import { LimitHost } from '../src/proxy/cluster-limit-store.js';
 import type { Decision } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { choiceText } from '../src/sim/wire.js';
-import { metricValue } from './helpers/stack.js';
+import { ADMIN_HEADERS, adminKey, metricValue } from './helpers/stack.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
 const KEY = 'sk-team-a';
@@ -84,7 +84,7 @@ class Served {
   }
 
   async metric(name: string, labels: Record<string, string> = {}): Promise<number> {
-    const response = await request(`${this.base}/metrics`);
+    const response = await request(`${this.base}/metrics`, { headers: ADMIN_HEADERS });
     return metricValue(await response.body.text(), name, labels);
   }
 
@@ -277,6 +277,7 @@ describe('waybill serve --workers 2', () => {
         keys: [
           { tenant: 'team-a', key_sha256: sha256(KEY) },
           { tenant: 'free', key_sha256: sha256(FREE_KEY) },
+          adminKey('team-a'),
         ],
       },
       tenants: { 'team-a': { limits: { requests_per_minute: 10 } } },
@@ -327,7 +328,7 @@ describe('waybill serve --workers 2', () => {
 
   it("charges a stream whose client left before the usage chunk what it relayed, in the primary's count", async () => {
     const config = baseConfig(simUrls, {
-      auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }] },
+      auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }, adminKey('team-a')] },
       tenants: { 'team-a': { limits: { tokens_per_minute: 20_000 } } },
       logging: { requests: false },
     });
@@ -479,7 +480,7 @@ describe('waybill serve --workers 2: stored responses under client-chosen ids', 
     const OTHER = 'sk-team-b';
     const served = await serve(
       baseConfig([url], {
-        auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }, { tenant: 'team-b', key_sha256: sha256(OTHER) }] },
+        auth: { keys: [{ tenant: 'team-a', key_sha256: sha256(KEY) }, { tenant: 'team-b', key_sha256: sha256(OTHER) }, adminKey('team-a')] },
       }),
     );
     /** A fresh connection per request, so the primary's round robin spreads them over both workers. */

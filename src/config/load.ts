@@ -43,18 +43,20 @@ export interface ClientKey {
   readonly tenant: string;
   /** 64 hex digits. */
   readonly sha256: string;
+  /** May read /metrics and the status page on the API port (auth.keys[].admin). */
+  readonly admin: boolean;
 }
 
 function resolveAuth(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
   const keys: ClientKey[] = [];
   raw.auth.keys.forEach((key, i) => {
     if (key.key_sha256 !== undefined) {
-      keys.push({ tenant: key.tenant, sha256: key.key_sha256.toLowerCase() });
+      keys.push({ tenant: key.tenant, sha256: key.key_sha256.toLowerCase(), admin: key.admin });
       return;
     }
     const value = env[key.key_env ?? ''];
     if (value === undefined || value === '') problems.push(`auth.keys.${i}.key_env: environment variable ${key.key_env ?? ''} is not set`);
-    else keys.push({ tenant: key.tenant, sha256: createHash('sha256').update(value).digest('hex') });
+    else keys.push({ tenant: key.tenant, sha256: createHash('sha256').update(value).digest('hex'), admin: key.admin });
   });
   const seen = new Set<string>();
   for (const key of keys) {

@@ -174,6 +174,11 @@ export const configSchema = z.strictObject({
               tenant: tenantName,
               key_sha256: z.string().regex(/^[0-9a-fA-F]{64}$/, 'must be 64 hex digits (the SHA-256 of the key)').optional(),
               key_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name').optional(),
+              /**
+               * The key may also read the operational endpoints that list tenants and request ids (/metrics,
+               * /status, /status.json, /status/events) where they are served on the API port (no server.admin_port).
+               */
+              admin: z.boolean().default(false),
             })
             .refine((key) => (key.key_sha256 === undefined) !== (key.key_env === undefined), 'give exactly one of key_sha256 and key_env'),
         )

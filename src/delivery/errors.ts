@@ -36,6 +36,8 @@ export const ERRORS = {
   invalid_api_key: { status: 401, type: 'invalid_request_error' },
   /** The tenant's `tenants.<name>.models` does not list the model. */
   model_not_allowed: { status: 403, type: 'permission_error' },
+  /** A client key without admin: true asked for /metrics or the status page on the API port (operational endpoint only). */
+  admin_required: { status: 403, type: 'permission_error' },
   not_found: { status: 404, type: 'invalid_request_error' },
   upstream_error: { status: 502, type: 'upstream_error' },
   upstream_unreachable: { status: 502, type: 'upstream_error' },

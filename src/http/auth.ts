@@ -30,6 +30,41 @@ export function presentedKey(headers: IncomingHttpHeaders): string | undefined {
   return authorization === undefined ? undefined : '';
 }
 
+/**
+ * Who may read the operational endpoints that name tenants and request ids (/metrics, /status, /status.json,
+ * /status/events) on the API port: `allowed` without client keys (the quick start), or for a key with `admin: true`;
+ * `missing` for no key or one that matches none (401); `denied` for a client key without admin (403).
+ */
+export type OpsAccess = 'allowed' | 'missing' | 'denied';
+export type CheckOpsAccess = (headers: IncomingHttpHeaders) => OpsAccess;
+
+/** The key of an operational request: as for the API, or HTTP Basic's password (a browser prompts for it). */
+function presentedOpsKey(headers: IncomingHttpHeaders): string | undefined {
+  const basic = headers.authorization === undefined ? undefined : /^basic[ \t]+([A-Za-z0-9+/=]+)$/i.exec(headers.authorization.trim())?.[1];
+  if (basic !== undefined) {
+    const decoded = Buffer.from(basic, 'base64').toString('utf8');
+    const colon = decoded.indexOf(':');
+    // user:password, the key as the password (any user), or as the user with no password.
+    return colon < 0 ? decoded : decoded.slice(colon + 1) === '' ? decoded.slice(0, colon) : decoded.slice(colon + 1);
+  }
+  return presentedKey(headers);
+}
+
+export function createOpsAccess(settings: AuthSettings): CheckOpsAccess {
+  if (settings.keys.length === 0) return () => 'allowed';
+  const digests = settings.keys.map((key) => ({ admin: key.admin, digest: Buffer.from(key.sha256, 'hex') }));
+  return (headers) => {
+    const key = presentedOpsKey(headers);
+    if (key === undefined || key === '') return 'missing';
+    const presented = createHash('sha256').update(key).digest();
+    let found: boolean | undefined;
+    for (const candidate of digests) {
+      if (timingSafeEqual(presented, candidate.digest) && found === undefined) found = candidate.admin;
+    }
+    return found === undefined ? 'missing' : found ? 'allowed' : 'denied';
+  };
+}
+
 export function createAuthenticator(settings: AuthSettings): Authenticate {
   const digests = settings.keys.map((key) => ({ tenant: key.tenant, digest: Buffer.from(key.sha256, 'hex') }));
   const anonymous: Identity = { ok: true, tenant: ANONYMOUS };

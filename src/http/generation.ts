@@ -8,12 +8,14 @@ import type { Config } from '../config/load.js';
 import type { Exchange, ExchangeDeps } from '../proxy/exchange.js';
 import type { TenantLimiter } from '../proxy/tenant-limits.js';
 import type { UpstreamRegistry } from '../proxy/upstreams.js';
-import type { Authenticate } from './auth.js';
+import type { Authenticate, CheckOpsAccess } from './auth.js';
 
 export interface Generation {
   readonly config: Config;
   readonly upstreams: UpstreamRegistry;
   readonly authenticate: Authenticate;
+  /** Who may read /metrics and the status page where the API port serves them. */
+  readonly opsAccess: CheckOpsAccess;
   readonly limiter: TenantLimiter;
   /** The Exchange's dependencies: the same config and upstreams, and onDone releasing the exchange's hold. */
   readonly exchangeDeps: ExchangeDeps;

@@ -8,7 +8,7 @@
  * through the drain, and is closed last. The live status page (status-page.ts) is served beside them; its event
  * streams are ended before the listener serving them closes, so they never hold a shutdown.
  */
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type onRequestHookHandler } from 'fastify';
 import type { Logger } from 'pino';
 import type { Config } from '../config/load.js';
 import type { Exchange } from '../proxy/exchange.js';
@@ -16,6 +16,7 @@ import type { UpstreamRegistry } from '../proxy/upstreams.js';
 import type { GatewayMetrics } from '../telemetry/metrics.js';
 import { errorBody } from '../delivery/errors.js';
 import type { StatusPage } from './status-page.js';
+import type { CheckOpsAccess } from './auth.js';
 import { within } from '../util/within.js';
 
 export interface LifecycleDeps {
@@ -33,6 +34,8 @@ export interface LifecycleDeps {
   readonly scrape?: (() => Promise<{ contentType: string; body: string }>) | undefined;
   /** The live status page, served where /metrics is. */
   readonly statusPage?: StatusPage | undefined;
+  /** Who may read /metrics and the status page (on the API port); absent: anyone (the admin listener). */
+  readonly opsAccess?: CheckOpsAccess | undefined;
 }
 
 export interface Lifecycle {
@@ -66,7 +69,31 @@ export function createAdminApp(logger: FastifyBaseLogger): FastifyInstance {
 }
 
 export function createLifecycle(deps: LifecycleDeps): Lifecycle {
-  const { app, admin, current, closeUpstreams, metrics, logger, now, statusPage, scrape } = deps;
+  const { app, admin, current, closeUpstreams, metrics, logger, now, statusPage, scrape, opsAccess } = deps;
+  /**
+   * /metrics and the status page name tenants and other tenants' request ids: on the API port, where client keys
+   * exist, only a key with admin: true reads them (Bearer, x-api-key, or HTTP Basic's password, so a browser can
+   * open the page). /healthz and /readyz stay open for probes.
+   */
+  const gate: onRequestHookHandler | undefined =
+    opsAccess === undefined
+      ? undefined
+      : (request, reply, done) => {
+          const access = opsAccess(request.headers);
+          if (access === 'allowed') {
+            done();
+            return;
+          }
+          if (access === 'missing') {
+            void reply
+              .code(401)
+              .header('www-authenticate', 'Bearer, Basic realm="waybill operations"')
+              .header('cache-control', 'no-store')
+              .send(errorBody('invalid_api_key', 'this endpoint needs a client key with admin: true (auth.keys), or server.admin_port'));
+            return;
+          }
+          void reply.code(403).header('cache-control', 'no-store').send(errorBody('admin_required', 'this client key may not read the operational endpoints: give it admin: true (auth.keys), or use server.admin_port'));
+        };
   /** Where /healthz, /readyz and /metrics are served. */
   const ops = admin ?? app;
   let adminUrl: string | undefined;
@@ -95,7 +122,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     });
   });
 
-  ops.get('/metrics', async (request, reply) => {
+  ops.get('/metrics', { ...(gate !== undefined && { onRequest: gate }) }, async (request, reply) => {
     if (scrape === undefined) {
       const { contentType, body } = await metrics.scrape(request.headers.accept);
       void reply.type(contentType).send(body);
@@ -113,7 +140,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
   });
 
   // Its paths are reserved (config/load.ts): no pass-through path can claim them.
-  statusPage?.register(ops);
+  statusPage?.register(ops, gate);
 
   async function drainAndClose(): Promise<void> {
     const { config } = current();

@@ -26,7 +26,7 @@ import { createAdminApp, createLifecycle } from './lifecycle.js';
 import { createLimiter, limiterSettings, registerApiRoutes, type LimiterHandle } from './routes.js';
 import type { Generation } from './generation.js';
 import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.js';
-import { createAuthenticator } from './auth.js';
+import { createAuthenticator, createOpsAccess } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
 import { ResponseOwners } from '../proxy/response-owners.js';
 import { BACKGROUND_HOLD_ENDS, BackgroundHolds } from '../proxy/background-holds.js';
@@ -225,6 +225,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       config: next,
       upstreams,
       authenticate: createAuthenticator(next.auth),
+      opsAccess: createOpsAccess(next.auth),
       limiter: limiter.limiter,
       limiterHandle: limiter,
       exchangeDeps,
@@ -304,10 +305,13 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     },
     metrics,
     scrape: options.worker?.scrape,
+    // On the API port, the endpoints that name tenants and request ids need an admin key where keys exist.
+    opsAccess: admin === undefined ? (headers) => current.opsAccess(headers) : undefined,
     logger,
     now,
   });
   if (config.auth.keys.length === 0) logger.warn('no client keys are configured (auth.keys): every client is served, counted as tenant _anonymous');
+  warnOpsRefused(config, logger);
   installFrontDoor(app, { config, answers, guard, now, closing: () => lifecycle.closing, current: () => current });
   registerApiRoutes(app, { config, tracer, guard, answers, schemas, homes, owners, metrics });
 
@@ -354,6 +358,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       log.warn('the latency histograms keep the buckets they started with (metrics.buckets and the SLO thresholds as boundaries) until a restart; the SLO counter uses the new thresholds');
     }
     if (next.auth.keys.length === 0) log.warn('no client keys are configured (auth.keys): every client is served, counted as tenant _anonymous');
+    warnOpsRefused(next, log);
     log.info(
       {
         hash,
@@ -395,6 +400,18 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       return lifecycle.inflight;
     },
   };
+}
+
+/**
+ * Client keys exist, the API port serves /metrics and the status page (no server.admin_port), and no key may read
+ * them: every scrape is refused. Said once at start-up (and at each reload), with the two ways out.
+ */
+function warnOpsRefused(config: Config, logger: Logger): void {
+  const { keys } = config.auth;
+  if (keys.length === 0 || config.server.admin_port !== undefined || keys.some((key) => key.admin)) return;
+  logger.warn(
+    '/metrics, /status, /status.json and /status/events are refused to every client: auth.keys are configured, none has admin: true, and there is no server.admin_port; set server.admin_port (a listener of their own) or give a key admin: true',
+  );
 }
 
 /** A generation as the gateway keeps it: with its limiter's handle, and its retirement. */

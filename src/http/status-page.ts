@@ -10,7 +10,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance, FastifyReply, onRequestHookHandler } from 'fastify';
 import type { Config } from '../config/load.js';
 import { errorBody } from '../delivery/errors.js';
 import type { UpstreamRegistry } from '../proxy/upstreams.js';
@@ -60,7 +60,8 @@ export interface StatusPageDeps {
 
 export interface StatusPage {
   /** Adds the routes to the app that serves the operational endpoints. */
-  register(app: FastifyInstance): void;
+  /** `gate`: who may read it (an onRequest hook), where it is served on the API port. */
+  register(app: FastifyInstance, gate?: onRequestHookHandler): void;
   snapshot(): StatusSnapshot;
   /**
    * Ends every open event stream (EventSource reconnects by itself). `final`: the gateway is shutting down, so new
@@ -164,8 +165,9 @@ export function createStatusPage(deps: StatusPageDeps): StatusPage {
     void reply.code(503).header('retry-after', '5').header('cache-control', 'no-store').send(errorBody(code, message));
   }
 
-  function register(app: FastifyInstance): void {
-    app.get('/status', (_request, reply) => {
+  function register(app: FastifyInstance, gate?: onRequestHookHandler): void {
+    const options = gate === undefined ? {} : { onRequest: gate };
+    app.get('/status', options, (_request, reply) => {
       if (!enabled()) {
         reply.callNotFound();
         return;
@@ -179,7 +181,7 @@ export function createStatusPage(deps: StatusPageDeps): StatusPage {
         .send(STATUS_PAGE_HTML);
     });
 
-    app.get('/status.json', (_request, reply) => {
+    app.get('/status.json', options, (_request, reply) => {
       if (!enabled()) {
         reply.callNotFound();
         return;
@@ -187,7 +189,7 @@ export function createStatusPage(deps: StatusPageDeps): StatusPage {
       void reply.header('cache-control', 'no-store').send(snapshot());
     });
 
-    app.get('/status/events', (request, reply) => {
+    app.get('/status/events', options, (request, reply) => {
       if (!enabled()) {
         reply.callNotFound();
         return;

@@ -1,6 +1,7 @@
 /**
  * A gateway in front of simulated vLLMs, over real loopback sockets, for integration tests.
  */
+import { createHash } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
 import { pino } from 'pino';
 import { request } from 'undici';
@@ -41,6 +42,27 @@ export interface Stack {
   close(): Promise<void>;
 }
 
+/**
+ * The key the helpers scrape /metrics with: a test that configures auth.keys adds `adminKey(tenant)` (naming a tenant
+ * it already has, so no tenant series is added) for its scrapes to be served (docs/operations.md).
+ */
+export const ADMIN_KEY = 'sk-test-admin';
+export const ADMIN_HEADERS = { authorization: `Bearer ${ADMIN_KEY}` };
+export function adminKey(tenant: string): { tenant: string; key_sha256: string; admin: true } {
+  return { tenant, key_sha256: createHash('sha256').update(ADMIN_KEY).digest('hex'), admin: true };
+}
+
+/**
+ * The stack scrapes /metrics with ADMIN_KEY: where a test configures auth.keys and none of them is an admin key, the
+ * admin key is added for the first key's tenant (no new tenant series), so the helpers' scrapes are served.
+ */
+function withAdminKey(config: Partial<ConfigInput> | undefined): Partial<ConfigInput> | undefined {
+  const keys = (config?.auth as { keys?: Array<{ tenant: string; admin?: boolean }> } | undefined)?.keys;
+  const first = keys?.[0];
+  if (config === undefined || keys === undefined || first === undefined || keys.some((key) => key.admin === true)) return config;
+  return { ...config, auth: { ...config.auth, keys: [...keys, adminKey(first.tenant)] } };
+}
+
 export const CHAT = { model: 'sim-model', messages: [{ role: 'user', content: 'Hello there' }] };
 
 export async function startStack(options: StackOptions = {}): Promise<Stack> {
@@ -64,7 +86,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
         },
       ],
       logging: { level: 'silent' },
-      ...options.config,
+      ...withAdminKey(options.config),
     },
     'test',
   );
@@ -87,7 +109,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const base = `http://127.0.0.1:${port}`;
 
   const metricsText = async () => {
-    const response = await request(`${base}/metrics`);
+    const response = await request(`${base}/metrics`, { headers: ADMIN_HEADERS });
     return response.body.text();
   };
 

@@ -38,7 +38,7 @@ import { LimitStoreUnavailable, RedisLimitStore, STALL_AFTER } from '../src/prox
 import { decide, WINDOW_MS, type TenantLimits } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { choiceText } from '../src/sim/wire.js';
-import { ADMIN_HEADERS, CHAT, adminKey, metricValue } from './helpers/stack.js';
+import { ADMIN_HEADERS, adminKey, CHAT, metricValue, untilContentEvents } from './helpers/stack.js';
 import { describeWithTool, type SystemTool } from './helpers/system-tool.js';
 
 const REDIS: SystemTool = { command: 'redis-server', install: 'Debian: apt-get install redis-server' };
@@ -547,13 +547,7 @@ describeWithTool(REDIS, 'limits per tenant shared through Redis', () => {
     });
     expect(cut.statusCode).toBe(200);
     const prompt = 20_000 - Number(cut.headers['x-ratelimit-remaining-tokens']) - 1024;
-    let text = '';
-    await new Promise<void>((resolve) => {
-      cut.body.on('data', (chunk: Buffer) => {
-        text += chunk.toString();
-        if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
-      });
-    });
+    await untilContentEvents(cut.body, 58);
     controller.abort();
     const [settlement] = await gateway.settled(1);
     const estimate = Math.ceil(choiceText(0, 0, 2900).length / 4);

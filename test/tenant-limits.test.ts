@@ -24,7 +24,7 @@ import {
   type TenantLimits,
 } from '../src/proxy/tenant-limits.js';
 import { choiceText } from '../src/sim/wire.js';
-import { CHAT, post, startStack, type Stack } from './helpers/stack.js';
+import { CHAT, post, type Stack, startStack, untilContentEvents } from './helpers/stack.js';
 
 /** A clock the test moves. */
 function clock(start = 0) {
@@ -379,13 +379,7 @@ describe('through the gateway', () => {
     const reserved = 20_000 - Number(cut.headers['x-ratelimit-remaining-tokens']);
     const prompt = reserved - 1024;
     expect(prompt).toBeGreaterThan(0);
-    let text = '';
-    await new Promise<void>((resolve) => {
-      cut.body.on('data', (chunk: Buffer) => {
-        text += chunk.toString();
-        if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
-      });
-    });
+    await untilContentEvents(cut.body, 58);
     controller.abort();
     const [settlement] = await s.settled(1);
     const relayedChars = choiceText(0, 0, 2900).length;
@@ -419,13 +413,7 @@ describe('through the gateway', () => {
       });
       statuses.push(answer.statusCode);
       if (answer.statusCode === 200) {
-        let text = '';
-        await new Promise<void>((resolve) => {
-          answer.body.on('data', (chunk: Buffer) => {
-            text += chunk.toString();
-            if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
-          });
-        });
+        await untilContentEvents(answer.body, 58);
         controller.abort();
       } else {
         await answer.body.text();

@@ -27,7 +27,7 @@ import { LimitHost } from '../src/proxy/cluster-limit-store.js';
 import type { Decision } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { choiceText } from '../src/sim/wire.js';
-import { ADMIN_HEADERS, adminKey, metricValue } from './helpers/stack.js';
+import { ADMIN_HEADERS, adminKey, metricValue, untilContentEvents } from './helpers/stack.js';
 
 const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
 const KEY = 'sk-team-a';
@@ -349,13 +349,7 @@ describe('waybill serve --workers 2', () => {
       });
       expect(cut.statusCode).toBe(200);
       const prompt = 20_000 - Number(cut.headers['x-ratelimit-remaining-tokens']) - 1024;
-      let text = '';
-      await new Promise<void>((resolve) => {
-        cut.body.on('data', (chunk: Buffer) => {
-          text += chunk.toString();
-          if ((text.match(/"content":"[^"]/g) ?? []).length >= 58) resolve();
-        });
-      });
+      await untilContentEvents(cut.body, 58);
       controller.abort();
       await dispatcher.close().catch(() => undefined);
       const estimate = Math.ceil(choiceText(0, 0, 2900).length / 4);

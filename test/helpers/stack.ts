@@ -63,6 +63,20 @@ function withAdminKey(config: Partial<ConfigInput> | undefined): Partial<ConfigI
   return { ...config, auth: { ...config.auth, keys: [...keys, adminKey(first.tenant)] } };
 }
 
+/**
+ * Resolves once a streamed body has carried `count` events with content (the client then leaves in the test): what
+ * a client that reads most of an answer and goes away has seen.
+ */
+export function untilContentEvents(body: NodeJS.ReadableStream, count: number): Promise<void> {
+  let text = '';
+  return new Promise((resolve) => {
+    body.on('data', (chunk: Buffer) => {
+      text += chunk.toString();
+      if ((text.match(/"content":"[^"]/g) ?? []).length >= count) resolve();
+    });
+  });
+}
+
 export const CHAT = { model: 'sim-model', messages: [{ role: 'user', content: 'Hello there' }] };
 
 export async function startStack(options: StackOptions = {}): Promise<Stack> {

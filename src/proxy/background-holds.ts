@@ -180,7 +180,7 @@ export class BackgroundHolds {
     let answer: { status: number; body: string };
     try {
       // Read like every body the gateway reads for itself: health.max_body_bytes, within the poll's deadline.
-      answer = await upstream.fetch(`/v1/responses/${encodeURIComponent(id)}`, this.deps.settings.pollTimeoutMs, 'background');
+      answer = await upstream.get(`/v1/responses/${encodeURIComponent(id)}`, this.deps.settings.pollTimeoutMs, 'background');
     } catch (error) {
       // Too large to read (counted by the read): it may be the tenant's own doing — vLLM's response object echoes the
       // request's tools, instructions and metadata — so it never frees the slot early. Asked again at the next

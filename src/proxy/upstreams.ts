@@ -112,21 +112,13 @@ export class Upstream {
   }
 
   /**
-   * A GET for health checks and discovery, failing after `timeoutMs` whatever stage it is in, its body read up to
-   * health.max_body_bytes (more throws {@link ReadStopped}, the connection closed).
+   * A GET whose answer the gateway reads for itself, failing after `timeoutMs` whatever stage it is in, its body read
+   * up to health.max_body_bytes (more throws {@link ReadStopped}, the connection closed). Health checks and discovery
+   * go on the probe's own connection; anything else (a background hold's poll) on the traffic connections.
    */
-  async get(apiPath: string, timeoutMs: number, read: 'health' | 'discovery'): Promise<{ status: number; body: string }> {
-    const response = await this.getOn(this.probe, apiPath, timeoutMs);
-    const body = await this.readOwn(response.body, read, true);
-    return { status: response.statusCode, body };
-  }
-
-  /**
-   * A GET whose answer the gateway reads for itself on the traffic connections (a background hold's poll of its
-   * stored response): its body read up to health.max_body_bytes within `timeoutMs`, like every own read.
-   */
-  async fetch(apiPath: string, timeoutMs: number, read: OwnRead): Promise<{ status: number; body: string }> {
-    const response = await this.getOn(this.dispatcher, apiPath, timeoutMs);
+  async get(apiPath: string, timeoutMs: number, read: OwnRead): Promise<{ status: number; body: string }> {
+    const pool = read === 'health' || read === 'discovery' ? this.probe : this.dispatcher;
+    const response = await this.getOn(pool, apiPath, timeoutMs);
     const body = await this.readOwn(response.body, read, true);
     return { status: response.statusCode, body };
   }

@@ -12,7 +12,8 @@
 import type { ServerResponse } from 'node:http';
 import type { EventWriter, NamedEvent } from './event-stream.js';
 import type { Fault } from './faults.js';
-import { jittered, type Random } from '../util/prng.js';
+import type { Random } from '../util/prng.js';
+import { timerPacer, type Pacer } from './pacer.js';
 import type { StoredResponse } from './response-store.js';
 import { faultBoundary, type StreamControl } from './stream.js';
 import { after, type CancelTimer } from './timer.js';
@@ -30,6 +31,8 @@ export interface BackgroundPlan {
   /** `error_before_output`, `error_after`, `stall_after` or null (others are ignored). */
   readonly fault: Fault | null;
   readonly writer: EventWriter;
+  /** When events are due; absent: the timer of ttftMs, itlMs and jitter. */
+  readonly pacer?: Pacer | undefined;
 }
 
 export interface BackgroundHooks {
@@ -73,21 +76,21 @@ class BackgroundRun implements StreamControl {
     private readonly hooks: BackgroundHooks,
   ) {
     this.boundary = faultBoundary(plan.fault);
+    this.pacer = plan.pacer ?? timerPacer(plan);
   }
+
+  private readonly pacer: Pacer;
 
   start(): void {
     this.hooks.onEvents(this.plan.writer.opening());
-    this.schedule(jittered(this.plan.random, this.plan.ttftMs, this.plan.jitter));
+    this.cancelTimer = this.pacer.first(this.tick);
   }
 
   abort(): void {
     this.stopped = true;
     this.cancelTimer?.();
     this.cancelTimer = undefined;
-  }
-
-  private schedule(ms: number): void {
-    this.cancelTimer = after(ms, this.tick);
+    this.pacer.release();
   }
 
   private get remaining(): number {
@@ -115,12 +118,13 @@ class BackgroundRun implements StreamControl {
       if (this.isAtBoundary() && this.fireFault(out)) return;
       out.push(...this.plan.writer.finish({ dropFinish: false, noTerminal: false }));
       this.stopped = true;
+      this.pacer.release();
       this.hooks.onEvents(out);
       this.hooks.onEnd('completed');
       return;
     }
     this.hooks.onEvents(out);
-    this.schedule(jittered(this.plan.random, this.plan.itlMs, this.plan.jitter));
+    this.cancelTimer = this.pacer.next(1, this.tick);
   };
 
   private isAtBoundary(): boolean {
@@ -133,6 +137,7 @@ class BackgroundRun implements StreamControl {
     const kind = this.plan.fault?.kind;
     if (kind !== 'error_before_output' && kind !== 'error_after' && kind !== 'stall_after') return false;
     this.stopped = true;
+    if (kind !== 'stall_after') this.pacer.release();
     this.hooks.onEvents(out);
     if (kind !== 'stall_after') this.hooks.onEnd('died');
     return true;

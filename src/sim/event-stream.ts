@@ -6,7 +6,8 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Fault } from './faults.js';
-import { jittered, type Random } from '../util/prng.js';
+import type { Random } from '../util/prng.js';
+import { timerPacer, type Pacer } from './pacer.js';
 import { faultBoundary, type StreamControl, type StreamHooks } from './stream.js';
 import { after, type CancelTimer } from './timer.js';
 import { createNamedEventFramer, errorInfo, MALFORMED_DATA, type ErrorInfo, type FramingStyle } from './wire.js';
@@ -49,6 +50,8 @@ export interface EventStreamPlan {
   readonly fault: Fault | null;
   readonly framing: FramingStyle;
   readonly writer: EventWriter;
+  /** When events are due; absent: the timer of ttftMs, itlMs and jitter. */
+  readonly pacer?: Pacer | undefined;
 }
 
 export function startEventStream(res: ServerResponse, plan: EventStreamPlan, hooks: StreamHooks): StreamControl {
@@ -88,7 +91,10 @@ class EventStreamRun implements StreamControl {
   ) {
     this.boundary = faultBoundary(plan.fault);
     this.frameNamed = createNamedEventFramer(plan.framing);
+    this.pacer = plan.pacer ?? timerPacer(plan);
   }
+
+  private readonly pacer: Pacer;
 
   start(): void {
     this.res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8' });
@@ -100,13 +106,14 @@ class EventStreamRun implements StreamControl {
       this.schedule(0, this.reset);
       return;
     }
-    this.schedule(jittered(this.plan.random, this.plan.ttftMs, this.plan.jitter), this.tick);
+    this.cancelTimer = this.pacer.first(this.tick);
   }
 
   abort(): void {
     this.stopped = true;
     this.cancelTimer?.();
     this.cancelTimer = undefined;
+    this.pacer.release();
   }
 
   private schedule(ms: number, fn: () => void): void {
@@ -145,7 +152,7 @@ class EventStreamRun implements StreamControl {
   };
 
   private scheduleNext(): void {
-    this.schedule(jittered(this.plan.random, this.plan.itlMs, this.plan.jitter), this.tick);
+    this.cancelTimer = this.pacer.next(1, this.tick);
   }
 
   private isAtBoundary(): boolean {
@@ -223,6 +230,7 @@ class EventStreamRun implements StreamControl {
 
   private end(result: { readonly end: 'completed' | 'fault'; readonly generationComplete: boolean }): void {
     this.stopped = true;
+    this.pacer.release();
     this.res.end();
     this.hooks.onEnd(result);
   }
@@ -233,6 +241,7 @@ class EventStreamRun implements StreamControl {
    */
   private cut(): void {
     this.stopped = true;
+    this.pacer.release();
     this.hooks.onEnd({ end: 'fault', generationComplete: false });
     const socket = this.res.socket;
     if (socket === null) return;
@@ -245,6 +254,7 @@ class EventStreamRun implements StreamControl {
     this.cancelTimer = undefined;
     if (this.stopped) return;
     this.stopped = true;
+    this.pacer.release();
     this.hooks.onEnd({ end: 'fault', generationComplete: false });
     this.res.socket?.resetAndDestroy();
   };

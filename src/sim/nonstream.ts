@@ -5,7 +5,8 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Fault } from './faults.js';
-import { jittered, type Random } from '../util/prng.js';
+import type { Random } from '../util/prng.js';
+import { timerPacer, type Pacer } from './pacer.js';
 import { after, type CancelTimer } from './timer.js';
 import { sendBody } from './respond.js';
 import type { StreamControl } from './stream.js';
@@ -25,6 +26,8 @@ export interface NonStreamPlan {
   readonly random: Random;
   /** Only kinds for which appliesToNonStream() holds; the server drops the others. */
   readonly fault: Fault | null;
+  /** When events are due; absent: the timer of ttftMs, itlMs and jitter. */
+  readonly pacer?: Pacer | undefined;
   /** Write the 200 answer. */
   send(): void;
   /**
@@ -54,27 +57,39 @@ export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: 
   const totalEvents = plan.outputEvents;
   const { fault } = plan;
 
-  const later = (ms: number, fn: () => void): void => {
-    cancelTimer = after(ms, () => {
-      cancelTimer = undefined;
-      if (!stopped) fn();
-    });
+  const pacer = plan.pacer ?? timerPacer(plan);
+  const guarded = (fn: () => void) => (): void => {
+    cancelTimer = undefined;
+    if (!stopped) fn();
   };
-  const itlFor = (events: number): number => jittered(plan.random, plan.itlMs * Math.max(0, events), plan.jitter);
+  const later = (ms: number, fn: () => void): void => {
+    cancelTimer = after(ms, guarded(fn));
+  };
+  /** After the first output event is due. */
+  const atFirst = (fn: () => void): void => {
+    cancelTimer = pacer.first(guarded(fn));
+  };
+  /** When `events` more output events are due. */
+  const afterEvents = (events: number, fn: () => void): void => {
+    cancelTimer = pacer.next(events, guarded(fn));
+  };
 
   const fail = (code: number, beforeOutput = false): void => {
     stopped = true;
+    pacer.release();
     const { status, body } = plan.failure?.(code, beforeOutput) ?? { status: code, body: errorBody(errorInfo(code)) };
     hooks.onEnd({ end: 'fault', status, completionTokensSent: 0, generationComplete: false });
     sendBody(res, status, body);
   };
   const reset = (): void => {
     stopped = true;
+    pacer.release();
     hooks.onEnd({ end: 'fault', status: 0, completionTokensSent: 0, generationComplete: false });
     res.socket?.resetAndDestroy();
   };
   const succeed = (): void => {
     stopped = true;
+    pacer.release();
     hooks.onEnd({ end: 'completed', status: 200, completionTokensSent: plan.completionTokens, generationComplete: true });
     plan.send();
   };
@@ -82,30 +97,29 @@ export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: 
   const afterFirstToken = (): void => {
     hooks.onFirstToken();
     if (fault === null) {
-      later(itlFor(totalEvents - 1), succeed);
+      afterEvents(totalEvents - 1, succeed);
       return;
     }
     if (fault.kind === 'error_after') {
-      later(itlFor(Math.min(fault.after, totalEvents)), () => fail(fault.code));
+      afterEvents(Math.min(fault.after, totalEvents), () => fail(fault.code));
     } else if (fault.kind === 'reset_after') {
-      later(itlFor(Math.min(fault.after, totalEvents)), reset);
+      afterEvents(Math.min(fault.after, totalEvents), reset);
     } else {
-      later(itlFor(totalEvents - 1), succeed);
+      afterEvents(totalEvents - 1, succeed);
     }
   };
 
-  const ttft = jittered(plan.random, plan.ttftMs, plan.jitter);
   switch (fault?.kind) {
     case 'error_before_output':
-      later(ttft, () => fail(fault.code, true));
+      atFirst(() => fail(fault.code, true));
       break;
     case 'error_after':
-      if (fault.after === 0) later(ttft, () => fail(fault.code));
-      else later(ttft, afterFirstToken);
+      if (fault.after === 0) atFirst(() => fail(fault.code));
+      else atFirst(afterFirstToken);
       break;
     case 'reset_after':
       if (fault.after === 0) later(0, reset);
-      else later(ttft, afterFirstToken);
+      else atFirst(afterFirstToken);
       break;
     case 'stall_after':
       break;
@@ -118,7 +132,7 @@ export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: 
     case 'malformed_after':
     case 'oversized_after':
     case 'data_after_done':
-      later(ttft, afterFirstToken);
+      atFirst(afterFirstToken);
       break;
   }
 
@@ -127,6 +141,7 @@ export function startNonStream(res: ServerResponse, plan: NonStreamPlan, hooks: 
       stopped = true;
       cancelTimer?.();
       cancelTimer = undefined;
+      pacer.release();
     },
   };
 }

@@ -5,7 +5,8 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Fault } from './faults.js';
-import { jittered, type Random } from '../util/prng.js';
+import type { Random } from '../util/prng.js';
+import { timerPacer, type Pacer } from './pacer.js';
 import { after, type CancelTimer } from './timer.js';
 import {
   choiceTextJsonInner,
@@ -34,6 +35,8 @@ export interface GenerationPlan {
   readonly jitter: number;
   readonly random: Random;
   readonly fault: Fault | null;
+  /** When events are due; absent: the timer of ttftMs, itlMs and jitter. */
+  readonly pacer?: Pacer | undefined;
 }
 
 export interface StreamPlan extends GenerationPlan {
@@ -98,6 +101,7 @@ class StreamRun implements StreamControl {
   private readonly produced: number[];
   private readonly boundary: number | null;
   private readonly frameEvent: (data: string, isJson: boolean, first: boolean) => string;
+  private readonly pacer: Pacer;
 
   constructor(
     private readonly res: ServerResponse,
@@ -108,6 +112,7 @@ class StreamRun implements StreamControl {
     this.produced = new Array<number>(plan.choiceCount).fill(0);
     this.boundary = faultBoundary(plan.fault);
     this.frameEvent = createEventFramer(plan.framing);
+    this.pacer = plan.pacer ?? timerPacer(plan);
   }
 
   start(): void {
@@ -119,13 +124,14 @@ class StreamRun implements StreamControl {
       this.schedule(0, this.reset);
       return;
     }
-    this.schedule(jittered(this.plan.random, this.plan.ttftMs, this.plan.jitter), this.tick);
+    this.cancelTimer = this.pacer.first(this.tick);
   }
 
   abort(): void {
     this.stopped = true;
     this.cancelTimer?.();
     this.cancelTimer = undefined;
+    this.pacer.release();
   }
 
   private schedule(ms: number, fn: () => void): void {
@@ -152,7 +158,7 @@ class StreamRun implements StreamControl {
   };
 
   private scheduleNext(): void {
-    this.schedule(jittered(this.plan.random, this.plan.itlMs, this.plan.jitter), this.tick);
+    this.cancelTimer = this.pacer.next(1, this.tick);
   }
 
   private isAtBoundary(): boolean {
@@ -264,6 +270,7 @@ class StreamRun implements StreamControl {
 
   private end(result: StreamEnd): void {
     this.stopped = true;
+    this.pacer.release();
     this.res.end();
     this.hooks.onEnd(result);
   }
@@ -273,6 +280,7 @@ class StreamRun implements StreamControl {
     this.cancelTimer = undefined;
     if (this.stopped) return;
     this.stopped = true;
+    this.pacer.release();
     this.hooks.onEnd({ end: 'fault', generationComplete: false });
     this.res.socket?.resetAndDestroy();
   };

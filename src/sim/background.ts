@@ -16,7 +16,7 @@ import type { Random } from '../util/prng.js';
 import { timerPacer, type Pacer } from './pacer.js';
 import type { StoredResponse } from './response-store.js';
 import { faultBoundary, type StreamControl } from './stream.js';
-import { after, type CancelTimer } from './timer.js';
+import type { CancelTimer } from './timer.js';
 import { createNamedEventFramer, type FramingStyle } from './wire.js';
 
 // ---- the task ----

@@ -65,18 +65,19 @@ examples
   waybill serve --config waybill.yaml
 `;
 
-const DEMO_USAGE = `usage: waybill demo [--port P]
+const DEMO_USAGE = `usage: waybill demo [--port P] [--engines N]
 
-Starts the simulated vLLM (model sim-model) and a gateway in front of it on 127.0.0.1, prints curl commands to try,
-and runs until Ctrl-C.
+Starts the simulated vLLM (model sim-model, its engine model on: prefix cache, batching, KV pressure) and a gateway
+in front of it on 127.0.0.1, prints curl commands to try, and runs until Ctrl-C.
 
 options
-  --port P       the gateway's port (default 8080; 0 picks a free one); the simulator takes a free port
+  --port P       the gateway's port (default 8080; 0 picks a free one); the simulators take free ports
+  --engines N    a fleet of N simulated engines behind the gateway, one pool (default 1)
   -h, --help     this help
 
 examples
   waybill demo
-  waybill demo --port 9090
+  waybill demo --port 9090 --engines 4
 `;
 
 const CHECK_CONFIG_USAGE = `usage: waybill check-config [--skip-env] FILE
@@ -394,20 +395,25 @@ async function checkConfig(argv: string[]): Promise<number> {
 }
 
 async function demo(argv: string[]): Promise<number> {
-  const { values } = parseArgs({ args: argv, options: { port: { type: 'string', default: '8080' } }, strict: true });
+  const { values } = parseArgs({ args: argv, options: { port: { type: 'string', default: '8080' }, engines: { type: 'string', default: '1' } }, strict: true });
   const port = values.port.trim() === '' ? Number.NaN : Number(values.port);
   if (!Number.isInteger(port) || port < 0 || port > 65535) return fail(`--port: "${values.port}" is not a port number`);
+  const engines = values.engines.trim() === '' ? Number.NaN : Number(values.engines);
+  if (!Number.isInteger(engines) || engines < 1 || engines > 16) return fail(`--engines: "${values.engines}" is not an integer between 1 and 16`);
   const [{ parseConfig }, { createGateway }, { createSimulator }] = await Promise.all([
     import('./config/load.js'),
     import('./http/server.js'),
     import('./sim/server.js'),
   ]);
-  const sim = createSimulator({ models: ['sim-model'] });
-  const simAddress = await sim.listen(0, '127.0.0.1');
+  // The demo's fleet runs the engine model (docs/simulator.md): cached_tokens and TTFT come from its prefix cache.
+  const sims = Array.from({ length: engines }, (_, i) => createSimulator({ models: ['sim-model'], engineModel: true, promptTokensDetails: true, seed: 1 + i }));
+  const simAddresses = await Promise.all(sims.map((s) => s.listen(0, '127.0.0.1')));
+  const simAddress = simAddresses[0] ?? { url: '' };
+  const closeSims = (): Promise<unknown> => Promise.all(sims.map((s) => s.close()));
   const config = parseConfig(
     {
       server: { host: '127.0.0.1', port },
-      pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: simAddress.url }] }],
+      pools: [{ name: 'sim', models: ['sim-model'], upstreams: simAddresses.map((a, i) => ({ name: `sim-${i}`, url: a.url })) }],
       // Keep the demo's terminal for the instructions below; `waybill serve` logs at info.
       logging: { level: 'warn' },
     },
@@ -418,12 +424,19 @@ async function demo(argv: string[]): Promise<number> {
     await gateway.listen();
   } catch (err) {
     await gateway.close();
-    await sim.close();
+    await closeSims();
     throw err;
   }
   const address = gateway.app.server.address() as AddressInfo;
   const base = `http://127.0.0.1:${address.port}`;
-  console.log(`Waybill demo: gateway ${base} -> simulated vLLM ${simAddress.url}
+  const ejection =
+    simAddresses.length === 1
+      ? `Send it three times and sim-0 would be ejected, but passive health never ejects the last upstream of a pool
+(health.max_ejection_percent, docs/operations.md): it keeps serving, and ${base}/readyz stays 200.`
+      : `Break three answers of one engine and it is ejected for a while, up to health.max_ejection_percent of the pool
+(docs/operations.md); ${base}/readyz stays 200 while any engine serves.`;
+  const fleet = simAddresses.length === 1 ? `simulated vLLM ${simAddress.url}` : `${simAddresses.length} simulated vLLM engines ${simAddresses.map((a) => a.url).join(', ')}`;
+  console.log(`Waybill demo: gateway ${base} -> ${fleet}
 
 Try a streamed chat completion:
   curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\
@@ -432,8 +445,7 @@ Try a streamed chat completion:
 Then one the simulator breaks mid-stream (see docs/simulator.md for every fault):
   curl -N ${base}/v1/chat/completions -H 'content-type: application/json' -H 'x-sim-fault: error_after=3' \\
     -d '{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"Hello"}]}'
-Send it three times and sim-0 would be ejected, but passive health never ejects the last upstream of a pool
-(health.max_ejection_percent, docs/operations.md): it keeps serving, and ${base}/readyz stays 200.
+${ejection}
 
 And one that is delivered but not accepted: it asks for JSON, and the simulator (like a model served without
 structured outputs) answers in prose, so its format_valid check fails (docs/output-contract.md):
@@ -447,7 +459,7 @@ or watch it live in a browser: ${base}/status (docs/status-page.md)
 Ctrl-C to stop.`);
   await waitForSignal();
   await gateway.close();
-  await sim.close();
+  await closeSims();
   return 0;
 }
 

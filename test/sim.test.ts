@@ -382,6 +382,8 @@ const generation = (promptTokens: number, extra: Partial<GenerationRequest> = {}
   maxTokens: null,
   promptTokens,
   prompts: 1,
+  promptInputs: [],
+  cacheSalt: null,
   ...extra,
 });
 

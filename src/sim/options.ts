@@ -39,7 +39,42 @@ export interface SimOptions {
   faultRate: number;
   /** Kinds random faults are drawn from, uniformly. */
   faultKinds: FaultKind[];
+  /**
+   * The engine model (docs/simulator.md, "The engine model"): a prefix cache of KV blocks and a continuous-batching
+   * scheduler decide when tokens exist, so TTFT, ITL and cached_tokens emerge from load, cache and prompt length.
+   * Off: the timer of ttftMs, itlMs, prefillMsPer1kTokens and jitter (the programmatic default: scripted timings).
+   */
+  engineModel: boolean;
+  /** vLLM's --block-size: tokens per KV block. */
+  blockSize: number;
+  /** KV capacity in blocks (vLLM's num_gpu_blocks, or --num-gpu-blocks-override). */
+  kvBlocks: number;
+  /** vLLM's --max-num-seqs. */
+  maxNumSeqs: number;
+  /** vLLM's --max-num-batched-tokens: the per-step token budget. */
+  maxNumBatchedTokens: number;
+  /** vLLM's --enable-prefix-caching (on by default in v1); --no-enable-prefix-caching turns it off. */
+  enablePrefixCaching: boolean;
+  /** The step cost model: step_ms = stepBaseMs + stepPrefillTokenMs × prefill tokens + stepDecodeSeqMs × decoding sequences. */
+  stepBaseMs: number;
+  stepPrefillTokenMs: number;
+  stepDecodeSeqMs: number;
+  /** vLLM's --kv-cache-metrics: the KV block residency histograms. */
+  kvCacheMetrics: boolean;
+  /** 'old': serve vLLM's pre-rename gpu_cache_usage_perc instead of kv_cache_usage_perc. */
+  metricsCompat: 'current' | 'old';
+  /** What GET /version reports as `version` (vLLM reports its release). */
+  revision: string;
+  /** Other clients' requests per second straight into the engine (Poisson); 0: none. Needs engineModel. */
+  externalLoad: number;
+  externalPromptTokens: number;
+  externalOutputTokens: number;
+  /** Restart the engine (cache emptied, counters reset, requests in flight cut) every this many ms; 0: never. */
+  restartEveryMs: number;
 }
+
+/** What /version reports unless `revision` says otherwise. */
+export const SIM_VERSION = 'waybill-sim';
 
 export const DEFAULT_SIM_OPTIONS: Readonly<Omit<SimOptions, 'apiKey'>> = Object.freeze({
   models: ['sim-model'],
@@ -57,6 +92,22 @@ export const DEFAULT_SIM_OPTIONS: Readonly<Omit<SimOptions, 'apiKey'>> = Object.
   seed: 1,
   faultRate: 0,
   faultKinds: [...FAULT_KINDS],
+  engineModel: false,
+  blockSize: 16,
+  kvBlocks: 8192,
+  maxNumSeqs: 256,
+  maxNumBatchedTokens: 2048,
+  enablePrefixCaching: true,
+  stepBaseMs: 8,
+  stepPrefillTokenMs: 0.02,
+  stepDecodeSeqMs: 0.02,
+  kvCacheMetrics: false,
+  metricsCompat: 'current',
+  revision: SIM_VERSION,
+  externalLoad: 0,
+  externalPromptTokens: 512,
+  externalOutputTokens: 128,
+  restartEveryMs: 0,
 });
 
 export interface OptionProblem {
@@ -109,6 +160,33 @@ export function validateSimOptions(partial: Partial<SimOptions>): ValidationResu
     const unknown = merged.faultKinds.filter((k) => !isFaultKind(k));
     if (unknown.length > 0) problem('faultKinds', `unknown kind(s) ${unknown.join(', ')}; known: ${FAULT_KINDS.join(', ')}`);
   }
+
+  if (typeof merged.engineModel !== 'boolean') problem('engineModel', 'must be a boolean');
+  if (!(isInt(merged.blockSize, 1) && merged.blockSize <= 1024)) problem('blockSize', 'must be an integer between 1 and 1024');
+  if (!(isInt(merged.kvBlocks, 1) && merged.kvBlocks <= 16_777_216)) problem('kvBlocks', 'must be an integer between 1 and 16777216');
+  if (!(isInt(merged.maxNumSeqs, 1) && merged.maxNumSeqs <= 65_536)) problem('maxNumSeqs', 'must be an integer between 1 and 65536');
+  if (!(isInt(merged.maxNumBatchedTokens, 1) && merged.maxNumBatchedTokens <= 1_048_576)) {
+    problem('maxNumBatchedTokens', 'must be an integer between 1 and 1048576');
+  }
+  if (typeof merged.enablePrefixCaching !== 'boolean') problem('enablePrefixCaching', 'must be a boolean');
+  for (const key of ['stepBaseMs', 'stepPrefillTokenMs', 'stepDecodeSeqMs'] as const) {
+    if (!(Number.isFinite(merged[key]) && merged[key] >= 0 && merged[key] <= 60_000)) problem(key, 'must be a number between 0 and 60000');
+  }
+  if (merged.engineModel && merged.stepBaseMs + merged.stepPrefillTokenMs + merged.stepDecodeSeqMs <= 0) {
+    problem('stepBaseMs', 'the step cost model needs a cost above 0, or the engine would spin');
+  }
+  if (typeof merged.kvCacheMetrics !== 'boolean') problem('kvCacheMetrics', 'must be a boolean');
+  if (merged.metricsCompat !== 'current' && merged.metricsCompat !== 'old') problem('metricsCompat', "must be 'current' or 'old'");
+  if (typeof merged.revision !== 'string' || merged.revision === '' || merged.revision.length > 128) {
+    problem('revision', 'must be a non-empty string of at most 128 characters');
+  }
+  if (!(Number.isFinite(merged.externalLoad) && merged.externalLoad >= 0 && merged.externalLoad <= 10_000)) {
+    problem('externalLoad', 'must be a number of requests per second between 0 and 10000');
+  }
+  if (merged.externalLoad > 0 && !merged.engineModel) problem('externalLoad', 'needs the engine model (engineModel)');
+  if (!(isInt(merged.externalPromptTokens, 1) && merged.externalPromptTokens < 131_072)) problem('externalPromptTokens', 'must be an integer between 1 and 131071');
+  if (!(isInt(merged.externalOutputTokens, 1) && merged.externalOutputTokens <= 65_536)) problem('externalOutputTokens', 'must be an integer between 1 and 65536');
+  if (!(Number.isFinite(merged.restartEveryMs) && merged.restartEveryMs >= 0)) problem('restartEveryMs', 'must be a number of ms >= 0');
 
   if (problems.length > 0) return { ok: false, problems };
   return {

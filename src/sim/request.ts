@@ -19,6 +19,13 @@ export interface GenerationRequest {
   readonly promptTokens: number;
   /** Number of prompts: 1 for chat, the list length for legacy completions. */
   readonly prompts: number;
+  /**
+   * What the engine model tokenizes, one per prompt: the rendered chat prompt (the simulator's template is the
+   * messages' texts in order, so promptTokens = ceil(chars / 4) of it), a legacy prompt's text, or its token ids.
+   */
+  readonly promptInputs: ReadonlyArray<string | readonly number[]>;
+  /** vLLM's `cache_salt`: folded into the first prefix-cache block's hash, so only requests with the same salt share. */
+  readonly cacheSalt: string | null;
 }
 
 /** What the stats record keeps about a request, known as far as parsing got. */
@@ -81,20 +88,18 @@ export function messageText(message: unknown): string | null {
   return '';
 }
 
-/** Characters of text a chat message contributes: string content, or the text parts of a parts array. */
-function messageChars(message: unknown): number {
-  const text = messageText(message);
-  if (text === null) throw invalid('messages: each message should be an object', 'messages');
-  return text.length;
-}
-
-function chatPromptTokens(body: Record<string, unknown>): number {
+/** The rendered chat prompt (the messages' texts in order, the simulator's chat template) and its token count. */
+function chatPrompt(body: Record<string, unknown>): { text: string; promptTokens: number } {
   const { messages } = body;
   if (messages === undefined) throw invalid('messages: Field required', 'messages');
   if (!Array.isArray(messages) || messages.length === 0) throw invalid('messages: Input should be a non-empty list', 'messages');
-  let chars = 0;
-  for (const message of messages) chars += messageChars(message);
-  return estimateTokens(chars);
+  let text = '';
+  for (const message of messages) {
+    const part = messageText(message);
+    if (part === null) throw invalid('messages: each message should be an object', 'messages');
+    text += part;
+  }
+  return { text, promptTokens: estimateTokens(text.length) };
 }
 
 function isTokenIds(value: unknown): value is number[] {
@@ -102,17 +107,17 @@ function isTokenIds(value: unknown): value is number[] {
 }
 
 /** Legacy prompt: a string, a list of strings, a list of token ids, or a list of such lists. */
-function completionPrompts(body: Record<string, unknown>): { prompts: number; promptTokens: number } {
+function completionPrompts(body: Record<string, unknown>): { prompts: number; promptTokens: number; promptInputs: ReadonlyArray<string | readonly number[]> } {
   const { prompt } = body;
   if (prompt === undefined) throw invalid('prompt: Field required', 'prompt');
-  if (typeof prompt === 'string') return { prompts: 1, promptTokens: estimateTokens(prompt.length) };
-  if (isTokenIds(prompt)) return { prompts: 1, promptTokens: prompt.length };
+  if (typeof prompt === 'string') return { prompts: 1, promptTokens: estimateTokens(prompt.length), promptInputs: [prompt] };
+  if (isTokenIds(prompt)) return { prompts: 1, promptTokens: prompt.length, promptInputs: [prompt] };
   if (Array.isArray(prompt) && prompt.length > 0) {
     if (prompt.every((p) => typeof p === 'string')) {
-      return { prompts: prompt.length, promptTokens: prompt.reduce((sum, p) => sum + estimateTokens(p.length), 0) };
+      return { prompts: prompt.length, promptTokens: prompt.reduce((sum, p) => sum + estimateTokens(p.length), 0), promptInputs: prompt };
     }
     if (prompt.every(isTokenIds)) {
-      return { prompts: prompt.length, promptTokens: prompt.reduce((sum, p) => sum + p.length, 0) };
+      return { prompts: prompt.length, promptTokens: prompt.reduce((sum, p) => sum + p.length, 0), promptInputs: prompt };
     }
   }
   throw invalid('prompt: Input should be a string, a list of strings, or a list of token ids', 'prompt');
@@ -157,8 +162,14 @@ function read(route: GenerationRoute, body: unknown, models: readonly string[], 
   const maxTokens = optionalInt(body, 'max_tokens', 1);
   const maxCompletionTokens = route === 'chat_completions' ? optionalInt(body, 'max_completion_tokens', 1) : null;
 
-  const { prompts, promptTokens } =
-    route === 'chat_completions' ? { prompts: 1, promptTokens: chatPromptTokens(body) } : completionPrompts(body);
+  const { prompts, promptTokens, promptInputs } =
+    route === 'chat_completions'
+      ? (({ text, promptTokens: tokens }) => ({ prompts: 1, promptTokens: tokens, promptInputs: [text] }))(chatPrompt(body))
+      : completionPrompts(body);
+  const salt = body.cache_salt;
+  if (salt !== undefined && salt !== null && (typeof salt !== 'string' || salt === '')) {
+    throw invalid('cache_salt: Input should be a non-empty string', 'cache_salt');
+  }
   if (promptTokens >= MAX_MODEL_LEN) {
     throw invalid(
       `This model's maximum context length is ${MAX_MODEL_LEN} tokens. However, your request has ${promptTokens} input tokens. Please reduce the length of the input messages.`,
@@ -177,5 +188,5 @@ function read(route: GenerationRoute, body: unknown, models: readonly string[], 
   }
 
   const cap = maxCompletionTokens ?? maxTokens;
-  return { route, model, stream, n, includeUsage, maxTokens: cap, promptTokens, prompts };
+  return { route, model, stream, n, includeUsage, maxTokens: cap, promptTokens, prompts, promptInputs, cacheSalt: typeof salt === 'string' ? salt : null };
 }

@@ -59,8 +59,15 @@ import {
   type StoreLookup,
 } from './responses.js';
 import { SimTokenizer } from './tokens.js';
-import { isOperationalPath, renderMetrics, StatsStore, type OperationalPath, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';
+import { engineFinishReason, isOperationalPath, renderMetrics, StatsStore, type OperationalPath, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';
 import { startStream, type StreamControl } from './stream.js';
+import { createEngineCore } from './engine/core.js';
+import { EngineMetrics } from './engine/metrics.js';
+import { EngineRuntime, type EngineJob, type SequenceInput } from './engine/runtime.js';
+import type { EngineSnapshot } from './engine/types.js';
+import type { Modifiers } from './faults.js';
+import type { AnswerShape } from './plan.js';
+import type { Usage } from './wire.js';
 import {
   choiceText,
   completionBody,
@@ -94,6 +101,14 @@ export interface Simulator {
    */
   setEngineDead(dead: boolean): void;
   /**
+   * An engine restart, as a pod replacement is: requests the engine is running are cut (connection reset), the
+   * prefix cache is emptied, /metrics counters start again from 0 with a new process_start_time_seconds. Also
+   * `POST /sim/restart`. Without the engine model only the counters start again.
+   */
+  restart(): void;
+  /** The engine model's state (null without it): what /metrics' gauges and counters are made from. */
+  engineSnapshot(): EngineSnapshot | null;
+  /**
    * Emits 'request-start' with the RequestRecord so far when a generation or pooling request is accepted
    * (validated, fault chosen; a stream's 200 headers already sent), and 'request-end' with the final RequestRecord
    * when a generation, pooling (or unknown-route) request ends: completed, fault, client disconnect or rejected.
@@ -106,10 +121,10 @@ const IDLE_KEEP_ALIVE_MS = 5_000;
 const MAX_BODY_BYTES = 64 * 1024 * 1024;
 const MAX_RECORDED_HEADER = 256;
 const METRICS_CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
-/** What `GET /version` answers: not a vLLM version, so nothing mistakes the simulator for one. */
-const SIM_VERSION = 'waybill-sim';
 /** The separate PRNG stream random faults are drawn from, in arrival order. */
 const FAULT_STREAM = 0xfa017;
+/** The PRNG stream of other clients' arrivals (--external-load). */
+const EXTERNAL_STREAM = 0xe7e41;
 
 const ENGINE_DEAD_BODY = errorBody(errorInfo(500, ENGINE_DEAD_MESSAGE));
 
@@ -120,6 +135,9 @@ interface Exchange {
   control: StreamControl | null;
   /** A background response: its generation outlives the connection, which no longer ends the request. */
   detached: boolean;
+  /** The engine model's sequences of this request, while it runs (an engine restart cuts it). */
+  job?: EngineJob | undefined;
+  res?: ServerResponse | undefined;
 }
 
 type BodyRead = Buffer | 'too_large' | null;
@@ -228,9 +246,29 @@ class SimServer implements Simulator {
   private readonly backgroundRuns = new Set<StreamControl>();
   private engineDead = false;
   private seq = 0;
+  /** The engine model, or null (the timer). */
+  private readonly engine: EngineRuntime | null;
+  private readonly metrics: EngineMetrics | null;
+  /** Requests with sequences in the engine, for a restart to cut. */
+  private readonly engineExchanges = new Set<Exchange>();
+  private restartTimer: NodeJS.Timeout | undefined;
 
   constructor(private readonly opts: Readonly<SimOptions>) {
     this.faultRandom = createRandom(deriveSeed(opts.seed, FAULT_STREAM));
+    this.metrics = opts.engineModel ? this.newMetrics() : null;
+    this.engine = opts.engineModel
+      ? new EngineRuntime(
+          createEngineCore({
+            blockSize: opts.blockSize,
+            kvBlocks: opts.kvBlocks,
+            maxNumSeqs: opts.maxNumSeqs,
+            maxNumBatchedTokens: opts.maxNumBatchedTokens,
+            enablePrefixCaching: opts.enablePrefixCaching,
+            cost: { baseMs: opts.stepBaseMs, prefillTokenMs: opts.stepPrefillTokenMs, decodeSeqMs: opts.stepDecodeSeqMs },
+          }),
+          this.metrics,
+        )
+      : null;
     this.nonStreamFaultKinds = opts.faultKinds.filter(appliesToNonStream);
     this.server = createServer((req, res) => this.handle(req, res));
     // 0 stops Node from sending `Keep-Alive: timeout=5`, a hint vLLM does not give; idle closing is ours.
@@ -250,6 +288,7 @@ class SimServer implements Simulator {
       this.server.once('error', onError);
       this.server.listen(port, host, () => {
         this.server.off('error', onError);
+        this.startBackgroundWork();
         const bound = (this.server.address() as AddressInfo).port;
         const urlHost = host.includes(':') ? `[${host}]` : host;
         resolve({ port: bound, url: `http://${urlHost}:${bound}` });
@@ -264,6 +303,8 @@ class SimServer implements Simulator {
         return;
       }
       this.server.close(() => resolve());
+      clearInterval(this.restartTimer);
+      this.engine?.close();
       for (const run of this.backgroundRuns) run.abort();
       this.backgroundRuns.clear();
       for (const socket of this.sockets) socket.destroy();
@@ -280,6 +321,55 @@ class SimServer implements Simulator {
 
   setEngineDead(dead: boolean): void {
     this.engineDead = dead;
+  }
+
+  restart(): void {
+    for (const ex of [...this.engineExchanges]) {
+      this.engineExchanges.delete(ex);
+      ex.control?.abort();
+      const status = ex.res?.headersSent === true ? (ex.res.statusCode) : 0;
+      this.settle(ex, 'fault', status);
+      ex.res?.socket?.resetAndDestroy();
+    }
+    this.engine?.restart();
+    this.metrics?.reset(Date.now() / 1000);
+    this.store.restartEngine();
+  }
+
+  engineSnapshot(): EngineSnapshot | null {
+    return this.engine?.snapshot() ?? null;
+  }
+
+  private newMetrics(): EngineMetrics {
+    return new EngineMetrics({
+      modelName: this.opts.models[0] ?? '',
+      engineIndex: 0,
+      blockSize: this.opts.blockSize,
+      enablePrefixCaching: this.opts.enablePrefixCaching,
+      maxModelLen: MAX_MODEL_LEN,
+      kvCacheMetrics: this.opts.kvCacheMetrics,
+      compat: this.opts.metricsCompat,
+      startTimeSeconds: Date.now() / 1000,
+    });
+  }
+
+  /** vLLM's /metrics: the engine model's (src/sim/engine/metrics.ts), or the timer's five series. */
+  private renderMetrics(): string {
+    const snapshot = this.engine?.snapshot();
+    if (this.metrics === null || snapshot === undefined) return renderMetrics(this.store.engine, this.opts.models[0] ?? '');
+    return this.metrics.render({ running: snapshot.running, waiting: snapshot.waiting, kvUsage: snapshot.kvUsage });
+  }
+
+  /** Once listening: other clients' load and the restart schedule. */
+  private startBackgroundWork(): void {
+    const { opts } = this;
+    if (this.engine !== null && opts.externalLoad > 0) {
+      this.engine.startExternalLoad({ rate: opts.externalLoad, promptTokens: opts.externalPromptTokens, outputTokens: opts.externalOutputTokens, seed: deriveSeed(opts.seed, EXTERNAL_STREAM) });
+    }
+    if (opts.restartEveryMs > 0 && this.restartTimer === undefined) {
+      this.restartTimer = setInterval(() => this.restart(), opts.restartEveryMs);
+      this.restartTimer.unref();
+    }
   }
 
   // ---- connections ----
@@ -320,6 +410,15 @@ class SimServer implements Simulator {
       req.resume();
       if (req.method === 'GET') sendBody(res, 200, JSON.stringify(this.store.snapshot()));
       else sendBody(res, 405, METHOD_NOT_ALLOWED_BODY, 'application/json', { allow: 'GET' });
+      return;
+    }
+
+    if (path === '/sim/restart') {
+      req.resume();
+      if (req.method === 'POST') {
+        this.restart();
+        sendBody(res, 200, JSON.stringify({ restarted: true }));
+      } else sendBody(res, 405, METHOD_NOT_ALLOWED_BODY, 'application/json', { allow: 'POST' });
       return;
     }
 
@@ -402,10 +501,10 @@ class SimServer implements Simulator {
         this.respond(res, 200, modelListBody(this.opts.models, MAX_MODEL_LEN, Math.floor(Date.now() / 1000)));
         return;
       case '/metrics':
-        this.respond(res, 200, renderMetrics(this.store.engine, this.opts.models[0] ?? ''), METRICS_CONTENT_TYPE);
+        this.respond(res, 200, this.renderMetrics(), METRICS_CONTENT_TYPE);
         return;
       case '/version':
-        this.respond(res, 200, JSON.stringify({ version: SIM_VERSION }));
+        this.respond(res, 200, JSON.stringify({ version: this.opts.revision }));
         return;
       case '/load':
         // vLLM counts its load only with --enable-server-load-tracking; without it, 0.
@@ -461,6 +560,7 @@ class SimServer implements Simulator {
   private settle(ex: Exchange, end: RequestRecord['end'], status: number, countStatus = true): void {
     if (ex.settled) return;
     ex.settled = true;
+    this.engineExchanges.delete(ex);
     ex.record.end = end;
     ex.record.status = status;
     this.setPhase(ex, 'none');
@@ -633,18 +733,30 @@ class SimServer implements Simulator {
   private generate(ex: Exchange, res: ServerResponse, request: GenerationRequest, fault: Fault | null, directives: Directives): void {
     const { store } = this;
     const shape = shapeAnswer(request, directives.modifiers, this.opts, ex.record.requestId, Math.floor(Date.now() / 1000));
+    const job = this.submitToEngine(request, shape, directives.modifiers);
+    if (job === 'too_long') {
+      this.reject(ex, res, 400, errorBody(errorInfo(400, `The prompt needs more KV cache blocks than this engine has (--kv-blocks ${this.opts.kvBlocks} of ${this.opts.blockSize} tokens).`, 'input_tokens')));
+      return;
+    }
+    const usage = job === null ? shape.usage : this.engineUsage(shape, job, directives.modifiers);
     const common = {
       choiceCount: shape.choiceCount,
       tokensPerChoice: shape.tokensPerChoice,
       tokensPerEvent: shape.tokensPerEvent,
       finishReason: shape.finishReason,
-      usage: shape.sendsUsage ? shape.usage : null,
+      usage: shape.sendsUsage ? usage : null,
       ttftMs: shape.ttftMs,
       itlMs: shape.itlMs,
       jitter: shape.jitter,
       random: createRandom(deriveSeed(this.opts.seed, ex.record.seq)),
       fault,
+      pacer: job === null || this.engine === null ? undefined : this.engine.pacer(job, shape.tokensPerEvent),
     };
+    if (job !== null) {
+      ex.job = job;
+      ex.res = res;
+      this.engineExchanges.add(ex);
+    }
     const countSuccess = (): void => store.countSuccess(new Array<string>(shape.choiceCount).fill(shape.finishReason));
     const onFirstToken = (): void => this.setPhase(ex, 'running');
 
@@ -694,6 +806,46 @@ class SimServer implements Simulator {
     emitStart();
   }
 
+  /**
+   * The request's sequences in the engine model: one per choice of each prompt, in the order of the answer's choice
+   * indices (choice + prompt × n). Null when there is no engine, nothing to tokenize (routes whose prompt the model does
+   * not render), or the x-sim-fault header sets a timing, which then holds for that request alone.
+   */
+  private submitToEngine(request: GenerationRequest, shape: AnswerShape, modifiers: Modifiers): EngineJob | null | 'too_long' {
+    if (this.engine === null || request.promptInputs.length === 0) return null;
+    if (modifiers.ttftMs !== undefined || modifiers.itlMs !== undefined || modifiers.prefillMsPer1kTokens !== undefined) return null;
+    const inputs: SequenceInput[] = [];
+    const finishedReason = engineFinishReason(shape.finishReason);
+    for (const prompt of request.promptInputs) {
+      const promptTokenIds = typeof prompt === 'string' ? this.tokenizer.encode(prompt) : prompt;
+      if (Math.ceil(promptTokenIds.length / this.opts.blockSize) + 1 > this.opts.kvBlocks) return 'too_long';
+      for (let choice = 0; choice < request.n; choice++) {
+        inputs.push({ promptTokenIds, outputTokens: shape.tokensPerChoice, finishedReason, ...(request.cacheSalt !== null ? { cacheSalt: request.cacheSalt } : {}) });
+      }
+    }
+    return this.engine.submit(inputs);
+  }
+
+  /**
+   * Usage whose cached_tokens is the engine's prefix-cache hit, read when the usage goes out (the hit is known once the
+   * engine first schedules the request). Reported as vLLM does: with --enable-prompt-tokens-details, and only when not
+   * 0; an x-sim-fault `cached_tokens` still wins.
+   */
+  private engineUsage(shape: AnswerShape, job: EngineJob, modifiers: Modifiers): Usage {
+    const { promptTokens, completionTokens } = shape.usage;
+    const details = this.opts.promptTokensDetails;
+    const forced = modifiers.cachedTokens;
+    return {
+      promptTokens,
+      completionTokens,
+      get cachedTokens(): number | null {
+        if (forced !== undefined) return forced > 0 ? Math.min(forced, promptTokens) : null;
+        const hit = job.cachedTokens ?? 0;
+        return details && hit > 0 ? Math.min(hit, promptTokens) : null;
+      },
+    };
+  }
+
   // ---- /v1/responses and /v1/messages ----
 
   private refuse(ex: Exchange, res: ServerResponse, refusal: EventRouteRefusal): void {
@@ -725,7 +877,7 @@ class SimServer implements Simulator {
     // always reports cached tokens, whatever --prompt-tokens-details says.
     const cap = request.route === 'messages' ? request.maxTokens : request.maxOutputTokens;
     const shape = shapeAnswer(
-      { route: 'chat_completions', model: request.model, stream: request.stream, n: 1, includeUsage: null, maxTokens: cap, promptTokens: request.promptTokens, prompts: 1 },
+      { route: 'chat_completions', model: request.model, stream: request.stream, n: 1, includeUsage: null, maxTokens: cap, promptTokens: request.promptTokens, prompts: 1, promptInputs: [], cacheSalt: null },
       modifiers,
       route === 'responses' ? { ...this.opts, promptTokensDetails: true } : this.opts,
       ex.record.requestId,
@@ -1031,6 +1183,8 @@ class SimServer implements Simulator {
         maxTokens: request.maxTokens,
         promptTokens: request.promptTokens,
         prompts: 1,
+        promptInputs: [],
+        cacheSalt: null,
       },
       modifiers,
       { ...this.opts, promptTokensDetails: false },

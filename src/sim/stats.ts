@@ -235,6 +235,13 @@ export class StatsStore {
     };
   }
 
+  /** An engine restart: the /metrics counters start again from 0 (the gauges follow the requests still open). */
+  restartEngine(): void {
+    this.engine.promptTokens = 0;
+    this.engine.generationTokens = 0;
+    for (const reason of ENGINE_FINISH_REASONS) this.engine.success[reason] = 0;
+  }
+
   /** Zero SimStats. `inflight` and the /metrics counters describe live state and are kept. */
   reset(): void {
     this.requests = 0;

@@ -15,6 +15,8 @@ import { createSimulator, type RequestRecord, type SimOptions, type Simulator } 
 export interface StackOptions {
   sims?: number;
   sim?: Partial<SimOptions>;
+  /** Per-simulator options over `sim` (index i for simulator i), e.g. one engine with less KV. */
+  simEach?: ReadonlyArray<Partial<SimOptions> | undefined>;
   /** Merged over the generated config (pools are generated from the simulators unless given). */
   config?: Partial<ConfigInput>;
   /** The generated pool's admission control. */
@@ -83,7 +85,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
   const sims: Simulator[] = [];
   const urls: string[] = [];
   for (let i = 0; i < (options.sims ?? 1); i++) {
-    const sim = createSimulator({ ttftMs: 5, itlMs: 1, outputTokens: 8, jitter: 0, ...options.sim });
+    const sim = createSimulator({ ttftMs: 5, itlMs: 1, outputTokens: 8, jitter: 0, ...options.sim, ...options.simEach?.[i] });
     const { url } = await sim.listen(0, '127.0.0.1');
     sims.push(sim);
     urls.push(url);

@@ -148,20 +148,21 @@ export function createInspectableEngineCore(config: EngineConfig): { core: Engin
     counters.preemptions++;
   }
 
-  /**
-   * get_computed_blocks with its PrefixCacheStats.record: queries are the sequence's num_tokens, hits the hit's tokens,
-   * counted on every lookup (a sequence that then fails to get blocks is looked up, and counted, again next step). A
-   * preempted sequence's lookup goes to the preempted_* fields, not to the queries/hits that become vLLM's counters;
-   * with prefix caching off nothing is looked up or counted.
-   */
+  /** get_computed_blocks: nothing is looked up with prefix caching off. */
   function lookUp(s: Sequence): CacheHit {
-    if (!enablePrefixCaching) return NO_HIT;
-    const hit = findLongestCacheHit(pool, s, blockSize);
-    if (s.preemptions === 0) {
-      counters.prefixQueries += s.numTokens;
-      counters.prefixHits += hit.tokens;
-    }
-    return hit;
+    return enablePrefixCaching ? findLongestCacheHit(pool, s, blockSize) : NO_HIT;
+  }
+
+  /**
+   * PrefixCacheStats.record, once per admission: queries are the sequence's num_tokens, hits the hit's tokens. A
+   * resumed (preempted) sequence's lookup goes to the preempted_* fields, which vLLM keeps out of its counters; with
+   * prefix caching off nothing is counted. vLLM used to record in get_computed_blocks, so a head that failed to get
+   * blocks was counted again on every retry (issue #43736); since PR #48860 it records after allocate_slots succeeds.
+   */
+  function countLookUp(s: Sequence, hit: CacheHit): void {
+    if (!enablePrefixCaching || s.preemptions > 0) return;
+    counters.prefixQueries += s.numTokens;
+    counters.prefixHits += hit.tokens;
   }
 
   /** Sample one token: the sequence's new token is known, its newly full block hashed (Request.append_output_token_ids). */
@@ -216,6 +217,7 @@ export function createInspectableEngineCore(config: EngineConfig): { core: Engin
         // num_tokens, not the prompt: a resumed sequence recomputes its generated tokens too.
         const numNew = Math.min(s.numTokens - hit.tokens, budget);
         if (!allocateSlots(pool, s, numNew, hit, blockSize, enablePrefixCaching)) break;
+        countLookUp(s, hit);
         waiting.remove(s);
         running.push(s);
         s.state = 'running';

@@ -9,8 +9,16 @@ import { describe, expect, it } from 'vitest';
 import { createInspectableEngineCore, type EngineInspector } from '../src/sim/engine/core.js';
 import type { EngineConfig, EngineCore, StepResult } from '../src/sim/engine/types.js';
 
+interface AddOp {
+  readonly kind: 'add';
+  readonly prefix: number;
+  readonly shared: number;
+  readonly tail: number;
+  readonly out: number;
+  readonly salt: boolean;
+}
 type Op =
-  | { readonly kind: 'add'; readonly prefix: number; readonly shared: number; readonly tail: number; readonly out: number; readonly salt: boolean }
+  | AddOp
   | { readonly kind: 'abort'; readonly pick: number }
   | { readonly kind: 'step' };
 
@@ -40,7 +48,7 @@ const configArb: fc.Arbitrary<EngineConfig> = fc.record({
   cost: fc.constant({ baseMs: 1, prefillTokenMs: 0.5, decodeSeqMs: 0.25 }),
 });
 
-function prompt(op: Extract<Op, { kind: 'add' }>, n: number): number[] {
+function prompt(op: AddOp, n: number): number[] {
   const tokens: number[] = [];
   for (let i = 0; i < op.shared; i++) tokens.push(op.prefix * 1000 + i);
   for (let i = 0; i < op.tail; i++) tokens.push(100000 + n * 100 + i);
@@ -89,7 +97,8 @@ function run(config: EngineConfig, ops: readonly Op[]): Run {
   ops.forEach((op, n) => {
     if (op.kind === 'add') {
       const id = `s${n}`;
-      const spec = { id, promptTokenIds: prompt(op, n), outputTokens: op.out, ...(op.salt ? { cacheSalt: `t${op.prefix}` } : {}) };
+      const salt = op.salt ? { cacheSalt: `t${op.prefix}` } : {};
+      const spec = { id, promptTokenIds: prompt(op, n), outputTokens: op.out, ...salt };
       const need = Math.ceil((spec.promptTokenIds.length + op.out - 1) / config.blockSize);
       if (need > config.kvBlocks) {
         expect(() => core.add(spec)).toThrow();

@@ -45,7 +45,16 @@ export interface BlockPool {
 export function createBlockPool(numBlocks: number, enableCaching: boolean): BlockPool {
   const blocks: KVBlock[] = [];
   for (let id = 0; id < numBlocks; id++) {
-    blocks.push({ id, refCnt: 0, hash: null, prevFree: null, nextFree: null, inFree: false, prevSame: null, nextSame: null });
+    blocks.push({
+      id,
+      refCnt: 0,
+      hash: null,
+      prevFree: null,
+      nextFree: null,
+      inFree: false,
+      prevSame: null,
+      nextSame: null,
+    });
   }
   const cached = new Map<number, KVBlock>();
   let head: KVBlock | null = null;

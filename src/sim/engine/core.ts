@@ -47,7 +47,7 @@ function validateConfig(c: EngineConfig): void {
   }
 }
 
-function makeSequence(spec: SequenceSpec, blockSize: number): Sequence {
+function makeSequence(spec: SequenceSpec, blockSize: number, enablePrefixCaching: boolean): Sequence {
   const prompt = spec.promptTokenIds;
   const seqKey = hashString(spec.id);
   const tokenAt = (p: number): number => (p < prompt.length ? (prompt[p] as number) : generatedTokenId(seqKey, p));
@@ -70,8 +70,8 @@ function makeSequence(spec: SequenceSpec, blockSize: number): Sequence {
     prevWaiting: null,
     nextWaiting: null,
   };
-  // vLLM hashes a request's full prompt blocks when the Request is created.
-  extendBlockHashes(seq.blockHashes, tokenAt, seq.numTokens, blockSize, saltKey);
+  // vLLM hashes a request's full prompt blocks when the Request is created (and not at all with caching off).
+  if (enablePrefixCaching) extendBlockHashes(seq.blockHashes, tokenAt, seq.numTokens, blockSize, saltKey);
   return seq;
 }
 
@@ -287,7 +287,7 @@ export function createInspectableEngineCore(config: EngineConfig): { core: Engin
       if (need > kvBlocks) {
         throw new Error(`sequence ${spec.id} needs ${need} KV blocks (prompt + output), the engine holds ${kvBlocks}`);
       }
-      const s = makeSequence(spec, blockSize);
+      const s = makeSequence(spec, blockSize, enablePrefixCaching);
       live.set(s.id, s);
       waiting.pushBack(s);
     },

@@ -203,6 +203,30 @@ describe('block pool', () => {
     expect(core.snapshot()).toMatchObject({ freeBlocks: 0, kvUsage: 1 });
   });
 
+  it('keeps duplicate blocks cached: a block computed twice in one step still hits after one copy is evicted', () => {
+    const { core, inspect } = createInspectableEngineCore(config({ kvBlocks: 8 }));
+    core.add({ id: 'a', promptTokenIds: range(1, 8), outputTokens: 1 });
+    core.add({ id: 'b', promptTokenIds: range(1, 8), outputTokens: 1 });
+    // Step 1: a takes blocks 0 and 1 and caches both at scheduling; b, scheduled after it in the same step, hits a's
+    // block 0 (capped at 7 tokens: one block) and computes its second block into block 2, a duplicate of block 1.
+    const r1 = mustStep(core);
+    expect(r1.admitted).toEqual([
+      { id: 'a', cachedTokens: 0, resumed: false },
+      { id: 'b', cachedTokens: 4, resumed: false },
+    ]);
+    expect(r1.prefillTokens).toBe(8 + 4);
+    // a frees 1 (to the tail) and 0 (still held by b); b frees 2, then 0.
+    expect(inspect.freeOrder()).toEqual([3, 4, 5, 6, 7, 1, 2, 0]);
+    expect(core.snapshot().cachedBlocks).toBe(3);
+    // d takes 6 blocks, the sixth being block 1: its copy of the hash is evicted, block 2's remains.
+    core.add({ id: 'd', promptTokenIds: range(500, 24), outputTokens: 1 });
+    mustStep(core);
+    core.add({ id: 'e', promptTokenIds: range(1, 9), outputTokens: 2 });
+    const r3 = mustStep(core);
+    expect(r3.admitted).toEqual([{ id: 'e', cachedTokens: 8, resumed: false }]);
+    expect(inspect.blockIds('e').slice(0, 2)).toEqual([0, 2]);
+  });
+
   it('reports kv usage as used over total blocks', () => {
     const core = createEngineCore(config({ kvBlocks: 8 }));
     core.add({ id: 'a', promptTokenIds: range(1, 8), outputTokens: 4 });
@@ -276,6 +300,31 @@ describe('scheduler', () => {
     expect(r6.prefillTokens).toBe(1);
     expect(r6.finished).toEqual(['b']);
     expect(core.snapshot()).toMatchObject({ preemptions: 1, prefixQueries: 9, prefixHits: 0 });
+  });
+
+  it('resumes a preempted sequence with a hit on its own cached generated block', () => {
+    const core = createEngineCore(config({ blockSize: 2, kvBlocks: 5 }));
+    core.add({ id: 'x', promptTokenIds: [1, 2], outputTokens: 5 });
+    core.add({ id: 'a', promptTokenIds: [11, 12], outputTokens: 4 });
+    // Steps 1-3: x holds blocks 0 and 2, a holds 1 and 3; after step 3 each knows 5 tokens and its second block
+    // (generated tokens 1 and 2) is full and cached. Block 4 is the only free one.
+    for (let s = 1; s <= 3; s++) mustStep(core);
+    // Step 4: x takes block 4 for its fifth token; a needs a third block, none is free: a preempts itself. Its blocks
+    // (3, then 1, both cached) go to the tail.
+    const r4 = mustStep(core);
+    expect(r4.preempted).toEqual(['a']);
+    expect(r4.tokens).toEqual([{ id: 'x', generated: 4 }]);
+    // Step 5: a's hit (blocks 1 and 3, both free) needs 2 blocks touched and 1 new: 3 > 2 free, it waits; x finishes.
+    const r5 = mustStep(core);
+    expect(r5.admitted).toEqual([]);
+    expect(r5.finished).toEqual(['x']);
+    // Step 6: a (5 known tokens) hits its prompt block and its generated block: 4 tokens; it recomputes the fifth
+    // (generated token 3) and samples its fourth and last.
+    const r6 = mustStep(core);
+    expect(r6.admitted).toEqual([{ id: 'a', cachedTokens: 4, resumed: true }]);
+    expect(r6.prefillTokens).toBe(1);
+    expect(r6.finished).toEqual(['a']);
+    expect(core.snapshot()).toMatchObject({ prefixQueries: 4, prefixHits: 0, preemptions: 1 });
   });
 
   it('admits no more than max_num_seqs: the rest wait', () => {

@@ -375,7 +375,11 @@ export class EngineMetrics {
     this.generationTokens += n;
   }
 
-  /** vllm:prefix_cache_queries / _hits, in tokens: the prompt tokens looked up and the ones found in cached blocks. */
+  /**
+   * vllm:prefix_cache_queries / _hits, in tokens: a newly scheduled request's tokens looked up and the ones found in
+   * cached blocks. Call it for first admissions only: vLLM's PrefixCacheStats.record books a previously preempted
+   * request's lookup as preempted_queries/preempted_hits, which no Prometheus series serves.
+   */
   addPrefixCache(queries: number, hits: number): void {
     checkAmount('addPrefixCache queries', queries);
     checkAmount('addPrefixCache hits', hits);

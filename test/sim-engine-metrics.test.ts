@@ -558,7 +558,12 @@ describe('several engines in one process', () => {
     expect(text.match(/^# TYPE vllm:prompt_tokens_total /gm)).toHaveLength(1);
     expect(one(f, 'vllm:prompt_tokens_total', { engine: '0' })).toBe(10);
     expect(one(f, 'vllm:prompt_tokens_total', { engine: '1' })).toBe(20);
+    // prometheus_client's child order: vLLM creates request_success children reason first, engine second.
+    expect(family(f, 'vllm:request_success_total').samples.slice(0, 4).map((s) => [s.labels.finished_reason, s.labels.engine]))
+      .toEqual([['stop', '0'], ['stop', '1'], ['length', '0'], ['length', '1']]);
     expect(family(f, 'vllm:request_success_total').samples).toHaveLength(10);
+    const ttftEngines = family(f, 'vllm:time_to_first_token_seconds').samples.map((s) => s.labels.engine);
+    expect(ttftEngines.indexOf('1')).toBe(ttftEngines.lastIndexOf('0') + 1);
     expect(family(f, 'vllm:cache_config_info').samples.map((s) => s.labels.engine)).toEqual(['0', '1']);
     expect(one(f, 'process_start_time_seconds')).toBe(1_764_634_950.5);
     expect(renderEngines([])).toBe('');

@@ -207,20 +207,38 @@ function exposedName(family: MetricFamily): string {
 }
 
 /**
+ * Several engines' samples in prometheus_client's child order. vLLM creates a labelled family's children label value
+ * first, engine second (`for reason in FinishReason: {idx: ... for idx in engine_indexes}`), so counters and gauges
+ * interleave the engines sample by sample; a histogram child is a whole run of samples, so histograms concatenate.
+ */
+function mergeSamples(type: MetricFamily['type'], perEngine: ReadonlyArray<readonly Sample[]>): Sample[] {
+  if (type === 'histogram') return perEngine.flat();
+  const merged: Sample[] = [];
+  const longest = Math.max(0, ...perEngine.map((samples) => samples.length));
+  for (let i = 0; i < longest; i++) {
+    for (const samples of perEngine) {
+      const sample = samples[i];
+      if (sample !== undefined) merged.push(sample);
+    }
+  }
+  return merged;
+}
+
+/**
  * Several engines' families as one exposition: families with the same name merge (one HELP/TYPE, every engine's
- * samples under it, engines in the order given), as vLLM's single PrometheusStatLogger holds one metric with a child
- * per engine. Family order is first appearance.
+ * samples under it), as vLLM's single PrometheusStatLogger holds one metric with a child per engine. Family order is
+ * first appearance.
  */
 export function renderFamilies(perEngine: ReadonlyArray<readonly MetricFamily[]>): string {
-  const merged = new Map<string, { family: MetricFamily; samples: Sample[]; created: Sample[] }>();
+  const merged = new Map<string, { family: MetricFamily; samples: Array<readonly Sample[]>; created: Array<readonly Sample[]> }>();
   for (const families of perEngine) {
     for (const family of families) {
       const entry = merged.get(family.name);
       if (entry === undefined) {
-        merged.set(family.name, { family, samples: [...family.samples], created: [...family.created] });
+        merged.set(family.name, { family, samples: [family.samples], created: [family.created] });
       } else {
-        entry.samples.push(...family.samples);
-        entry.created.push(...family.created);
+        entry.samples.push(family.samples);
+        entry.created.push(family.created);
       }
     }
   }
@@ -229,10 +247,11 @@ export function renderFamilies(perEngine: ReadonlyArray<readonly MetricFamily[]>
     const name = exposedName(family);
     const help = escapeHelp(family.help);
     out += `# HELP ${name} ${help}\n# TYPE ${name} ${family.type}\n`;
-    for (const sample of samples) out += sampleLine(sample);
-    if (created.length > 0) {
+    for (const sample of mergeSamples(family.type, samples)) out += sampleLine(sample);
+    const createdSamples = mergeSamples('gauge', created);
+    if (createdSamples.length > 0) {
       out += `# HELP ${family.name}_created ${help}\n# TYPE ${family.name}_created gauge\n`;
-      for (const sample of created) out += sampleLine(sample);
+      for (const sample of createdSamples) out += sampleLine(sample);
     }
   }
   return out;

@@ -538,6 +538,7 @@ describe('values', () => {
     expect(() => m.addGenerationTokens(NaN)).toThrow(RangeError);
     expect(() => m.addPrefixCache(1, 2)).toThrow(RangeError);
     expect(() => m.observeTtft(NaN)).toThrow(RangeError);
+    expect(() => m.observeItl(Infinity)).toThrow(RangeError);
     expect(() => m.render({ running: 0, waiting: 0, kvUsage: NaN })).toThrow(RangeError);
     expect(() => m.observeFinished({
       finishedReason: 'nope' as 'stop', promptTokens: 1, generationTokens: 1, prefillKvComputedTokens: 1,

@@ -268,7 +268,8 @@ function checkAmount(what: string, n: number): void {
 }
 
 function checkObservation(what: string, v: number): void {
-  if (Number.isNaN(v)) throw new RangeError(`${what}: cannot observe NaN`);
+  // Infinite observations are a caller's bug too, and +Inf and -Inf together would sum to NaN.
+  if (!Number.isFinite(v)) throw new RangeError(`${what}: expected a finite value, got ${v}`);
 }
 
 /** A fixed-bucket histogram: per-bucket counts (the last is +Inf) and a sum, cumulated only when rendered. */
@@ -315,7 +316,7 @@ export class FixedHistogram {
   }
 }
 
-/** The names that 'old' serves instead of today's, and the series it omits because vLLM added them later. */
+/** The names 'old' serves instead of today's (families vLLM added after the renames are left out in families()). */
 const OLD_NAMES = {
   kvUsage: 'vllm:gpu_cache_usage_perc',
   prefixQueries: 'vllm:gpu_prefix_cache_queries',

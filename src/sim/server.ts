@@ -349,6 +349,7 @@ class SimServer implements Simulator {
       maxModelLen: MAX_MODEL_LEN,
       kvCacheMetrics: this.opts.kvCacheMetrics,
       compat: this.opts.metricsCompat,
+      numGpuBlocks: this.opts.kvBlocks,
       startTimeSeconds: Date.now() / 1000,
     });
   }

@@ -4,8 +4,10 @@
  * run of each against an in-process simulator.
  */
 import { mkdtempSync, readFileSync } from 'node:fs';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { RequestResult, Usage } from '../load/client.js';
 import {
@@ -26,6 +28,8 @@ import { requestBody } from '../load/load-routes.js';
 import { parseLoadArgs, runLoadWith } from '../load/main.js';
 import { runWorkload } from '../load/runner.js';
 import { chatShareMix, seededRandom, type PlannedRequest, type Workload } from '../load/workload.js';
+import { parseConfig } from '../src/config/load.js';
+import { createGateway } from '../src/http/server.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 
 const BASE: Workload = {
@@ -308,5 +312,41 @@ describe('fleet runs against the simulator', () => {
       '--rate: multi-turn runs a closed loop of sessions; give --concurrency (and --sessions)',
       '--think-time-dist: "normal" is not one of exp, fixed',
     ]);
+  });
+});
+
+describe('a fleet run through Waybill', () => {
+  it('shares the requests among the upstreams as the gateway counted them, and still reconciles', async () => {
+    const sims = [0, 1].map((i) => createSimulator({ ttftMs: 2, itlMs: 1, jitter: 0, seed: i + 1, promptTokensDetails: true, cachedTokens: 8 }));
+    const urls = await Promise.all(sims.map(async (sim) => (await sim.listen(0, '127.0.0.1')).url));
+    const config = parseConfig({
+      server: { host: '127.0.0.1', port: 0 },
+      pools: [{ name: 'sim', models: ['sim-model'], upstreams: urls.map((url, i) => ({ name: `sim-${i}`, url })) }],
+      health: { interval: '1h' },
+      logging: { level: 'silent' },
+    });
+    const gateway = createGateway(config, { logger: pino({ level: 'silent' }), defaultMetrics: false });
+    try {
+      await gateway.listen();
+      const base = `http://127.0.0.1:${(gateway.app.server.address() as AddressInfo).port}`;
+      const dir = mkdtempSync(join(tmpdir(), 'waybill-fleet-'));
+      const args = await parseLoadArgs([
+        '--url', base, '--concurrency', '4', '--requests', '20', '--output-tokens', '4', '--workload', 'shared-prefix', '--groups', '4',
+        '--prefix-tokens', '32', '--question-tokens', '8', '--reconcile', ...urls.flatMap((url) => ['--sim', url]), '--json', join(dir, 'r.json'), '--quiet',
+      ]);
+      if ('problems' in args) throw new Error(args.problems.join('\n'));
+      const outcome = await runLoadWith(args, () => {});
+      expect(outcome.mismatches).toBe(0);
+      const fleet = (JSON.parse(readFileSync(join(dir, 'r.json'), 'utf8')) as { summary: { fleet: FleetSummary } }).summary.fleet;
+      const served = sims.map((sim) => sim.stats().byRoute.chat_completions);
+      expect(fleet.upstreams.source).toBe('gateway');
+      expect(fleet.upstreams.attempts).toEqual(Object.fromEntries(served.map((n, i) => [`sim-${i}`, n]).filter(([, n]) => n !== 0)));
+      expect(Object.values(fleet.upstreams.attempts).reduce((a, b) => a + b, 0)).toBe(20);
+      for (const [upstream, share] of Object.entries(fleet.upstreams.shares)) expect(share).toBeCloseTo((fleet.upstreams.attempts[upstream] ?? 0) / 20, 10);
+      expect(fleet.cachedPrompt).toMatchObject({ reported: 20, absent: 0, cachedTokens: 20 * 8, promptTokens: 20 * 40, ratio: 0.2 });
+    } finally {
+      await gateway.close();
+      await Promise.all(sims.map((sim) => sim.close()));
+    }
   });
 });

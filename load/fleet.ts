@@ -59,6 +59,9 @@ export interface FleetTag {
 
 export const CHARS_PER_TOKEN = 4;
 
+/** Groups (and sessions) whose first token differs: leadToken's 4 base-36 characters. */
+export const MAX_GROUPS = 36 ** 4;
+
 // Salts keep the texts' streams apart from each other and from the run's own draws of the same seed.
 const GROUP_SALT = 0x51a7e;
 const QUESTION_SALT = 0x9e57;
@@ -149,8 +152,17 @@ function chatPlan(index: number, messages: readonly ChatMessage[], maxTokens: nu
  * Shared-prefix request `index`. Draws from the run's `random` in a fixed order (group, stream, max_tokens); the
  * texts come from the seed, so the system prompt of a group is one string however many requests use it.
  */
-export function planSharedPrefix(workload: Workload, fleet: SharedPrefixFleet, seed: number, random: Random, index: number, simulator: boolean, prompts: readonly string[]): PlannedRequest {
-  const group = pickGroup(groupWeights(fleet.groups, fleet.popularity, fleet.zipfS), random());
+export function planSharedPrefix(
+  workload: Workload,
+  fleet: SharedPrefixFleet,
+  seed: number,
+  random: Random,
+  index: number,
+  simulator: boolean,
+  prompts: readonly string[],
+  weights: readonly number[] = groupWeights(fleet.groups, fleet.popularity, fleet.zipfS),
+): PlannedRequest {
+  const group = pickGroup(weights, random());
   const stream = random() < workload.streamShare;
   const maxTokens = Math.max(1, draw(random, workload.outputTokens));
   const system = prompts[group] ?? groupPrompt(seed, group, fleet.prefixTokens);

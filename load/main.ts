@@ -16,7 +16,7 @@ import { reconcile, settledSnapshot, snapshot, TargetError, type Reconciliation 
 import { htmlReport, jsonReport, reconciliationText, summaryTable } from './report.js';
 import { runWorkload, type Progress, type RunResult } from './runner.js';
 import { summarize, type SloThresholds } from './stats.js';
-import { FLEET_KINDS, type Fleet, type FleetKind } from './fleet.js';
+import { FLEET_KINDS, MAX_GROUPS, type Fleet, type FleetKind } from './fleet.js';
 import { fleetSummary, upstreamShares } from './fleet-stats.js';
 import { chatShareMix, FAULT_KINDS, parseRange, parseRouteMix, type FaultKind, type Range, type RouteShares, type Workload } from './workload.js';
 
@@ -246,9 +246,10 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
   if (fleetKind === 'shared-prefix') {
     const zipfS = Number(flag('zipf-s') ?? 1.1);
     if (!(zipfS > 0)) problems.push(`--zipf-s: "${flag('zipf-s') ?? ''}" must be a positive number`);
+    if (Number(flag('groups') ?? 8) > MAX_GROUPS) problems.push(`--groups: at most ${MAX_GROUPS} (each group's prompt opens with a token of its own)`);
     fleet = {
       kind: 'shared-prefix',
-      groups: integer('groups', 8, 1),
+      groups: Math.min(integer('groups', 8, 1), MAX_GROUPS),
       prefixTokens: integer('prefix-tokens', 2048, 1),
       questionTokens: integer('question-tokens', 64, 4),
       popularity: choice('popularity', ['uniform', 'zipf'], 'uniform'),

@@ -5,7 +5,7 @@
  */
 import { Agent } from 'undici';
 import { runRequest, type RequestResult } from './client.js';
-import { groupPrompts, planSession, planSharedPrefix, planTurn, turnMessages, turnQuestion, type ChatMessage, type MultiTurnFleet } from './fleet.js';
+import { groupPrompts, groupWeights, planSession, planSharedPrefix, planTurn, turnMessages, turnQuestion, type ChatMessage, type MultiTurnFleet } from './fleet.js';
 import { planRequest, seededRandom, type PlannedRequest, type Workload } from './workload.js';
 
 export interface RunOptions {
@@ -72,10 +72,11 @@ export async function runWorkload(options: RunOptions): Promise<RunResult> {
   const fleet = options.workload.fleet;
   // A group's system prompt is one string for the whole run, however many requests carry it.
   const prompts = fleet?.kind === 'shared-prefix' ? groupPrompts(options.seed, fleet) : [];
+  const weights = fleet?.kind === 'shared-prefix' ? groupWeights(fleet.groups, fleet.popularity, fleet.zipfS) : [];
   const open = () => planned < limit && performance.now() < stopAt;
   const next = (): PlannedRequest | undefined => {
     if (!open()) return undefined;
-    if (fleet?.kind === 'shared-prefix') return planSharedPrefix(options.workload, fleet, options.seed, random, planned++, options.simulator, prompts);
+    if (fleet?.kind === 'shared-prefix') return planSharedPrefix(options.workload, fleet, options.seed, random, planned++, options.simulator, prompts, weights);
     return planRequest(options.workload, random, planned++, options.simulator);
   };
   const execute = async (plan: PlannedRequest): Promise<RequestResult> => {

@@ -3,7 +3,7 @@
  * planned from the seed; the report's cached-prompt ratio, upstream shares and idle gaps, by value; and one small
  * run of each against an in-process simulator.
  */
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -300,6 +300,19 @@ describe('fleet runs against the simulator', () => {
         expect(current.plan.headers).toEqual(previous.plan.headers);
       }
     }
+  });
+
+  it('reads a fleet workload from a YAML file (`fleet:` and its keys), flags winning', async () => {
+    const file = join(mkdtempSync(join(tmpdir(), 'waybill-fleet-')), 'w.yaml');
+    writeFileSync(file, 'fleet: multi-turn\nsessions: 3\nturns: 2-6\nthink_time_dist: fixed\nprefix_tokens: 100\n');
+    const config = await parseLoadArgs(['--url', url, '--concurrency', '2', '--requests', '5', '--workload', file, '--prefix-tokens', '50']);
+    if ('problems' in config) throw new Error(config.problems.join('\n'));
+    expect(config.workload.fleet).toEqual({
+      kind: 'multi-turn', sessions: 3, turns: { min: 2, max: 6 }, prefixTokens: 50, questionTokens: 64, thinkTimeMs: 1000, thinkTimeDist: 'fixed', sessionHeader: undefined,
+    });
+    const shared = await parseLoadArgs(['--url', url, '--concurrency', '2', '--requests', '5', '--workload', 'shared-prefix']);
+    if ('problems' in shared) throw new Error(shared.problems.join('\n'));
+    expect(shared.workload.fleet).toEqual({ kind: 'shared-prefix', groups: 8, prefixTokens: 2048, questionTokens: 64, popularity: 'uniform', zipfS: 1.1 });
   });
 
   it('refuses what a fleet workload cannot run', async () => {

@@ -45,6 +45,8 @@ export interface RequestResult {
   readonly anomaly: string | undefined;
   /** A transport error message, when the request failed below HTTP. */
   readonly error: string | undefined;
+  /** A multi-turn request's answer text (choice 0) as received: the session's next turn sends it back. */
+  readonly answerText?: string;
 }
 
 export interface ClientOptions {
@@ -135,6 +137,9 @@ export class AnswerObserver {
   endedAt: number | undefined;
   usage: Usage | undefined;
   anomaly: string | undefined;
+  /** Choice 0's text, kept only for a multi-turn session's turn (bounded by its max_tokens). */
+  answerText = '';
+  private readonly keepText: boolean;
   /** The last Responses `sequence_number` seen (-1: none yet). */
   private lastSequence = -1;
   private readonly reader;
@@ -146,6 +151,7 @@ export class AnswerObserver {
   ) {
     this.expected = plan.route === 'chat_completions' || plan.route === 'completions' ? plan.n : choicesOf(plan.route);
     this.reader = readerOf(plan.route);
+    this.keepText = plan.fleet?.session !== undefined;
   }
 
   allFinished(): boolean {
@@ -193,6 +199,7 @@ export class AnswerObserver {
           if (Number.isInteger(index) && index >= 0 && index < this.expected && !this.finishes.has(index)) this.finishes.set(index, reason);
         }
         if (event.usage !== undefined) this.usage = event.usage;
+        if (this.keepText && event.text !== undefined) this.answerText += event.text;
         if (event.output.length > 0) {
           this.outputEvents++;
           if (this.lastOutputAt !== undefined) this.itl.push(at - this.lastOutputAt);
@@ -342,6 +349,7 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
   try {
     const headers: Record<string, string> = { 'content-type': 'application/json', 'x-request-id': requestId };
     if (plan.simHeader !== undefined) headers['x-sim-fault'] = plan.simHeader;
+    for (const [name, value] of Object.entries(plan.headers ?? {})) headers[name.toLowerCase()] = value;
     if (options.apiKey !== undefined) headers['authorization'] = `Bearer ${options.apiKey}`;
     const response = await request(`${options.baseUrl}${ROUTE_PATHS[plan.route]}`, {
       method: 'POST',
@@ -392,5 +400,6 @@ export async function runRequest(plan: PlannedRequest, options: ClientOptions): 
     outputEvents: observer.outputEvents,
     usage,
     error,
+    ...(plan.fleet?.session === undefined ? {} : { answerText: observer.answerText }),
   };
 }

@@ -157,6 +157,7 @@ function figuresFor(a: LoadReport, b: LoadReport): Figure[] {
   const outcomes = [...new Set([...Object.keys(at(a.summary, 'byOutcome') as Json), ...Object.keys(at(b.summary, 'byOutcome') as Json)])].sort();
   const errors = (r: LoadReport) => ERROR_OUTCOMES.reduce((sum, o) => sum + outcomeCount(r, o), 0);
   const reconciled = a.reconciliation !== undefined || b.reconciliation !== undefined;
+  const fleet = isObject(a.summary['fleet']) || isObject(b.summary['fleet']);
   return [
     { label: 'requests', scale: 'relative', better: undefined, value: (r) => numberAt(r.summary, 'requests'), show: countText },
     { label: 'duration taken (s)', scale: 'relative', better: undefined, value: (r) => numberAt(r.summary, 'durationS'), show: fixed(1) },
@@ -177,8 +178,21 @@ function figuresFor(a: LoadReport, b: LoadReport): Figure[] {
     ...latencyFigures('ITL', 'itlMs'),
     ...latencyFigures('TPOT', 'tpotMs'),
     ...latencyFigures('end-to-end', 'e2eMs'),
+    ...(fleet ? FLEET_FIGURES : []),
   ];
 }
+
+/**
+ * A fleet run's own figures (load/fleet-stats.ts). The cached-prompt ratio is judged in points (more cached is
+ * better); the idle gaps are the workload's think time, shown without a verdict.
+ */
+const FLEET_FIGURES: readonly Figure[] = [
+  { label: 'cached prompt ratio', scale: 'points', better: 'higher', value: (r) => numberAt(r.summary, 'fleet', 'cachedPrompt', 'ratio'), show: pctText },
+  { label: 'cached reported by', scale: 'relative', better: undefined, value: (r) => numberAt(r.summary, 'fleet', 'cachedPrompt', 'reported'), show: countText },
+  { label: 'prompt tokens/s', scale: 'relative', better: 'higher', value: (r) => numberAt(r.summary, 'fleet', 'promptTokensPerS'), show: fixed(0) },
+  { label: 'idle gap p50 (ms)', scale: 'relative', better: undefined, value: (r) => numberAt(r.summary, 'fleet', 'idleGapMs', 'p50'), show: msText },
+  { label: 'idle gap p90 (ms)', scale: 'relative', better: undefined, value: (r) => numberAt(r.summary, 'fleet', 'idleGapMs', 'p90'), show: msText },
+];
 
 function changeOf(scale: Scale, a: number, b: number): number | undefined {
   switch (scale) {

@@ -4,6 +4,7 @@
  * duration asked and the duration taken (and why they differ), the load shape, the workload, the seed, Waybill's
  * version and the flags as given. Pure: the shell passes in the clock reading, the version and the results.
  */
+import type { Fleet } from './fleet.js';
 import type { Range, Workload } from './workload.js';
 
 /** A run's length as asked (`--requests`, `--duration`; null when not given). */
@@ -122,6 +123,21 @@ export function workloadKeys(workload: Workload, model: string): Record<string, 
     fault_share: workload.faultShare,
     fault_kinds: workload.faultShare > 0 ? [...workload.faultKinds] : [],
     slow_share: workload.slowShare,
+    ...(workload.fleet === undefined ? {} : fleetKeys(workload.fleet)),
+  };
+}
+
+/** A fleet workload's keys (`fleet` and its own), present only on a fleet run so older headers compare unchanged. */
+function fleetKeys(fleet: Fleet): Record<string, unknown> {
+  const common = { fleet: fleet.kind, prefix_tokens: fleet.prefixTokens, question_tokens: fleet.questionTokens };
+  if (fleet.kind === 'shared-prefix') return { ...common, groups: fleet.groups, popularity: fleet.popularity, ...(fleet.popularity === 'zipf' ? { zipf_s: fleet.zipfS } : {}) };
+  return {
+    ...common,
+    sessions: fleet.sessions,
+    turns: rangeText(fleet.turns),
+    think_time_ms: fleet.thinkTimeMs,
+    think_time_dist: fleet.thinkTimeDist,
+    ...(fleet.sessionHeader === undefined ? {} : { session_header: fleet.sessionHeader }),
   };
 }
 

@@ -44,19 +44,21 @@ export const RERANK_DOCUMENTS: readonly string[] = ['alpha bravo delta', 'gamma 
 
 /** The texts of the request's input: what Waybill estimates its prompt length from before usage is known. */
 export function inputTexts(plan: PlannedRequest): string[] {
+  if (plan.messages !== undefined) return plan.messages.map((m) => m.content);
   const prompt = promptText(plan.promptTokens, plan.index);
   return plan.route === 'rerank' ? [prompt, ...RERANK_DOCUMENTS] : [prompt];
 }
 
 export function requestBody(plan: PlannedRequest, model: string): string {
-  const prompt = promptText(plan.promptTokens, plan.index);
+  // A fleet request (always chat) carries its messages: no filler prompt to build.
+  const prompt = plan.messages === undefined ? promptText(plan.promptTokens, plan.index) : '';
   switch (plan.route) {
     case 'chat_completions':
     case 'completions': {
       const common = { model, max_tokens: plan.maxTokens, n: plan.n, stream: plan.stream };
       const options = plan.includeUsage ? { stream_options: { include_usage: true } } : {};
       return JSON.stringify(
-        plan.route === 'chat_completions' ? { ...common, ...options, messages: [{ role: 'user', content: prompt }] } : { ...common, ...options, prompt },
+        plan.route === 'chat_completions' ? { ...common, ...options, messages: plan.messages ?? [{ role: 'user', content: prompt }] } : { ...common, ...options, prompt },
       );
     }
     case 'responses':

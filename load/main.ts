@@ -16,6 +16,8 @@ import { reconcile, settledSnapshot, snapshot, TargetError, type Reconciliation 
 import { htmlReport, jsonReport, reconciliationText, summaryTable } from './report.js';
 import { runWorkload, type Progress, type RunResult } from './runner.js';
 import { summarize, type SloThresholds } from './stats.js';
+import { FLEET_KINDS, MAX_GROUPS, type Fleet, type FleetKind } from './fleet.js';
+import { fleetSummary, upstreamShares } from './fleet-stats.js';
 import { chatShareMix, FAULT_KINDS, parseRange, parseRouteMix, type FaultKind, type Range, type RouteShares, type Workload } from './workload.js';
 
 export const USAGE = `usage: waybill load --url URL (--concurrency N | --rate R) (--requests N | --duration D) [options]
@@ -31,6 +33,18 @@ target and shape
   --warmup N                  first send N requests of the same workload (another seed) that are neither measured
                               nor reconciled: a cold process reads its first requests late
   --workload FILE             YAML with any of the workload keys below (snake_case); flags override it
+  --workload shared-prefix|multi-turn   a fleet workload instead (YAML: fleet: shared-prefix), chat completions only
+fleet workloads (usage asked on every stream; no faults, cancellations or slow requests)
+  --groups G                  shared-prefix: groups, each its own system prompt (default 8)
+  --popularity uniform|zipf   shared-prefix: how groups are picked (default uniform)
+  --zipf-s S                  shared-prefix: Zipf exponent, group k weighs 1/(k+1)^S (default 1.1)
+  --prefix-tokens P           system prompt per group or session, in tokens of 4 characters (default 2048)
+  --question-tokens Q         user question per request or turn, unique (default 64, at least 4)
+  --sessions S                multi-turn: concurrent sessions (default: --concurrency; closed loop only)
+  --turns T[-U]               multi-turn: turns per session, fixed or drawn per session (default 4)
+  --think-time-ms MEAN        multi-turn: pause between a turn's completion and the next turn (default 1000)
+  --think-time-dist exp|fixed multi-turn: exponential with that mean, or exactly it (default exp)
+  --session-header NAME       multi-turn: send a stable per-session id in this header
 workload
   --prompt-tokens A[-B]       prompt length in tokens, fixed or uniform (default 64-512)
   --output-tokens A[-B]       max_tokens (default 32-128)
@@ -101,6 +115,16 @@ const OPTIONS = {
   seed: { type: 'string' },
   warmup: { type: 'string' },
   workload: { type: 'string' },
+  groups: { type: 'string' },
+  popularity: { type: 'string' },
+  'zipf-s': { type: 'string' },
+  'prefix-tokens': { type: 'string' },
+  'question-tokens': { type: 'string' },
+  sessions: { type: 'string' },
+  turns: { type: 'string' },
+  'think-time-ms': { type: 'string' },
+  'think-time-dist': { type: 'string' },
+  'session-header': { type: 'string' },
   'prompt-tokens': { type: 'string' },
   'output-tokens': { type: 'string' },
   'stream-share': { type: 'string' },
@@ -133,7 +157,9 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
   const { values } = parseArgs({ args: argv, options: OPTIONS, strict: true });
   const problems: string[] = [];
   let file: Record<string, unknown> = {};
-  if (values.workload !== undefined) {
+  // `--workload` names a fleet workload or a YAML file (whose `fleet` key may name one).
+  const fleetFlag = (FLEET_KINDS as readonly string[]).includes(values.workload ?? '') ? (values.workload as FleetKind) : undefined;
+  if (values.workload !== undefined && fleetFlag === undefined) {
     try {
       const parsed: unknown = parseYaml(await readFile(values.workload, 'utf8'));
       if (parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed)) file = parsed as Record<string, unknown>;
@@ -202,6 +228,56 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
     if ('problems' in mix) problems.push(...mix.problems.map((p) => `--route-mix: ${p}`));
     else routeShares = mix;
   }
+  const fileFleet = file['fleet'];
+  const fleetKind = fleetFlag ?? (fileFleet === undefined || fileFleet === null ? undefined : typeof fileFleet === 'string' ? fileFleet : JSON.stringify(fileFleet));
+  const integer = (name: keyof typeof OPTIONS, fallback: number, min: number): number => {
+    const text = flag(name);
+    if (text === undefined) return fallback;
+    const value = Number(text);
+    if (!(Number.isInteger(value) && value >= min)) problems.push(`--${name}: "${text}" must be an integer ≥ ${min}`);
+    return value;
+  };
+  const choice = <T extends string>(name: keyof typeof OPTIONS, options: readonly T[], fallback: T): T => {
+    const text = flag(name) ?? fallback;
+    if (!(options as readonly string[]).includes(text)) problems.push(`--${name}: "${text}" is not one of ${options.join(', ')}`);
+    return text as T;
+  };
+  let fleet: Fleet | undefined;
+  if (fleetKind === 'shared-prefix') {
+    const zipfS = Number(flag('zipf-s') ?? 1.1);
+    if (!(zipfS > 0)) problems.push(`--zipf-s: "${flag('zipf-s') ?? ''}" must be a positive number`);
+    if (Number(flag('groups') ?? 8) > MAX_GROUPS) problems.push(`--groups: at most ${MAX_GROUPS} (each group's prompt opens with a token of its own)`);
+    fleet = {
+      kind: 'shared-prefix',
+      groups: Math.min(integer('groups', 8, 1), MAX_GROUPS),
+      prefixTokens: integer('prefix-tokens', 2048, 1),
+      questionTokens: integer('question-tokens', 64, 4),
+      popularity: choice('popularity', ['uniform', 'zipf'], 'uniform'),
+      zipfS,
+    };
+  } else if (fleetKind === 'multi-turn') {
+    const turns = range('turns', { min: 4, max: 4 });
+    if (turns.min < 1) problems.push('--turns: a session has at least one turn');
+    const thinkText = flag('think-time-ms');
+    const thinkTimeMs = thinkText === undefined ? 1000 : Number(thinkText);
+    if (!(thinkTimeMs >= 0)) problems.push(`--think-time-ms: "${thinkText ?? ''}" must be a number of ms ≥ 0`);
+    // Sessions are a closed loop: each waits for its own answers, so arrivals at a rate would not be sessions.
+    if (rate !== undefined) problems.push('--rate: multi-turn runs a closed loop of sessions; give --concurrency (and --sessions)');
+    fleet = {
+      kind: 'multi-turn',
+      sessions: integer('sessions', concurrency ?? 1, 1),
+      turns,
+      prefixTokens: integer('prefix-tokens', 2048, 1),
+      questionTokens: integer('question-tokens', 64, 4),
+      thinkTimeMs,
+      thinkTimeDist: choice('think-time-dist', ['exp', 'fixed'], 'exp'),
+      sessionHeader: flag('session-header'),
+    };
+    const header = flag('session-header');
+    if (header !== undefined && !/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(header)) problems.push(`--session-header: "${header}" is not a header name`);
+  } else if (fleetKind !== undefined) {
+    problems.push(`--workload: fleet "${fleetKind}" is not one of ${FLEET_KINDS.join(', ')}`);
+  }
   const workload: Workload = {
     model: flag('model'),
     promptTokens: range('prompt-tokens', { min: 64, max: 512 }),
@@ -216,7 +292,12 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
     faultShare: share('fault-share', 0),
     faultKinds: faultKinds as FaultKind[],
     slowShare: share('slow-share', 0),
+    ...(fleet === undefined ? {} : { fleet }),
   };
+  if (fleet !== undefined && workload.cancelShare + workload.faultShare + workload.slowShare > 0) {
+    // A turn's answer is the next turn's input, and a group's traffic is its prompt: a fault would change both.
+    problems.push('--cancel-share / --fault-share / --slow-share: not with a fleet workload');
+  }
   if (workload.cancelShare + workload.faultShare + workload.slowShare > 1) problems.push('--cancel-share + --fault-share + --slow-share: must not exceed 1');
   const slo = { ttftMs: ms('slo-ttft', 2000) ?? 2000, tpotMs: ms('slo-tpot', 100) ?? 100, e2eMs: ms('slo-e2e', 60_000) ?? 60_000 };
   const seedText = flag('seed');
@@ -257,6 +338,20 @@ const CONNECTION_CODES: ReadonlySet<string> = new Set([
   'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT', 'UND_ERR_SOCKET', 'UND_ERR_INVALID_ARG',
   'ERR_INVALID_URL',
 ]);
+
+/**
+ * The target's /metrics text, for the per-upstream shares of a fleet run; undefined when it has none to give (a
+ * 404, a refused key, no connection): the shares then name the target as the one upstream.
+ */
+async function metricsText(baseUrl: string, apiKey: string | undefined): Promise<string | undefined> {
+  try {
+    const response = await request(`${baseUrl}/metrics`, { headers: apiKey === undefined ? {} : { authorization: `Bearer ${apiKey}` } });
+    const text = await response.body.text();
+    return response.statusCode === 200 ? text : undefined;
+  } catch {
+    return undefined;
+  }
+}
 
 /** One line for an error the operator fixes (an unreachable or wrong target), else undefined. */
 export function targetProblem(err: unknown, baseUrl: string): string | undefined {
@@ -352,6 +447,8 @@ export async function runLoadWith(config: LoadConfig, out: (text: string) => voi
     if (start !== undefined) await settledSnapshot(config.baseUrl, config.sims, start, warm.results.length, undefined, config.apiKey);
   }
   const before = config.reconcile ? await snapshot(config.baseUrl, config.sims, config.apiKey) : undefined;
+  const fleet = config.workload.fleet;
+  const metricsBefore = fleet === undefined ? undefined : await metricsText(config.baseUrl, config.apiKey);
   const progress = progressPrinter(config.quiet);
   const run = await runWorkload({
     ...shape,
@@ -361,13 +458,28 @@ export async function runLoadWith(config: LoadConfig, out: (text: string) => voi
     ...(progress === undefined ? {} : { onProgress: progress }),
   });
   if (progress !== undefined && process.stderr.isTTY) process.stderr.write('\n');
-  const summary = summarize(run.results, run.durationMs / 1000, config.slo);
+  // With --reconcile, Waybill has settled every request (its attempts counted) once the after snapshot is taken.
+  const after = before === undefined ? undefined : await settledSnapshot(config.baseUrl, config.sims, before, run.results.length, undefined, config.apiKey);
+  const durationS = run.durationMs / 1000;
+  const plain = summarize(run.results, durationS, config.slo);
+  const summary =
+    fleet === undefined
+      ? plain
+      : {
+          ...plain,
+          fleet: fleetSummary(
+            fleet.kind,
+            run.results,
+            durationS,
+            upstreamShares(metricsBefore, await metricsText(config.baseUrl, config.apiKey), redactUrl(config.baseUrl), run.results.length),
+            fleet.kind === 'shared-prefix' ? fleet.groups : undefined,
+          ),
+        };
   const header = headerOf(config, model, run);
   out(summaryTable(summary, config.slo));
   out(`run             ${header.taken.explanation}`);
   let reconciliation;
-  if (before !== undefined) {
-    const after = await settledSnapshot(config.baseUrl, config.sims, before, run.results.length, undefined, config.apiKey);
+  if (before !== undefined && after !== undefined) {
     reconciliation = reconcile(run.results, before, after, config.slo, config.borderlineMarginMs, stopWatching?.() ?? 0);
     out(reconciliationText(reconciliation));
   }

@@ -5,6 +5,7 @@
  */
 import { histogramSvg, lineChartSvg, type Marker } from './chart.js';
 import type { RequestResult } from './client.js';
+import { fleetText } from './fleet-stats.js';
 import { formatDuration, headerRows, type RunHeader } from './header.js';
 import type { Reconciliation } from './reconcile.js';
 import type { Percentiles, RunSummary, SloThresholds } from './stats.js';
@@ -33,6 +34,7 @@ export function summaryTable(summary: RunSummary, slo: SloThresholds): string {
     row('TPOT', summary.tpotMs),
     row('end-to-end', summary.e2eMs),
   ];
+  if (summary.fleet !== undefined) lines.push('', fleetText(summary.fleet));
   const anomalies = Object.entries(summary.clientAnomalies);
   if (anomalies.length > 0) lines.push('', 'client-side anomalies:', ...anomalies.map(([k, v]) => `  ${v} × ${k}`));
   return lines.join('\n');
@@ -105,6 +107,8 @@ export function jsonReport({ header, summary, slo, results, reconciliation }: Re
       finish_reasons: r.finishReasons,
       usage: r.usage,
       anomaly: r.anomaly,
+      // Fleet requests: the group, or the session and turn (absent otherwise).
+      ...(r.plan.fleet === undefined ? {} : { group: r.plan.fleet.group, session: r.plan.fleet.session, turn: r.plan.fleet.turn, prompt_tokens_planned: r.plan.promptTokens }),
     })),
   };
 }

@@ -5,6 +5,7 @@
  */
 import { Agent } from 'undici';
 import { runRequest, type RequestResult } from './client.js';
+import { groupPrompts, groupWeights, planSession, planSharedPrefix, planTurn, turnMessages, turnQuestion, type ChatMessage, type MultiTurnFleet } from './fleet.js';
 import { planRequest, seededRandom, type PlannedRequest, type Workload } from './workload.js';
 
 export interface RunOptions {
@@ -48,7 +49,7 @@ export async function runWorkload(options: RunOptions): Promise<RunResult> {
   // Closed loop: as many connections as streams (with room). Open loop: unbounded, or requests would queue inside
   // the client once rate × latency passed the pool, and arrivals would stop being Poisson.
   const dispatcher = new Agent({
-    connections: options.concurrency === undefined ? null : Math.max(16, options.concurrency * 2),
+    connections: options.concurrency === undefined ? null : Math.max(16, (options.workload.fleet?.kind === 'multi-turn' ? options.workload.fleet.sessions : options.concurrency) * 2),
     keepAliveTimeout: 4_000,
   });
   const results: RequestResult[] = [];
@@ -68,16 +69,42 @@ export async function runWorkload(options: RunOptions): Promise<RunResult> {
     timeoutMs: options.requestTimeoutMs,
     idPrefix: options.idPrefix ?? 'load',
   };
+  const fleet = options.workload.fleet;
+  // A group's system prompt is one string for the whole run, however many requests carry it.
+  const prompts = fleet?.kind === 'shared-prefix' ? groupPrompts(options.seed, fleet) : [];
+  const weights = fleet?.kind === 'shared-prefix' ? groupWeights(fleet.groups, fleet.popularity, fleet.zipfS) : [];
+  const open = () => planned < limit && performance.now() < stopAt;
   const next = (): PlannedRequest | undefined => {
-    if (planned >= limit || performance.now() >= stopAt) return undefined;
+    if (!open()) return undefined;
+    if (fleet?.kind === 'shared-prefix') return planSharedPrefix(options.workload, fleet, options.seed, random, planned++, options.simulator, prompts, weights);
     return planRequest(options.workload, random, planned++, options.simulator);
   };
-  const execute = async (plan: PlannedRequest) => {
+  const execute = async (plan: PlannedRequest): Promise<RequestResult> => {
     inFlight++;
     const result = await runRequest(plan, client);
     inFlight--;
     if (ERRORS.has(result.outcome)) errors++;
     results.push(result);
+    return result;
+  };
+  let sessions = 0;
+  /** One multi-turn session after another, until the run's count or window is spent (a session may stop early). */
+  const sessionWorker = async (multi: MultiTurnFleet) => {
+    while (open()) {
+      const session = planSession(options.workload, multi, options.seed, sessions++);
+      let messages: readonly ChatMessage[] | undefined;
+      let answer = '';
+      for (let turn = 0; turn < session.turns; turn++) {
+        if (turn > 0) {
+          // Not worth waiting for a turn that will not be sent.
+          if (!open()) return;
+          await new Promise((resolve) => setTimeout(resolve, session.thinkMs[turn - 1] ?? 0));
+        }
+        if (!open()) return;
+        messages = turnMessages(messages, answer, session.system, turnQuestion(options.seed, multi, session.session, turn));
+        answer = (await execute(planTurn(multi, options.seed, session, turn, messages, planned++, options.simulator))).answerText ?? '';
+      }
+    }
   };
   const progress = options.onProgress;
   const ticker =
@@ -86,7 +113,7 @@ export async function runWorkload(options: RunOptions): Promise<RunResult> {
       : setInterval(() => progress({ done: results.length, inFlight, errors, elapsedMs: performance.now() - runStart }), 250);
   try {
     if (options.rate !== undefined) {
-      const pending: Array<Promise<void>> = [];
+      const pending: Array<Promise<unknown>> = [];
       let at = performance.now();
       for (let plan = next(); plan !== undefined; plan = next()) {
         // Exponential gaps: a Poisson process, so bursts happen as they do in production.
@@ -96,6 +123,8 @@ export async function runWorkload(options: RunOptions): Promise<RunResult> {
         pending.push(execute(plan));
       }
       await Promise.all(pending);
+    } else if (fleet?.kind === 'multi-turn') {
+      await Promise.all(Array.from({ length: fleet.sessions }, () => sessionWorker(fleet)));
     } else {
       const workers = Array.from({ length: options.concurrency ?? 1 }, async () => {
         for (let plan = next(); plan !== undefined; plan = next()) await execute(plan);

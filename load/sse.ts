@@ -41,6 +41,8 @@ export type ClientEvent =
       readonly terminal?: true;
       /** Responses' `sequence_number`. */
       readonly sequence?: number;
+      /** Chat and completions: the text choice 0 carries in this event (a multi-turn session sends it back). */
+      readonly text?: string;
     };
 
 const FINISH_LABELS: ReadonlySet<string> = new Set(['stop', 'length', 'tool_calls', 'content_filter', 'function_call', 'abort', 'repetition']);
@@ -81,6 +83,14 @@ function carriesOutput(choice: Json): boolean {
   if (delta === undefined) return false;
   const toolCalls = delta['tool_calls'];
   return filled(delta['content']) || filled(delta['reasoning_content']) || filled(delta['reasoning']) || (Array.isArray(toolCalls) && toolCalls.length > 0);
+}
+
+/** The answer text of a choice (a delta's or message's content, a completion's text); '' when it has none. */
+function choiceText(choice: Json): string {
+  if (typeof choice['text'] === 'string') return choice['text'];
+  const delta = isObject(choice['delta']) ? choice['delta'] : isObject(choice['message']) ? choice['message'] : undefined;
+  const content = delta?.['content'];
+  return typeof content === 'string' ? content : '';
 }
 
 /**
@@ -124,15 +134,17 @@ export function readJson(json: unknown): ClientEvent {
   if (error !== undefined && error !== null) return { kind: 'error', outcome: streamErrorOutcome(isObject(error) ? error['code'] : undefined) };
   const output: number[] = [];
   const finishes: Array<readonly [number, FinishReason]> = [];
+  let text = '';
   const choices = json['choices'];
   for (const choice of Array.isArray(choices) ? choices : []) {
     if (!isObject(choice)) continue;
     const index = typeof choice['index'] === 'number' ? choice['index'] : 0;
     if (carriesOutput(choice)) output.push(index);
+    if (index === 0) text += choiceText(choice);
     const reason = choice['finish_reason'];
     if (typeof reason === 'string' && reason !== '') finishes.push([index, finishLabel(reason)]);
   }
-  return { kind: 'chunk', output, finishes, usage: usageOf(json['usage']) };
+  return { kind: 'chunk', output, finishes, usage: usageOf(json['usage']), ...(text === '' ? {} : { text }) };
 }
 
 /** Reads one event's data. */

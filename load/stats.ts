@@ -5,6 +5,7 @@
  * ledger.
  */
 import type { Outcome, RequestResult } from './client.js';
+import type { FleetSummary } from './fleet-stats.js';
 import { inputTexts } from './load-routes.js';
 
 export interface SloThresholds {
@@ -45,6 +46,8 @@ export interface RunSummary {
   readonly tpotMs: Percentiles;
   readonly e2eMs: Percentiles;
   readonly clientAnomalies: Record<string, number>;
+  /** A fleet workload's own figures (load/fleet-stats.ts): cached-prompt ratio, upstream shares, idle gaps. */
+  readonly fleet?: FleetSummary;
 }
 
 /** docs/metrics.md `prompt_len` with the default boundaries (k = 1024 tokens; a boundary belongs to the class above). */

@@ -2,6 +2,7 @@
  * The workload: what each request of a run is, drawn from a seed so a run can be repeated exactly. Pure.
  */
 import { FAULT_KINDS, type FaultKind } from '../src/sim/faults.js';
+import type { ChatMessage, Fleet, FleetTag } from './fleet.js';
 
 /** A fixed value or an inclusive uniform integer range: `64`, `32-512`. */
 export interface Range {
@@ -102,6 +103,8 @@ export interface Workload {
   readonly faultKinds: readonly FaultKind[];
   /** Requests whose simulator timing is stretched past the SLO thresholds (modifiers, not faults). */
   readonly slowShare: number;
+  /** A fleet workload (load/fleet.ts) instead of independent requests: shared prefixes or multi-turn sessions. */
+  readonly fleet?: Fleet;
 }
 
 
@@ -134,6 +137,12 @@ export interface PlannedRequest {
   readonly fault: FaultKind | undefined;
   readonly cancel: CancelPlan | undefined;
   readonly slow: 'ttft' | 'tpot' | undefined;
+  /** A fleet request's chat messages (otherwise one user message of promptText). */
+  readonly messages?: readonly ChatMessage[];
+  /** A fleet request's group, or session and turn. */
+  readonly fleet?: FleetTag;
+  /** Headers of its own (a fleet session's id). */
+  readonly headers?: Readonly<Record<string, string>>;
 }
 
 /** The workload's draws use the simulator's seeded PRNG: the same seed gives the same run. */

@@ -1005,15 +1005,33 @@ describe('json.dumps and the CLI', () => {
 
   it('parses flags into options and names the flag on bad input', async () => {
     const good = parseSimArgs([
-      '--port', '0', '--model', 'a', '--model', 'b', '--ttft-ms', '5', '--fault-rate', '0.25',
+      '--port', '0', '--engine-model', 'off', '--model', 'a', '--model', 'b', '--ttft-ms', '5', '--fault-rate', '0.25',
       '--fault-kinds', 'no_done,status', '--prompt-tokens-details', '--api-key', 'k', '--prefill-ms-per-1k-tokens', '12.5',
     ]);
     expect(good).toMatchObject({
       ok: true,
       args: { port: 0, host: '127.0.0.1', options: { models: ['a', 'b'], ttftMs: 5, prefillMsPer1kTokens: 12.5, faultRate: 0.25, faultKinds: ['no_done', 'status'], promptTokensDetails: true, apiKey: 'k', itlMs: 10 } },
     });
-    expect(parseSimArgs([])).toMatchObject({ ok: true, args: { port: 8000 } });
+    expect(parseSimArgs([])).toMatchObject({ ok: true, args: { port: 8000, options: { engineModel: true } } });
+    // The timer's flags with the engine model on would be ignored: refused, naming the way out.
+    const timerWithEngine = parseSimArgs(['--itl-ms', '5']);
+    expect(timerWithEngine).toMatchObject({ ok: false });
+    if (!timerWithEngine.ok) expect(timerWithEngine.message).toContain('--itl-ms: a timer setting, not used by the engine model; add --engine-model off');
+    const fleet = parseSimArgs(['--port', '9000', '--engines', '3', '--engine', '1:kv-blocks=64,revision=canary', '--seed', '5']);
+    expect(fleet).toMatchObject({ ok: true });
+    if (fleet.ok) {
+      expect(fleet.args.engines.map((e) => [e.port, e.options.kvBlocks, e.options.revision, e.options.seed])).toEqual([
+        [9000, 8192, 'waybill-sim', 5],
+        [9001, 64, 'canary', 6],
+        [9002, 8192, 'waybill-sim', 7],
+      ]);
+    }
     for (const [argv, flag] of [
+      [['--engines', '0'], '--engines'],
+      [['--engines', '2', '--engine', '2:kv-blocks=4'], '--engine'],
+      [['--engine', '0:colour=red'], 'unknown key "colour"'],
+      [['--restart-every', 'soon'], '--restart-every'],
+      [['--metrics-compat', 'older'], '--metrics-compat'],
       [['--ttft-ms', 'soon'], '--ttft-ms'],
       [['--prefill-ms-per-1k-tokens', '-5'], '--prefill-ms-per-1k-tokens'],
       [['--jitter', '3'], '--jitter'],

@@ -185,6 +185,9 @@ export async function startSim(bin: string, core: number, dir: string, settings:
       'sim',
       '--port',
       '0',
+      // The bench's workload is a fixed pace: the timer, not the engine model.
+      '--engine-model',
+      'off',
       '--itl-ms',
       String(settings.itlMs),
       '--ttft-ms',

@@ -68,6 +68,9 @@ const ENGINE_OVERRIDES: Readonly<Record<string, keyof SimOptions>> = {
   'output-tokens': 'outputTokens',
 };
 
+/** Flags only the timer reads (`--engine-model off`). */
+const TIMER_FLAGS = ['--ttft-ms', '--itl-ms', '--prefill-ms-per-1k-tokens', '--jitter', '--cached-tokens'] as const;
+
 /** Most engines one `waybill sim` runs. */
 export const MAX_ENGINES = 64;
 
@@ -229,6 +232,14 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
   if (engineModel !== 'on' && engineModel !== 'off') problems.push(`--engine-model: "${engineModel}" is not on or off`);
   // The CLI runs the engine model unless told not to; the programmatic default stays the timer (scripted timings).
   set('engineModel', engineModel !== 'off');
+  if (engineModel !== 'off') {
+    // The timer's flags would be silently ignored by the engine model: say so instead.
+    for (const flag of TIMER_FLAGS) {
+      if (values[flag.slice(2) as keyof typeof values] !== undefined) {
+        problems.push(`${flag}: a timer setting, not used by the engine model; add --engine-model off (the engine's timing is --step-base-ms, --step-prefill-token-ms, --step-decode-seq-ms)`);
+      }
+    }
+  }
   set('blockSize', number('--block-size', values['block-size']));
   set('kvBlocks', number('--kv-blocks', values['kv-blocks']));
   set('maxNumSeqs', number('--max-num-seqs', values['max-num-seqs']));

@@ -223,8 +223,10 @@ function fold(tally: Tally, slot: number, value: number): void {
     tally.bad[slot] = true;
     return;
   }
-  tally.sum[slot] = (tally.sum[slot] ?? 0) + value;
-  tally.max[slot] = Math.max(tally.max[slot] ?? Number.NEGATIVE_INFINITY, value);
+  // `-0` is a valid zero, but would survive Math.max and print as -0 downstream.
+  const zeroed = value === 0 ? 0 : value;
+  tally.sum[slot] = (tally.sum[slot] ?? 0) + zeroed;
+  tally.max[slot] = Math.max(tally.max[slot] ?? Number.NEGATIVE_INFINITY, zeroed);
 }
 
 /**

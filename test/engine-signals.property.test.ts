@@ -4,7 +4,7 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { DEFAULT_PARSE_LIMITS, PARSE_FAILURES, parseEngineMetrics, type ParseLimits } from '../src/routing/engine-signals.js';
+import { DEFAULT_PARSE_LIMITS, EngineSignals, PARSE_FAILURES, parseEngineMetrics, type ParseLimits, type ScrapeResult } from '../src/routing/engine-signals.js';
 
 interface Series {
   readonly labels: ReadonlyArray<readonly [string, string]>;
@@ -169,6 +169,38 @@ describe('parseEngineMetrics (properties)', () => {
     fc.assert(
       fc.property(mutated, fc.option(limits, { nil: undefined }), (text, bounds) => {
         expectWellFormed(parseEngineMetrics(text, bounds ?? DEFAULT_PARSE_LIMITS));
+      }),
+      { numRuns: 1000 },
+    );
+  });
+});
+
+describe('EngineSignals (properties)', () => {
+  it('is fresh exactly when the latest valid scrape is at most staleAfterMs old, whatever failures came between', () => {
+    const step = fc.record({ gap: fc.nat(3_000), ok: fc.boolean(), startTime: fc.constantFrom(1, 2) });
+    fc.assert(
+      fc.property(fc.array(step, { maxLength: 30 }), fc.integer({ min: 1, max: 5_000 }), fc.nat(10_000), (steps, staleAfterMs, probe) => {
+        let restarts = 0;
+        const signals = new EngineSignals(staleAfterMs, () => restarts++);
+        let now = 0;
+        let lastValidAt: number | undefined;
+        let lastStart: number | undefined;
+        let expectedRestarts = 0;
+        for (const { gap, ok, startTime } of steps) {
+          now += gap;
+          const result: ScrapeResult = ok
+            ? { ok: true, signals: { waiting: 0, running: 0, kvUsage: 0, kvMetric: 'kv_cache_usage_perc', startTime }, ignored: { longLines: 0, extraSeries: 0 } }
+            : { ok: false, reason: 'deadline' };
+          signals.record('u', result, now);
+          if (!ok) continue;
+          if (lastStart !== undefined && lastStart !== startTime) expectedRestarts++;
+          lastStart = startTime;
+          lastValidAt = now;
+        }
+        const at = now + probe;
+        const expected = lastValidAt === undefined ? 'missing' : at - lastValidAt > staleAfterMs ? 'stale' : 'fresh';
+        expect(signals.state('u', at)).toBe(expected);
+        expect(restarts).toBe(expectedRestarts);
       }),
       { numRuns: 1000 },
     );

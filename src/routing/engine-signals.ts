@@ -7,7 +7,7 @@
  *   restarts. Pure: time comes in as `now`.
  * - {@link SignalScraper}: the shell that reads `/metrics` on an interval. It owns the timer and nothing else.
  */
-import { PARSE_FAILURES, parseEngineMetrics, type EngineLoad, type ParseLimits, DEFAULT_PARSE_LIMITS } from './engine-metrics.js';
+import { DEFAULT_PARSE_LIMITS, PARSE_FAILURES, parseEngineMetrics, type EngineLoad, type IgnoredLines, type ParseLimits } from './engine-metrics.js';
 
 export { DEFAULT_PARSE_LIMITS, PARSE_FAILURES, parseEngineMetrics, parseSampleValue } from './engine-metrics.js';
 export type { EngineLoad, IgnoredLines, KvMetric, ParseFailure, ParseLimits, ParseResult } from './engine-metrics.js';
@@ -24,7 +24,9 @@ export const SCRAPE_RESULTS = ['ok', ...PARSE_FAILURES, 'http_status', 'deadline
 export type ScrapeResultKind = (typeof SCRAPE_RESULTS)[number];
 export type ScrapeFailure = Exclude<ScrapeResultKind, 'ok'>;
 
-export type ScrapeResult = { readonly ok: true; readonly signals: EngineLoad } | { readonly ok: false; readonly reason: ScrapeFailure };
+export type ScrapeResult =
+  | { readonly ok: true; readonly signals: EngineLoad; readonly ignored: IgnoredLines }
+  | { readonly ok: false; readonly reason: ScrapeFailure };
 
 export interface SignalOptions {
   /** Scrapes are off: every upstream's state is `missing`. */
@@ -160,7 +162,8 @@ export function readFailure(error: unknown): ScrapeFailure {
   const { reason, name, code } = (error ?? {}) as { reason?: unknown; name?: unknown; code?: unknown };
   if (reason === 'too_large') return 'too_large';
   if (reason === 'deadline' || name === 'AbortError' || name === 'TimeoutError') return 'deadline';
-  if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT' || code === 'UND_ERR_CONNECT_TIMEOUT') return 'deadline';
+  if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') return 'deadline';
+  // Refused, reset, and a connect that timed out (a host that drops packets): the engine cannot be reached at all.
   return 'unreachable';
 }
 
@@ -168,7 +171,7 @@ export function readFailure(error: unknown): ScrapeFailure {
 export function scrapeResult(response: { status: number; body: string }, limits: ParseLimits): ScrapeResult {
   if (response.status !== 200) return { ok: false, reason: 'http_status' };
   const parsed = parseEngineMetrics(response.body, limits);
-  return parsed.ok ? { ok: true, signals: parsed.signals } : { ok: false, reason: parsed.reason };
+  return parsed.ok ? { ok: true, signals: parsed.signals, ignored: parsed.ignored } : { ok: false, reason: parsed.reason };
 }
 
 /**
@@ -239,7 +242,7 @@ export class SignalScraper<T extends ScrapeTarget> {
     this.inFlight.add(target.name);
     let timer: NodeJS.Timeout | undefined;
     const deadline = new Promise<ScrapeResult>((resolve) => {
-      timer = setTimeout(() => resolve({ ok: false, reason: 'deadline' }), this.options.timeoutMs);
+      timer = setTimeout(() => resolve({ ok: false, reason: 'deadline' }), this.options.timeoutMs).unref();
     });
     const reading = this.readOnce(target).finally(() => this.inFlight.delete(target.name));
     const result = await Promise.race([reading, deadline]);

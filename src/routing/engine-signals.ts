@@ -16,7 +16,7 @@ export type { EngineLoad, IgnoredLines, KvMetric, ParseFailure, ParseLimits, Par
  * How a scrape ended. Closed: they become metric label values. Besides the parse failures:
  * - `http_status`: `/metrics` answered something other than 200 (an auth proxy, vLLM without metrics);
  * - `deadline`: no whole answer within `timeoutMs`;
- * - `unreachable`: the connection failed (refused while the model loads, reset);
+ * - `unreachable`: the connection failed (refused while the model loads, reset, a connect that timed out);
  * - `busy`: the previous scrape of this upstream was still running, so this round skipped it.
  * `too_large` is also the reader's own byte limit (health.max_body_bytes through `Upstream.get`).
  */

@@ -130,8 +130,11 @@ export type RetryReason = (typeof RETRY_REASONS)[number];
 export const EJECTION_REASONS = ['consecutive_failures', 'trial_failed'] as const;
 export type EjectionReason = (typeof EJECTION_REASONS)[number];
 
-/** The bodies Waybill reads from an upstream for its own use (waybill_upstream_reads_stopped_total{read}). */
-export const OWN_READS = ['health', 'discovery', 'lookup', 'background'] as const;
+/**
+ * The bodies Waybill reads from an upstream for its own use (waybill_upstream_reads_stopped_total{read}); `signals` is
+ * the engine's `/metrics`, scraped for its load (routing/engine-signals.ts).
+ */
+export const OWN_READS = ['health', 'discovery', 'lookup', 'background', 'signals'] as const;
 export type OwnRead = (typeof OWN_READS)[number];
 /** Why such a read was stopped: over health.max_body_bytes, or past its deadline while its body was read. */
 export const READ_STOP_REASONS = ['too_large', 'deadline'] as const;

@@ -113,11 +113,12 @@ export class Upstream {
 
   /**
    * A GET whose answer the gateway reads for itself, failing after `timeoutMs` whatever stage it is in, its body read
-   * up to health.max_body_bytes (more throws {@link ReadStopped}, the connection closed). Health checks and discovery
-   * go on the probe's own connection; anything else (a background hold's poll) on the traffic connections.
+   * up to health.max_body_bytes (more throws {@link ReadStopped}, the connection closed). Health checks, discovery and
+   * engine-signal scrapes go on the probe's own connection (small answers, never queued behind streams; a scrape is
+   * one in flight per upstream and a few ms on vLLM); anything else (a background hold's poll) on the traffic ones.
    */
   async get(apiPath: string, timeoutMs: number, read: OwnRead): Promise<{ status: number; body: string }> {
-    const pool = read === 'health' || read === 'discovery' ? this.probe : this.dispatcher;
+    const pool = read === 'health' || read === 'discovery' || read === 'signals' ? this.probe : this.dispatcher;
     const response = await this.getOn(pool, apiPath, timeoutMs);
     const body = await this.readOwn(response.body, read, true);
     return { status: response.statusCode, body };

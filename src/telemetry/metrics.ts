@@ -197,7 +197,7 @@ export const METRICS = {
     name: 'waybill_upstream_reads_stopped_total',
     type: 'counter',
     labels: ['upstream', 'read', 'reason'],
-    help: 'Bodies Waybill reads from an upstream for itself (read: health, discovery, lookup) that it stopped reading, the request aborted: over health.max_body_bytes (reason="too_large") or past their deadline (reason="deadline").',
+    help: 'Bodies Waybill reads from an upstream for itself (read: health, discovery, lookup, background, signals) that it stopped reading, the request aborted: over health.max_body_bytes (reason="too_large") or past their deadline (reason="deadline").',
   },
   discoveredModelsRefused: {
     name: 'waybill_discovered_models_refused_total',

@@ -187,7 +187,7 @@ function figuresFor(a: LoadReport, b: LoadReport): Figure[] {
  * better); the idle gaps are the workload's think time, shown without a verdict.
  */
 const FLEET_FIGURES: readonly Figure[] = [
-  { label: 'cached prompt ratio', scale: 'points', better: 'higher', value: (r) => numberAt(r.summary, 'fleet', 'cachedPrompt', 'ratio'), show: pctText },
+  { label: 'cached prompt ratio', scale: 'points', better: 'higher', value: (r) => numberAt(r.summary, 'fleet', 'cachedPrompt', 'ratioAll') ?? numberAt(r.summary, 'fleet', 'cachedPrompt', 'ratio'), show: pctText },
   { label: 'cached reported by', scale: 'relative', better: undefined, value: (r) => numberAt(r.summary, 'fleet', 'cachedPrompt', 'reported'), show: countText },
   { label: 'prompt tokens/s', scale: 'relative', better: 'higher', value: (r) => numberAt(r.summary, 'fleet', 'promptTokensPerS'), show: fixed(0) },
   { label: 'idle gap p50 (ms)', scale: 'relative', better: undefined, value: (r) => numberAt(r.summary, 'fleet', 'idleGapMs', 'p50'), show: msText },

@@ -9,9 +9,12 @@ import { parseMetrics, sumBy } from './reconcile.js';
 import { percentiles, type Percentiles } from './stats.js';
 
 /**
- * Σ cached_tokens / Σ prompt_tokens over the requests whose usage reported cached tokens. A request without them
- * (no usage, or usage without prompt_tokens_details) is counted apart: absent is not zero — a server that does not
- * report its cache says nothing about it.
+ * How much of the prompt the server said it had cached, two ways. `ratio`: Σ cached_tokens / Σ prompt_tokens over the
+ * requests whose usage reported cached tokens — absent is not zero, a server that does not report its cache says
+ * nothing about it. `ratioAll`: over every request with usage, absent details counted as 0, once any request
+ * reported them — vLLM with --enable-prompt-tokens-details omits `prompt_tokens_details` when cached_tokens is 0
+ * (vllm/entrypoints/openai/chat_completion/serving.py: `if self.enable_prompt_tokens_details and num_cached_tokens`),
+ * so among a server's answers that report it sometimes, absent means 0, and `ratio` alone would overstate the cache.
  */
 export interface CachedPrompt {
   readonly reported: number;
@@ -22,6 +25,10 @@ export interface CachedPrompt {
   readonly promptTokens: number;
   /** Undefined when no request reported it. */
   readonly ratio: number | undefined;
+  /** Prompt tokens of every request with usage. */
+  readonly promptTokensAll: number;
+  /** cachedTokens / promptTokensAll; undefined when no request reported cached tokens. */
+  readonly ratioAll: number | undefined;
 }
 
 export function cachedPrompt(results: readonly RequestResult[]): CachedPrompt {
@@ -29,15 +36,26 @@ export function cachedPrompt(results: readonly RequestResult[]): CachedPrompt {
   let withoutUsage = 0;
   let cachedTokens = 0;
   let promptTokens = 0;
+  let promptTokensAll = 0;
   for (const r of results) {
     const usage = r.usage;
     if (usage === undefined) withoutUsage++;
+    promptTokensAll += usage?.promptTokens ?? 0;
     if (usage?.cachedTokens === undefined || usage.promptTokens === undefined) continue;
     reported++;
     cachedTokens += usage.cachedTokens;
     promptTokens += usage.promptTokens;
   }
-  return { reported, absent: results.length - reported, withoutUsage, cachedTokens, promptTokens, ratio: promptTokens > 0 ? cachedTokens / promptTokens : undefined };
+  return {
+    reported,
+    absent: results.length - reported,
+    withoutUsage,
+    cachedTokens,
+    promptTokens,
+    ratio: promptTokens > 0 ? cachedTokens / promptTokens : undefined,
+    promptTokensAll,
+    ratioAll: reported > 0 && promptTokensAll > 0 ? cachedTokens / promptTokensAll : undefined,
+  };
 }
 
 /** Which upstreams served the run, and each one's share of the attempts. */
@@ -149,7 +167,8 @@ export function fleetText(fleet: FleetSummary): string {
   const shares = Object.entries(fleet.upstreams.shares).map(([upstream, share]) => `${upstream}=${pct(share)} (${fleet.upstreams.attempts[upstream] ?? 0})`);
   const lines = [
     `fleet           ${fleet.workload}${fleet.groups === undefined ? '' : `, ${fleet.groups} groups`}${fleet.sessions === undefined ? '' : `, ${fleet.sessions} sessions`}`,
-    `  cached prompt ${pct(c.ratio)}  (${c.cachedTokens} of ${c.promptTokens} prompt tokens; reported by ${c.reported}, absent on ${c.absent}, of which ${c.withoutUsage} without usage)`,
+    `  cached prompt ${pct(c.ratioAll)}  (${c.cachedTokens} of ${c.promptTokensAll} prompt tokens, absent counted as 0: vLLM omits a cached_tokens of 0)`,
+    `                ${pct(c.ratio)} among the ${c.reported} that reported it (absent on ${c.absent}, of which ${c.withoutUsage} without usage)`,
     `  tokens/s      prompt ${fleet.promptTokensPerS.toFixed(0)}  completion ${fleet.completionTokensPerS.toFixed(0)}`,
     `  upstreams     ${shares.length === 0 ? '—' : shares.join('  ')}${fleet.upstreams.source === 'target' ? '  (not a gateway: the target is the one upstream)' : ''}`,
   ];

@@ -176,7 +176,9 @@ describe('fleet report figures', () => {
       result(2, { promptTokens: 1000, completionTokens: 4, cachedTokens: undefined }),
       result(3, undefined),
     ];
-    expect(cachedPrompt(results)).toEqual({ reported: 2, absent: 2, withoutUsage: 1, cachedTokens: 50, promptTokens: 400, ratio: 0.125 });
+    // Over every request with usage, the one without details counted as 0 (vLLM omits a 0): 50 / (100 + 300 + 1000).
+    expect(cachedPrompt(results)).toEqual({ reported: 2, absent: 2, withoutUsage: 1, cachedTokens: 50, promptTokens: 400, ratio: 0.125, promptTokensAll: 1400, ratioAll: 50 / 1400 });
+    expect(cachedPrompt([result(0, { promptTokens: 10, completionTokens: 1, cachedTokens: undefined })]).ratioAll).toBeUndefined();
     expect(cachedPrompt([result(0, undefined)]).ratio).toBeUndefined();
   });
 
@@ -254,10 +256,11 @@ describe('fleet runs against the simulator', () => {
     expect(Object.values(fleet.byGroup ?? {}).reduce((a, b) => a + b, 0)).toBe(20);
     // Every prompt is 64 + 16 tokens; the simulator reports 40 of them cached on each.
     expect(report.requests.every((r) => r.usage.promptTokens === 80 && r.prompt_tokens_planned === 80)).toBe(true);
-    expect(fleet.cachedPrompt).toEqual({ reported: 20, absent: 0, withoutUsage: 0, cachedTokens: 800, promptTokens: 1600, ratio: 0.5 });
+    expect(fleet.cachedPrompt).toEqual({ reported: 20, absent: 0, withoutUsage: 0, cachedTokens: 800, promptTokens: 1600, ratio: 0.5, promptTokensAll: 1600, ratioAll: 0.5 });
     expect(fleet.upstreams).toEqual({ source: 'target', attempts: { [url]: 20 }, shares: { [url]: 1 } });
     expect(report.header.workload).toMatchObject({ fleet: 'shared-prefix', groups: 3, prefix_tokens: 64, question_tokens: 16, popularity: 'zipf', zipf_s: 1.1 });
-    expect(lines.join('\n')).toContain('cached prompt 50.00%  (800 of 1600 prompt tokens; reported by 20, absent on 0, of which 0 without usage)');
+    expect(lines.join('\n')).toContain('cached prompt 50.00%  (800 of 1600 prompt tokens, absent counted as 0: vLLM omits a cached_tokens of 0)');
+    expect(lines.join('\n')).toContain('50.00% among the 20 that reported it (absent on 0, of which 0 without usage)');
   });
 
   it('runs multi-turn sessions: each turn resends what the client received, after the think time', async () => {

@@ -94,7 +94,7 @@ describe('pickCacheAware: properties', () => {
         const renoised = candidates.map((x, i) => ({ ...x, waiting: x.waiting == null ? x.waiting : noise[i], running: x.running == null ? x.running : noise[i + 8] }));
         const stripped = candidates.map((x) => ({ name: x.name, weight: x.weight, inflight: x.inflight, kvUsage: x.kvUsage }));
         const a = pickCacheAware(candidates, match, {}, seeded(seed));
-        for (const other of [renoised, stripped]) {
+        for (const other of [renoised, stripped] as ReadonlyArray<readonly RoutingCandidate[]>) {
           const b = pickCacheAware(other, match, {}, seeded(seed));
           expect(b?.candidate.name).toBe(a?.candidate.name);
           // Stripping every signal leaves no stale candidate: the same choice, called load instead.

@@ -38,11 +38,11 @@ export interface RoutingCandidate {
   /** Requests this gateway has in flight to the upstream. */
   readonly inflight: number;
   /** vllm:num_requests_waiting. */
-  readonly waiting?: number | null;
+  readonly waiting?: number | null | undefined;
   /** vllm:num_requests_running. */
-  readonly running?: number | null;
+  readonly running?: number | null | undefined;
   /** vllm:kv_cache_usage_perc, as a fraction in [0, 1]. */
-  readonly kvUsage?: number | null;
+  readonly kvUsage?: number | null | undefined;
 }
 
 /** What the request brings: its prefix key's length and the index's match, and maybe a session. */

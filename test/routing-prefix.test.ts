@@ -118,6 +118,32 @@ describe('prefixBlocks: chat', () => {
   });
 });
 
+describe('prefixBlocks: chained, by property', () => {
+  it('a one-character change keeps every block before it and changes every block from its own on', () => {
+    const messages = fc.array(fc.string({ unit: 'binary', maxLength: 150 }), { minLength: 1, maxLength: 6 });
+    fc.assert(
+      fc.property(messages, fc.nat(), fc.nat(), (contents, pick, at) => {
+        const k = pick % contents.length;
+        const original = contents[k] ?? '';
+        if (original.length === 0) return;
+        const p = at % original.length;
+        const changed = contents.slice();
+        changed[k] = original.slice(0, p) + String.fromCharCode((original.charCodeAt(p) + 1) % 0x10000) + original.slice(p + 1);
+        const a = prefixBlocks('chat_completions', chat(...contents)).blocks;
+        const b = prefixBlocks('chat_completions', chat(...changed)).blocks;
+        const offset = contents.slice(0, k).reduce((sum, c) => sum + c.length, 0) + p;
+        const first = Math.floor(offset / 64);
+        expect(b.length).toBe(a.length);
+        for (let i = 0; i < a.length; i++) {
+          if (i < first) expect(b[i]).toBe(a[i]);
+          else expect(b[i]).not.toBe(a[i]);
+        }
+      }),
+      { numRuns: 500 },
+    );
+  });
+});
+
 describe('prefixBlocks: bounds', () => {
   it('maxBlocks bounds the work: the start only, flagged truncated', () => {
     const huge = text(1_000_000);

@@ -38,6 +38,26 @@ export default tseslint.config(
     },
   },
   {
+    // Two more pure cores: the simulated engine's model (stepped by runtime.ts, which owns the clock) and the routing
+    // decisions (prefix keys, the index, the pick, the /metrics parser; the scraper in engine-signals.ts owns timers).
+    files: [
+      'src/sim/engine/core.ts', 'src/sim/engine/block-hash.ts', 'src/sim/engine/block-pool.ts', 'src/sim/engine/kv-manager.ts',
+      'src/sim/engine/metrics.ts', 'src/sim/engine/types.ts',
+      'src/routing/prefix-key.ts', 'src/routing/prefix-index.ts', 'src/routing/score.ts', 'src/routing/engine-metrics.ts',
+    ],
+    rules: {
+      'no-restricted-imports': ['error', {
+        patterns: [{ group: ['node:*', 'fastify', 'undici', 'prom-client', 'pino'], message: 'A pure core: no I/O or framework imports.' }],
+      }],
+      'no-restricted-globals': ['error',
+        { name: 'Date', message: 'A pure core takes time from its caller.' },
+        { name: 'performance', message: 'A pure core takes time from its caller.' },
+        { name: 'setTimeout', message: 'A pure core does no I/O.' }],
+      'no-restricted-properties': ['error',
+        { object: 'Math', property: 'random', message: 'A pure core is deterministic: randomness comes from its caller.' }],
+    },
+  },
+  {
     // The shell does not reach back up: proxy/ executes the machine's effects and knows nothing of HTTP routes.
     files: ['src/proxy/**/*.ts'],
     rules: {

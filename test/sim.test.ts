@@ -1017,15 +1017,18 @@ describe('json.dumps and the CLI', () => {
     const timerWithEngine = parseSimArgs(['--itl-ms', '5']);
     expect(timerWithEngine).toMatchObject({ ok: false });
     if (!timerWithEngine.ok) expect(timerWithEngine.message).toContain('--itl-ms: a timer setting, not used by the engine model; add --engine-model off');
-    const fleet = parseSimArgs(['--port', '9000', '--engines', '3', '--engine', '1:kv-blocks=64,revision=canary', '--seed', '5']);
+    const fleet = parseSimArgs(['--port', '0', '--engines', '3', '--engine', '1:kv-blocks=64,revision=canary', '--seed', '5']);
     expect(fleet).toMatchObject({ ok: true });
     if (fleet.ok) {
       expect(fleet.args.engines.map((e) => [e.port, e.options.kvBlocks, e.options.revision, e.options.seed])).toEqual([
-        [9000, 8192, 'waybill-sim', 5],
-        [9001, 64, 'canary', 6],
-        [9002, 8192, 'waybill-sim', 7],
+        [0, 8192, 'waybill-sim', 5],
+        [0, 64, 'canary', 6],
+        [0, 8192, 'waybill-sim', 7],
       ]);
     }
+    // One port per engine when listed: as many as there are engines.
+    const listed = parseSimArgs(['--ports', '0,0', '--engines', '3']);
+    expect(listed.ok === false && listed.message).toBe('--ports lists 2 ports for --engines 3');
     for (const [argv, flag] of [
       [['--engines', '0'], '--engines'],
       [['--engines', '2', '--engine', '2:kv-blocks=4'], '--engine'],

@@ -176,6 +176,22 @@ export interface Settlement {
   readonly clientRetry?: number | undefined;
   /** Each choice's content, only for a delivered response whose request asked to capture it (undefined past the cap). */
   readonly answerText?: readonly (string | undefined)[];
+  /** How the answering attempt's upstream was picked (set by the shell once settled; absent for a pinned request). */
+  readonly routing?: RoutingOutcome | undefined;
+}
+
+/** The pick of the attempt that answered: what routing decided and predicted, to be checked against the usage. */
+export interface RoutingOutcome {
+  readonly pool: string;
+  readonly policy: string;
+  /** One of PICK_REASONS (src/routing/score.ts). */
+  readonly reason: string;
+  /** Prompt tokens the pick predicted vLLM would find cached on that upstream. */
+  readonly predictedCachedTokens: number;
+  /** The pool declares its upstreams report cached tokens (then a usage without them means 0). */
+  readonly usageReportsCachedTokens: boolean;
+  /** With a session: the idle gap's class (src/routing/sessions.ts GAP_CLASSES, or `first`) and length. */
+  readonly sessionGap?: { readonly gapClass: string; readonly gapMs: number | null } | undefined;
 }
 
 export interface RelayedOutput {

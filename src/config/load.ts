@@ -247,12 +247,29 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
       maxQueue: pool.admission.max_queue,
       queueTimeoutMs: pool.admission.queue_timeout,
     };
+    const r = pool.routing;
+    const routing = Object.freeze({
+      policy: r.policy,
+      boundedLoad: r.bounded_load,
+      minMatchBlocks: r.min_match_blocks,
+      balanceAbsThreshold: r.balance_abs_threshold,
+      balanceRelThreshold: r.balance_rel_threshold,
+      weights: Object.freeze({ ...r.weights }),
+      blockChars: r.block_chars,
+      blockTokens: r.block_tokens,
+      maxBlocks: r.max_blocks,
+      indexEntries: r.index_entries,
+      /** Lower-cased, as Node keys request headers. */
+      sessionHeader: r.session_header?.toLowerCase(),
+      usageReportsCachedTokens: r.usage_reports_cached_tokens,
+    });
     return Object.freeze({
       name: pool.name,
       /** Served model names; undefined while they are to be discovered from the upstreams. */
       models: pool.models && Object.freeze<string[]>([...pool.models]),
       upstreams: Object.freeze(upstreams),
       admission,
+      routing,
     });
   });
 
@@ -287,6 +304,9 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
   if (raw.server.admin_host !== undefined && raw.server.admin_port === undefined) problems.push('server.admin_host: set server.admin_port too (without it, one port serves everything)');
   if (raw.health.ejection_base > raw.health.ejection_max) problems.push('health.ejection_base: must not exceed health.ejection_max');
   if (raw.retries.backoff_base > raw.retries.backoff_max) problems.push('retries.backoff_base: must not exceed retries.backoff_max');
+  if (raw.engine_signals.stale_after <= raw.engine_signals.interval) {
+    problems.push('engine_signals.stale_after: must be longer than engine_signals.interval, or every signal is stale between two scrapes');
+  }
 
   const defaults: SloThresholds = {
     ttftMs: raw.slo.ttft,
@@ -316,6 +336,12 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
       ejectionMaxMs: raw.health.ejection_max,
       maxEjectionPercent: raw.health.max_ejection_percent,
       maxBodyBytes: raw.health.max_body_bytes,
+    },
+    engineSignals: {
+      enabled: raw.engine_signals.enabled,
+      intervalMs: raw.engine_signals.interval,
+      timeoutMs: raw.engine_signals.timeout,
+      staleAfterMs: raw.engine_signals.stale_after,
     },
     retries: {
       maxAttempts: raw.retries.max_attempts,

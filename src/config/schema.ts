@@ -79,6 +79,44 @@ const admissionSchema = z.strictObject({
   queue_timeout: positiveDuration.prefault(30),
 });
 
+/** How a pool picks an upstream for each request (docs/routing.md). */
+const routingSchema = z.strictObject({
+  /** cache_aware: where the prompt's prefix is likely cached, unless that upstream is overloaded; least_request: power of two choices on in-flight. */
+  policy: z.enum(['cache_aware', 'least_request']).default('cache_aware'),
+  /** Never send to an upstream whose load would exceed this × the pool's mean load (consistent hashing with bounded loads). */
+  bounded_load: z.number().min(1).max(100).default(1.25),
+  /** Fewer matched prefix blocks than this is no prefix win. */
+  min_match_blocks: z.number().int().min(1).max(65_536).default(1),
+  /** The pool is imbalanced (prefix affinity yields to load) when max − min load exceeds this… */
+  balance_abs_threshold: z.number().nonnegative().max(1_000_000).default(8),
+  /** …and max load exceeds this × min load. */
+  balance_rel_threshold: z.number().min(1).max(1_000_000).default(1.5),
+  /** The weighted score's terms, when no prefix wins. */
+  weights: z
+    .strictObject({
+      prefix: z.number().nonnegative().max(1000).default(3),
+      queue: z.number().nonnegative().max(1000).default(2),
+      kv: z.number().nonnegative().max(1000).default(2),
+      inflight: z.number().nonnegative().max(1000).default(1),
+    })
+    .prefault({}),
+  /** Characters of the rendered prompt per prefix block: 64 ≈ one 16-token vLLM block at 4 characters a token. */
+  block_chars: z.number().int().min(1).max(65_536).default(64),
+  /** Tokens a block stands for (vLLM's --block-size): predicted cached tokens = matched blocks × this. */
+  block_tokens: z.number().int().min(1).max(4096).default(16),
+  /** Prefix blocks hashed per request at most: bounded work on a huge prompt (its start is the key). */
+  max_blocks: z.number().int().min(1).max(65_536).default(256),
+  /** (block, upstream) entries the pool's prefix index keeps, least recently used evicted first. */
+  index_entries: z.number().int().min(1).max(10_000_000).default(200_000),
+  /** A request header naming a session: its requests stay on one upstream while it is within the bound, and its idle gaps are measured. */
+  session_header: z.string().regex(/^[A-Za-z0-9-]+$/, 'must be an HTTP header name').optional(),
+  /**
+   * The upstreams run with --enable-prompt-tokens-details: a usage without prompt_tokens_details then means 0 cached
+   * tokens (vLLM omits a 0). Off: only usages that carry cached_tokens are compared with the prediction.
+   */
+  usage_reports_cached_tokens: z.boolean().default(false),
+});
+
 const poolSchema = z.strictObject({
   name: labelName,
   /** Served model names. Absent: discovered from the upstreams' GET /v1/models. */
@@ -86,6 +124,7 @@ const poolSchema = z.strictObject({
   upstreams: z.array(upstreamSchema).min(1),
   /** Admission control per model of this pool; absent: no limit (vLLM queues without one). */
   admission: admissionSchema.optional(),
+  routing: routingSchema.prefault({}),
 });
 
 const sloThresholds = z.strictObject({
@@ -284,6 +323,17 @@ export const configSchema = z.strictObject({
       max_ejection_percent: z.number().int().min(0).max(100).default(100),
       /** Largest body Waybill reads from an upstream for itself (health check, model discovery, stored-response lookup). */
       max_body_bytes: z.number().int().positive().default(1024 * 1024),
+    })
+    .prefault({}),
+  /** Each upstream's own /metrics, scraped for its queue and KV use (docs/routing.md, "Engine signals"). */
+  engine_signals: z
+    .strictObject({
+      enabled: z.boolean().default(true),
+      interval: positiveDuration.prefault(1),
+      /** Deadline of one scrape (the body is read up to health.max_body_bytes). */
+      timeout: positiveDuration.prefault(0.5),
+      /** A signal older than this is stale: picking falls back to the gateway's own in-flight count for that upstream. */
+      stale_after: positiveDuration.prefault(5),
     })
     .prefault({}),
   retries: z

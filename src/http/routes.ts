@@ -5,6 +5,7 @@
 import type { Tracer } from '@opentelemetry/api';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config/load.js';
+import { NO_ROUTING_KEY, routingKey, type RoutingKey } from '../routing/router.js';
 import { errorBody } from '../delivery/errors.js';
 import { Exchange, type CompletionRequest, type ExchangeDeps } from '../proxy/exchange.js';
 import { upstreamHeaders } from '../proxy/headers.js';
@@ -448,6 +449,7 @@ function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyRepl
     headers: upstreamHeaders(request.headers, request.id, fields.stream, tracer === undefined, p.contentType === undefined ? 'application/json' : p.contentType),
     arrivalAt: request.arrivalAt,
     trace,
+    ...(p.pinned === undefined && { routing: routingKeyOf(deps, request, route, fields.model, p.json, guard) }),
   };
   void reply.hijack();
   // On every response of a limited tenant, the 200s too: Node merges headers set here into the Exchange's writeHead.
@@ -465,6 +467,18 @@ function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyRepl
   }
   deps.onExchange(exchange);
   exchange.start();
+}
+
+/**
+ * The request's key for its pool's picking: the prefix blocks of its rendered prompt and its session (pools[].routing,
+ * src/routing/router.ts). Bounded work; a throw is reported and the request is picked without a key.
+ */
+function routingKeyOf(deps: RequestDeps, request: FastifyRequest, route: ProxiedRoute, model: string, json: unknown, guard: RequestDeps['guard']): RoutingKey {
+  const settings = deps.upstreams.routingFor(model);
+  if (settings === undefined) return NO_ROUTING_KEY;
+  const header = settings.sessionHeader === undefined ? undefined : request.headers[settings.sessionHeader];
+  const session = Array.isArray(header) ? header[0] : header;
+  return guard.run('http', () => routingKey(settings, route, json, session), NO_ROUTING_KEY);
 }
 
 export interface LimiterDeps {

@@ -9,6 +9,7 @@ import type { Logger } from 'pino';
 import type { Settlement } from '../accounting/ledger.js';
 import type { Config } from '../config/load.js';
 import type { ExchangeDeps, HeldRequests } from '../proxy/exchange.js';
+import { SCRAPE_RESULTS } from '../routing/engine-signals.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
 import { ModelLabels } from '../proxy/model-labels.js';
 import { OWN_READS, READ_STOP_REASONS } from '../accounting/outcomes.js';
@@ -180,11 +181,17 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       onProbeFailed: (upstream, probe) => metrics.probeFailed(upstream, probe),
       onReadStopped: (upstream, read, reason) => metrics.readStopped(upstream, read, reason),
       onModelsRefused: (pool, count) => metrics.discoveredModelsRefusedBy(pool, count),
+      onSignalsScraped: (upstream, result) => metrics.engineScraped(upstream, result.ok ? 'ok' : result.reason),
+      onEngineRestart: (upstream, cause) => {
+        metrics.engineRestarted(upstream, cause);
+        logger.info({ upstream, cause }, 'upstream engine restarted: its prefix index entries are dropped');
+      },
     }, now, modelLabels);
     if (previous !== undefined) upstreams.carryDiscovery(previous.upstreams);
     // At zero from the start, so an alert on any increase sees the first one.
     for (const upstream of upstreams.upstreams) for (const read of OWN_READS) for (const reason of READ_STOP_REASONS) metrics.readStopped(upstream.name, read, reason, 0);
     for (const pool of served.pools) if (pool.models === undefined) metrics.discoveredModelsRefusedBy(pool.name, 0);
+    if (served.engineSignals.enabled) for (const upstream of upstreams.upstreams) for (const result of SCRAPE_RESULTS) metrics.engineScraped(upstream.name, result, 0);
     const limiter =
       previous !== undefined && previous.limiterHandle.settings === limiterSettings(next)
         ? previous.limiterHandle
@@ -265,6 +272,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       for (const upstream of current.upstreams.upstreams) yield { name: upstream.name, up: upstream.isUp(at), inflight: upstream.inflight };
     },
     queues: () => current.upstreams.queues(),
+    engineSignals: () => (current.config.engineSignals.enabled ? current.upstreams.engineSignalStates(now()) : []),
   });
   // Answers read the configuration in force at each answer.
   const answers = createAnswers({

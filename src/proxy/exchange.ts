@@ -27,7 +27,8 @@ import type { ResponseHomes } from './response-homes.js';
 import type { ResponseOwners } from './response-owners.js';
 import { chargedTokens, type LimitTicket } from './tenant-limits.js';
 import type { BackgroundHolds } from './background-holds.js';
-import type { Settlement } from '../accounting/ledger.js';
+import type { RoutingOutcome, Settlement } from '../accounting/ledger.js';
+import type { Pick, RoutingKey } from '../routing/router.js';
 import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
 
 export interface ExchangeDeps {
@@ -115,6 +116,8 @@ export interface CompletionRequest {
   readonly headers: Record<string, string | string[]>;
   readonly arrivalAt: number;
   readonly trace: RequestTrace;
+  /** The request's prefix blocks and session for the pool's cache_aware picking (src/routing/router.ts). */
+  readonly routing?: RoutingKey | undefined;
 }
 
 interface ArmedTimer {
@@ -128,6 +131,10 @@ export class Exchange {
   /** Kept from the start: Node detaches it from the response once the response is done. */
   private readonly socket: Socket | null;
   private readonly queue: MachineEvent[] = [];
+  /** Each attempt's pick (the attempt number's), for the settlement's routing outcome. */
+  private readonly picks = new Map<number, Pick<Upstream>>();
+  /** The session's idle gap at this request's start, when it names one. */
+  private sessionGap: { gapMs: number | null; gapClass: string } | undefined;
   private running = false;
   /** Attempts not yet over (the current one, and a replaced one still closing). */
   private readonly attempts = new Map<number, Attempt>();
@@ -295,7 +302,11 @@ export class Exchange {
           this.deps.guard.run('metrics', () => held.ended());
         }
         const at = this.deps.now();
-        this.deps.publish(effect.settlement, this.request.requestId, this.request.trace, this.inflightLabel, at);
+        const sessionKey = this.request.routing?.sessionKey;
+        if (sessionKey !== undefined) this.deps.guard.run('exchange', () => this.deps.upstreams.sessionEnded(this.request.model, sessionKey, at));
+        const routing = this.deps.guard.run('exchange', () => this.routingOutcome(effect.settlement.attempts.length), undefined);
+        const settlement = routing === undefined ? effect.settlement : { ...effect.settlement, routing };
+        this.deps.publish(settlement, this.request.requestId, this.request.trace, this.inflightLabel, at);
         this.deps.onDone?.(this);
         return;
       }
@@ -340,7 +351,7 @@ export class Exchange {
   private startAttempt(number: number, avoid: ReadonlySet<string>, retriedFor: RetryReason | undefined): void {
     const { upstreams, config, now } = this.deps;
     const at = now();
-    const upstream = this.request.pinned ?? upstreams.pick(this.request.model, avoid, at);
+    const upstream = this.request.pinned ?? this.pick(number, avoid, at);
     if (upstream === undefined) {
       this.send({ type: 'no_upstream' });
       return;
@@ -368,6 +379,43 @@ export class Exchange {
       },
       attempt,
     );
+  }
+
+  /**
+   * The pool's pick for attempt `number`, counted by reason. The upstream is counted in flight right after, in the same
+   * turn (startAttempt's `sent`), so the next request's pick already sees it (llm-d-router #2515).
+   */
+  private pick(number: number, avoid: ReadonlySet<string>, at: number): Upstream | undefined {
+    const { upstreams, guard, metrics } = this.deps;
+    const { model, routing } = this.request;
+    if (number === 1 && routing?.sessionKey !== undefined) {
+      const key = routing.sessionKey;
+      this.sessionGap = guard.run('exchange', () => upstreams.sessionStarted(model, key, at), undefined);
+      const gapMs = this.sessionGap?.gapMs;
+      const poolName = upstreams.poolFor(model)?.config.name;
+      if (gapMs !== undefined && gapMs !== null && poolName !== undefined) guard.run('metrics', () => metrics.sessionGap(model, poolName, gapMs));
+    }
+    const picked = upstreams.pick(model, avoid, at, routing);
+    if (picked === undefined) return undefined;
+    this.picks.set(number, picked);
+    const pool = upstreams.poolFor(model)?.config;
+    if (pool !== undefined) guard.run('metrics', () => metrics.routingDecision(model, pool.name, pool.routing.policy, picked.reason));
+    return picked.upstream;
+  }
+
+  /** The pick of the attempt that answered (the last one), as the settlement carries it. */
+  private routingOutcome(attempts: number): RoutingOutcome | undefined {
+    const picked = this.picks.get(attempts);
+    const pool = this.deps.upstreams.poolFor(this.request.model)?.config;
+    if (picked === undefined || pool === undefined) return undefined;
+    return {
+      pool: pool.name,
+      policy: pool.routing.policy,
+      reason: picked.reason,
+      predictedCachedTokens: picked.predictedCachedTokens,
+      usageReportsCachedTokens: pool.routing.usageReportsCachedTokens,
+      ...(this.sessionGap !== undefined && { sessionGap: this.sessionGap }),
+    };
   }
 
   private turnShare(): TurnShare | undefined {

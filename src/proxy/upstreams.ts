@@ -9,7 +9,8 @@ import { OTHER, type EjectionReason, type OwnRead, type ReadStopReason } from '.
 import { AdmissionGate } from './admission.js';
 import { ModelLabels } from './model-labels.js';
 import { CircuitBreaker, type BreakerState, type SendTicket } from './breaker.js';
-import { pickUpstream } from './picker.js';
+import { EngineSignals, SignalScraper, type RestartCause, type ScrapeResult } from '../routing/engine-signals.js';
+import { NO_ROUTING_KEY, PoolRouter, type FreshSignals, type Pick, type RoutingKey } from '../routing/router.js';
 import { RetryBudget } from '../delivery/retry-budget.js';
 import { healthVerdict } from '../delivery/retry-policy.js';
 
@@ -237,6 +238,10 @@ export interface RegistryHooks {
   onReadStopped?(upstream: string, read: OwnRead, reason: ReadStopReason): void;
   /** Newly discovered names of `pool` that got no metric label (discovery.max_models_per_pool was reached). */
   onModelsRefused?(pool: string, count: number): void;
+  /** One scrape of an upstream's /metrics for its engine signals (engine_signals), `busy` rounds included. */
+  onSignalsScraped?(upstream: string, result: ScrapeResult): void;
+  /** An upstream's engine restarted (its process start time changed, or its prefix-cache counters went down). */
+  onEngineRestart?(upstream: string, cause: RestartCause): void;
 }
 
 /** What one probe saw: an HTTP status, or the error that stopped it. */
@@ -257,6 +262,12 @@ export class UpstreamRegistry {
   /** Reused per pick: the eligible upstreams of one pool. */
   private readonly eligible: Upstream[] = [];
   private readonly poolOf = new Map<Upstream, ServedPool>();
+  /** Each pool's picking (pools[].routing): its policy and, for cache_aware, its prefix index. */
+  private readonly routers = new Map<ServedPool, PoolRouter<Upstream>>();
+  /** What each upstream's engine says of its load, scraped from its /metrics (engine_signals). */
+  readonly signals: EngineSignals;
+  private readonly scraper: SignalScraper<Upstream>;
+  private readonly signalsOf = (upstream: Upstream): FreshSignals | undefined => this.signals.fresh(upstream.name, this.now());
 
   constructor(
     private readonly config: Config,
@@ -278,8 +289,56 @@ export class UpstreamRegistry {
       unansweredRounds: 0,
     }));
     for (const pool of this.pools) for (const upstream of pool.upstreams) this.poolOf.set(upstream, pool);
+    for (const pool of this.pools) this.routers.set(pool, new PoolRouter(pool.config.routing));
     labels.configure(config.pools.flatMap((pool) => pool.models ?? []));
     this.indexModels();
+    const es = config.engineSignals;
+    this.signals = new EngineSignals(es.staleAfterMs, (name, cause) => {
+      // A restarted engine's prefix cache is empty: what the index says it holds is gone.
+      for (const upstream of this.upstreams) if (upstream.name === name) this.routerOf(upstream)?.forget(name);
+      hooks.onEngineRestart?.(name, cause);
+    });
+    this.scraper = new SignalScraper<Upstream>(
+      () => this.upstreams,
+      (upstream, timeoutMs) => upstream.get('/metrics', timeoutMs, 'signals'),
+      this.signals,
+      { enabled: es.enabled, intervalMs: es.intervalMs, timeoutMs: es.timeoutMs, staleAfterMs: es.staleAfterMs },
+      { onResult: (upstream, result) => hooks.onSignalsScraped?.(upstream, result) },
+      now,
+    );
+  }
+
+  /** The pool an upstream belongs to, and its router. */
+  private routerOf(upstream: Upstream): PoolRouter<Upstream> | undefined {
+    const pool = this.poolOf.get(upstream);
+    return pool === undefined ? undefined : this.routers.get(pool);
+  }
+
+  /** A session's request starts: the gap since its previous completion (null: none known), per the pool's tracker. */
+  sessionStarted(model: string, sessionKey: string, now: number): { gapMs: number | null; gapClass: string } | undefined {
+    const pool = this.byModel.get(model);
+    const sessions = pool === undefined ? undefined : this.routers.get(pool)?.sessions;
+    return sessions?.start(sessionKey, now) ?? undefined;
+  }
+
+  /** A session's request ended (however it ended): the next one's gap is measured from now. */
+  sessionEnded(model: string, sessionKey: string, now: number): void {
+    const pool = this.byModel.get(model);
+    const sessions = pool === undefined ? undefined : this.routers.get(pool)?.sessions;
+    sessions?.complete(sessionKey, now);
+  }
+
+  /** Each upstream's engine signals for the scrape-time gauges: fresh or not, and how old the last valid ones are. */
+  *engineSignalStates(now: number): Iterable<{ name: string; fresh: boolean; ageSeconds: number | undefined }> {
+    for (const upstream of this.upstreams) {
+      const latest = this.signals.latest(upstream.name);
+      yield { name: upstream.name, fresh: this.signals.state(upstream.name, now) === 'fresh', ageSeconds: latest === undefined ? undefined : Math.max(0, now - latest.at) / 1000 };
+    }
+  }
+
+  /** The pool's routing settings for a model (undefined: not served). */
+  routingFor(model: string): PoolConfig['routing'] | undefined {
+    return this.byModel.get(model)?.config.routing;
   }
 
   get upstreams(): Upstream[] {
@@ -371,7 +430,7 @@ export class UpstreamRegistry {
    * none is up, every upstream under its max_inflight is a candidate again (Envoy's "panic" routing): health checks
    * can be wrong, and trying beats a certain error. Undefined when the model is not served or all are full.
    */
-  pick(model: string, tried: ReadonlySet<string>, now: number): Upstream | undefined {
+  pick(model: string, tried: ReadonlySet<string>, now: number, key: RoutingKey = NO_ROUTING_KEY): Pick<Upstream> | undefined {
     const pool = this.byModel.get(model);
     if (pool === undefined) return undefined;
     const eligible = this.eligible;
@@ -382,7 +441,7 @@ export class UpstreamRegistry {
     if (eligible.length === 0) {
       for (const upstream of pool.upstreams) if (upstream.inflight < upstream.maxInflight) eligible.push(upstream);
     }
-    const picked = pickUpstream(eligible, tried, this.random);
+    const picked = this.routers.get(pool)?.pick(eligible, tried, key, this.signalsOf, this.random);
     eligible.length = 0;
     return picked;
   }
@@ -421,6 +480,8 @@ export class UpstreamRegistry {
     if (ejected !== undefined) {
       this.logger.warn({ upstream: upstream.name, reason: ejected, result: record?.result }, 'upstream ejected');
       this.hooks.onEjected?.(upstream.name, ejected);
+      // Ejected for a while: requests its prefixes would have brought go elsewhere and are cached there.
+      this.routerOf(upstream)?.forget(upstream.name);
     }
   }
 
@@ -474,6 +535,7 @@ export class UpstreamRegistry {
   async start(): Promise<void> {
     await Promise.all([this.checkHealth(), this.discover()]);
     this.timers.push(setInterval(() => void this.checkHealth(), this.config.health.intervalMs).unref());
+    this.scraper.start();
     if (this.pools.some((pool) => pool.config.models === undefined)) {
       this.timers.push(setInterval(() => void this.discover(), this.config.discovery.refreshIntervalMs).unref());
     }
@@ -482,6 +544,7 @@ export class UpstreamRegistry {
   /** Stops health checks and discovery; the upstreams still serve the requests in flight until `close`. */
   stop(): void {
     this.closed = true;
+    this.scraper.stop();
     for (const timer of this.timers.splice(0)) clearInterval(timer);
   }
 

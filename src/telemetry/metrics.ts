@@ -9,6 +9,7 @@ import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
 import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
 import type { BackgroundHoldEnd } from '../proxy/background-holds.js';
+import { GAP_BUCKETS_SECONDS } from '../routing/sessions.js';
 import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, OUTPUT_CHECKS, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
@@ -271,6 +272,72 @@ export const METRICS = {
     labels: ['hash'],
     help: 'The configuration in force: always 1, labelled with the first 12 hex digits of the SHA-256 of its canonical JSON.',
   },
+  routingDecisions: {
+    name: 'waybill_routing_decisions_total',
+    type: 'counter',
+    labels: ['model', 'pool', 'policy', 'reason'],
+    help: 'Upstream picks (one per attempt), by the pool\'s policy and why the upstream was chosen: prefix, load, bounded_load, stale_signals, session or single.',
+  },
+  routingPromptTokens: {
+    name: 'waybill_routing_prompt_tokens_total',
+    type: 'counter',
+    labels: ['model', 'pool'],
+    help: 'Prompt tokens of the requests whose cached tokens are known (usage reported them, or the pool declares its upstreams do): the denominator of the predicted and actual cached ratios.',
+  },
+  routingPredictedCachedTokens: {
+    name: 'waybill_routing_predicted_cached_tokens_total',
+    type: 'counter',
+    labels: ['model', 'pool'],
+    help: 'Prompt tokens the picker predicted the chosen upstream held in its prefix cache, over the same requests.',
+  },
+  routingCachedTokens: {
+    name: 'waybill_routing_cached_tokens_total',
+    type: 'counter',
+    labels: ['model', 'pool'],
+    help: 'Prompt tokens the upstream said it found cached (usage cached_tokens), over the same requests: compare with the prediction.',
+  },
+  sessionIdleGap: {
+    name: 'waybill_routing_session_idle_gap_seconds',
+    type: 'histogram',
+    labels: ['model', 'pool'],
+    help: 'Requests with a session (pools[].routing.session_header) after an earlier one: the session\'s previous completion to this request\'s start.',
+  },
+  sessionPromptTokens: {
+    name: 'waybill_routing_session_prompt_tokens_total',
+    type: 'counter',
+    labels: ['model', 'pool', 'gap'],
+    help: 'Prompt tokens of session requests whose cached tokens are known, by idle-gap class (first: no earlier completion in the session).',
+  },
+  sessionCachedTokens: {
+    name: 'waybill_routing_session_cached_tokens_total',
+    type: 'counter',
+    labels: ['model', 'pool', 'gap'],
+    help: 'Cached prompt tokens (usage cached_tokens) of the same requests, by idle-gap class: effective KV residency.',
+  },
+  engineSignalsUp: {
+    name: 'waybill_upstream_engine_signals_up',
+    type: 'gauge',
+    labels: ['upstream'],
+    help: '1 while the upstream\'s engine signals (its /metrics: queue, KV use) are fresh; 0 when stale or never read, and picking then falls back to the gateway\'s own in-flight count for it.',
+  },
+  engineSignalAge: {
+    name: 'waybill_upstream_engine_signal_age_seconds',
+    type: 'gauge',
+    labels: ['upstream'],
+    help: 'Age of the upstream\'s last valid engine signals; absent before the first.',
+  },
+  engineScrapes: {
+    name: 'waybill_upstream_engine_scrapes_total',
+    type: 'counter',
+    labels: ['upstream', 'result'],
+    help: 'Scrapes of the upstream\'s /metrics for engine signals, by result: ok, or why the signals were not taken (missing, invalid, malformed, too_large, http_status, deadline, unreachable, busy).',
+  },
+  engineRestarts: {
+    name: 'waybill_upstream_engine_restarts_total',
+    type: 'counter',
+    labels: ['upstream', 'cause'],
+    help: 'Engine restarts seen in the upstream\'s signals (start_time: process_start_time_seconds changed; counter_reset: its prefix-cache counters went down); its prefix index entries are dropped.',
+  },
   queueWait: {
     name: 'waybill_queue_wait_seconds',
     type: 'histogram',
@@ -287,6 +354,8 @@ export type ConfigReloadResult = (typeof CONFIG_RELOAD_RESULTS)[number];
 export interface GaugeSources {
   upstreams(): Iterable<{ name: string; up: boolean; inflight: number }>;
   queues(): Iterable<{ model: string; depth: number }>;
+  /** Each upstream's engine signals: fresh or not, and the age of its last valid one (undefined: none yet). */
+  engineSignals?(): Iterable<{ name: string; fresh: boolean; ageSeconds: number | undefined }>;
 }
 
 export const REQUEST_ATTEMPTS_BUCKETS = [1, 2, 3, 4, 5, 8];
@@ -459,6 +528,15 @@ export class GatewayMetrics {
   });
   private readonly queueWait: Histogram<'model'>;
   private readonly upstreamFirstOutput: Histogram<'model' | 'upstream'>;
+  private readonly routingDecisions = new CounterPair(this.registries, METRICS.routingDecisions);
+  private readonly routingPromptTokens = new CounterPair(this.registries, METRICS.routingPromptTokens);
+  private readonly routingPredictedCachedTokens = new CounterPair(this.registries, METRICS.routingPredictedCachedTokens);
+  private readonly routingCachedTokens = new CounterPair(this.registries, METRICS.routingCachedTokens);
+  private readonly sessionIdleGap: Histogram<'model' | 'pool'>;
+  private readonly sessionPromptTokens = new CounterPair(this.registries, METRICS.sessionPromptTokens);
+  private readonly sessionCachedTokens = new CounterPair(this.registries, METRICS.sessionCachedTokens);
+  private readonly engineScrapes = new CounterPair(this.registries, METRICS.engineScrapes);
+  private readonly engineRestarts = new CounterPair(this.registries, METRICS.engineRestarts);
   private sources: GaugeSources | undefined;
 
   constructor(buckets: MetricBuckets, options: { defaultMetrics?: boolean; build?: { version: string; revision: string } } = {}) {
@@ -479,6 +557,7 @@ export class GatewayMetrics {
     this.duration = histogram(registries, METRICS.duration, buckets.duration, true);
     this.queueWait = histogram(registries, METRICS.queueWait, buckets.queueWait);
     this.upstreamFirstOutput = histogram(registries, METRICS.upstreamFirstOutput, buckets.ttft);
+    this.sessionIdleGap = histogram(registries, METRICS.sessionIdleGap, GAP_BUCKETS_SECONDS);
     const build = options.build ?? { version: 'unknown', revision: 'unknown' };
     new Gauge({ name: METRICS.buildInfo.name, help: METRICS.buildInfo.help, labelNames: METRICS.buildInfo.labels, aggregator: 'first', registers: [registries.text, registries.open] }).set(
       { version: build.version, revision: build.revision },
@@ -498,6 +577,25 @@ export class GatewayMetrics {
     scrapeGauge(registries, METRICS.queueDepth, (gauge) => {
       for (const queue of this.sources?.queues() ?? []) gauge.set({ model: queue.model }, queue.depth);
     });
+    scrapeGauge(
+      registries,
+      METRICS.engineSignalsUp,
+      (gauge) => {
+        for (const upstream of this.sources?.engineSignals?.() ?? []) gauge.set({ upstream: upstream.name }, upstream.fresh ? 1 : 0);
+      },
+      'min',
+    );
+    scrapeGauge(
+      registries,
+      METRICS.engineSignalAge,
+      (gauge) => {
+        gauge.reset();
+        for (const upstream of this.sources?.engineSignals?.() ?? []) {
+          if (upstream.ageSeconds !== undefined) gauge.set({ upstream: upstream.name }, upstream.ageSeconds);
+        }
+      },
+      'max',
+    );
     if (options.defaultMetrics !== false) {
       // Its counters have the same naming problem as ours: one set per registry.
       collectDefaultMetrics({ register: this.registry, eventLoopMonitoringPrecision: 10 });
@@ -586,6 +684,25 @@ export class GatewayMetrics {
   /** One stored-response lookup GET to `upstream` (response-homes.ts), counted as an attempt of model `_lookup`. */
   lookupAttempt(upstream: string, result: AttemptResult): void {
     this.attempts.inc({ model: LOOKUP, upstream, result });
+  }
+
+  /** One upstream pick of `pool` (an attempt's), by its policy and reason. */
+  routingDecision(model: string, pool: string, policy: string, reason: string): void {
+    this.routingDecisions.inc({ model: this.modelLabel(model), pool, policy, reason });
+  }
+
+  /** A session request started `gapMs` after its session's previous completion. */
+  sessionGap(model: string, pool: string, gapMs: number): void {
+    this.sessionIdleGap.observe({ model: this.modelLabel(model), pool }, gapMs / 1000);
+  }
+
+  /** One scrape of an upstream's /metrics for engine signals; `count` 0 declares the series. */
+  engineScraped(upstream: string, result: string, count = 1): void {
+    this.engineScrapes.inc({ upstream, result }, count);
+  }
+
+  engineRestarted(upstream: string, cause: string): void {
+    this.engineRestarts.inc({ upstream, cause });
   }
 
   /** A request refused for its tenant's `limit`; `count` 0 declares the series (at start-up, for each limit configured). */
@@ -684,5 +801,27 @@ export class GatewayMetrics {
       this.usageMissing.inc({ model });
     }
     if (s.estimatedCompletionTokens !== undefined) this.estimatedCompletionTokens.inc({ model, tenant }, s.estimatedCompletionTokens);
+    if (s.routing !== undefined) this.recordRouting(model, s.routing, s.usage);
+  }
+
+  /**
+   * Was the guess right: the prediction and what vLLM said it cached, over the requests whose cached tokens are known —
+   * usage carried them, or the pool declares its upstreams report them (then absent is 0: vLLM omits a 0).
+   */
+  private recordRouting(model: string, routing: NonNullable<Settlement['routing']>, usage: Settlement['usage']): void {
+    const prompt = usage?.promptTokens;
+    if (prompt === undefined) return;
+    const cached = usage?.cachedTokens ?? (routing.usageReportsCachedTokens ? 0 : undefined);
+    if (cached === undefined) return;
+    const { pool } = routing;
+    this.routingPromptTokens.inc({ model, pool }, prompt);
+    // A prediction never exceeds the prompt (a block rounding past a short prompt's end), so the two ratios compare.
+    this.routingPredictedCachedTokens.inc({ model, pool }, Math.min(routing.predictedCachedTokens, prompt));
+    this.routingCachedTokens.inc({ model, pool }, cached);
+    const gap = routing.sessionGap;
+    if (gap !== undefined) {
+      this.sessionPromptTokens.inc({ model, pool, gap: gap.gapClass }, prompt);
+      this.sessionCachedTokens.inc({ model, pool, gap: gap.gapClass }, cached);
+    }
   }
 }

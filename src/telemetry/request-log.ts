@@ -32,6 +32,8 @@ export interface RequestLogLine {
   evaluation_sample: number | undefined;
   /** The client SDK's retry count (`x-stainless-retry-count`: 0 first try, n its n-th retry); absent when not sent. */
   client_retry: number | undefined;
+  /** How the answering upstream was picked, and the cached prompt tokens the pick predicted there; absent for a pinned request. */
+  routing: { pool: string; policy: string; reason: string; predicted_cached_tokens: number; session_gap_ms: number | null | undefined } | undefined;
   duration_ms: number;
 }
 
@@ -66,6 +68,10 @@ export function requestLogLine(s: Settlement, requestId: string, traceId: string
     format_valid: formatValid(s),
     evaluation_sample: sampleProbability,
     client_retry: s.clientRetry,
+    routing:
+      s.routing === undefined
+        ? undefined
+        : { pool: s.routing.pool, policy: s.routing.policy, reason: s.routing.reason, predicted_cached_tokens: s.routing.predictedCachedTokens, session_gap_ms: s.routing.sessionGap?.gapMs },
     duration_ms: round(s.durationMs) ?? 0,
   };
 }

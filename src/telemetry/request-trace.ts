@@ -70,6 +70,9 @@ export const WAYBILL = {
   retryReason: 'waybill.retry_reason',
   accepted: 'waybill.accepted',
   checksFailed: 'waybill.checks.failed',
+  routingReason: 'waybill.routing.reason',
+  routingPolicy: 'waybill.routing.policy',
+  routingPredictedCachedTokens: 'waybill.routing.predicted_cached_tokens',
 } as const;
 
 /** Span event names. */
@@ -272,6 +275,11 @@ class SpanTrace implements RequestTrace {
     if (s.ttftMs !== undefined) attributes[WAYBILL.ttftMs] = s.ttftMs;
     if (s.tpotMs !== undefined) attributes[WAYBILL.tpotMs] = s.tpotMs;
     if (s.cancelPhase !== undefined) attributes[WAYBILL.cancelPhase] = s.cancelPhase;
+    if (s.routing !== undefined) {
+      attributes[WAYBILL.routingPolicy] = s.routing.policy;
+      attributes[WAYBILL.routingReason] = s.routing.reason;
+      attributes[WAYBILL.routingPredictedCachedTokens] = s.routing.predictedCachedTokens;
+    }
     if (s.anomalies.length > 0) attributes[WAYBILL.anomalies] = s.anomalies.map((a) => a.kind);
     attributes[WAYBILL.accepted] = s.accepted;
     if (s.failedChecks.length > 0) attributes[WAYBILL.checksFailed] = [...s.failedChecks];

@@ -42,7 +42,8 @@ const scenario = pool.chain((candidates) => fc.tuple(fc.constant(candidates), ma
 /** The oracle for rule 1, written out again from its definition. */
 function withinBound(candidates: readonly RoutingCandidate[], x: RoutingCandidate, c: number): boolean {
   const signals = candidates.every((y) => y.waiting != null && y.running != null);
-  const count = (y: RoutingCandidate): number => (signals ? Math.max(y.inflight, (y.waiting ?? 0) + (y.running ?? 0)) : y.inflight);
+  // The bound's load: the gateway's own in flight plus, with everyone's signals, the engine's queue (not running).
+  const count = (y: RoutingCandidate): number => (signals ? y.inflight + (y.waiting ?? 0) : y.inflight);
   const any = candidates.some((y) => y.weight > 0);
   const weight = (y: RoutingCandidate): number => (any ? y.weight : 1);
   const live = candidates.filter((y) => weight(y) > 0);

@@ -20,10 +20,10 @@
  *    queue term (and the signal part of the load) was left out for all, else `load`.
  * Ties are always drawn by `random`, never by position (llm-d-router #2515: bursts to one pod).
  *
- * Load count L_i: with engine signals for every candidate, max(inflight, waiting + running) — the engine's queue
- * includes other gateway replicas' requests but is scraped, so stale; the gateway's own in-flight is fresh, so the
- * larger of the two. When any candidate lacks them, inflight alone for all: mixing both kinds would compare a pod's
- * whole queue with another's share from this gateway.
+ * Load count L_i: the gateway's own in flight, plus, with engine signals for every candidate, the engine's queue
+ * (`waiting`, which counts every client's overflow); not `running`, which includes this gateway's own requests and,
+ * scraped up to a second ago, finished ones (see loadCount). When any candidate lacks signals, inflight alone for
+ * all: mixing both kinds would compare a pod's queue with another's share from this gateway.
  *
  * Runs per request: a handful of O(n) passes over the candidates, no arrays, one result object.
  */
@@ -286,9 +286,15 @@ function hash53(a: string, b: string): number {
 }
 
 /** L_i of rule 1 (see the module comment). */
+/**
+ * The load the bound counts: this gateway's own in flight (exact and current), plus, when every candidate has engine
+ * signals, the engine's own queue (`waiting`: requests past its seats or KV, whoever sent them). Not `running`: it
+ * includes this gateway's own requests, and a scrape up to a second old still shows ones already finished, so a
+ * sequential conversation would read as load on the very engine that holds its prefix.
+ */
 function loadCount(x: RoutingCandidate, pool: Pool): number {
   const own = nonNegative(x.inflight);
-  return pool.signals ? Math.max(own, nonNegative(x.waiting) + nonNegative(x.running)) : own;
+  return pool.signals ? own + nonNegative(x.waiting) : own;
 }
 
 /** A weight of 0, negative or not finite never takes a request while another can, as in the picker. */

@@ -21,6 +21,8 @@ export interface StackOptions {
   config?: Partial<ConfigInput>;
   /** The generated pool's admission control. */
   admission?: Record<string, unknown>;
+  /** The generated pool's routing (pools[].routing). */
+  routing?: Record<string, unknown>;
   /** Leave the pool's models out, so they are discovered from the simulators. */
   discover?: boolean;
   /** OpenTelemetry tracing for the gateway. */
@@ -99,6 +101,7 @@ export async function startStack(options: StackOptions = {}): Promise<Stack> {
           ...(options.discover === true ? {} : { models: ['sim-model'] }),
           upstreams: [...urls.map((url, i) => ({ name: `sim-${i}`, url })), ...(options.extraUpstreams ?? [])],
           ...(options.admission !== undefined ? { admission: options.admission } : {}),
+          ...(options.routing !== undefined ? { routing: options.routing } : {}),
         },
       ],
       logging: { level: 'silent' },

@@ -96,6 +96,8 @@ describe('the long-prompt incident on one engine of four', () => {
       sim: { ...FLEET, outputTokens: 8 },
       // Engine 3: KV for two 18 000-token prompts and little more, kept busy by other clients' long prompts.
       simEach: [undefined, undefined, undefined, { kvBlocks: 2_600, externalLoad: 2, externalPromptTokens: 18_000, externalOutputTokens: 100 }],
+      // Picking as Waybill always has: the demonstration is what the engines do, not what routing could do about it.
+      routing: { policy: 'least_request' },
       config: {
         slo: { ttft: '500ms', ttft_by_prompt_len: { '16k-64k': `${THRESHOLD_MS}ms` } },
         retries: { max_attempts: 1 },
@@ -170,6 +172,8 @@ describe('a shared-prefix workload placed at random', () => {
     const s = await startStack({
       sims: 4,
       sim: { ...FLEET, outputTokens: 4, kvBlocks },
+      // Random placement: least_request (the power of two choices on in-flight) knows nothing of prefixes.
+      routing: { policy: 'least_request' },
       config: { retries: { max_attempts: 1 }, health: { interval: '1h', eject_after_failures: 1000 } },
     });
     stacks.push(s);

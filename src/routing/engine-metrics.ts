@@ -4,7 +4,7 @@
  *
  * The body comes from an engine the gateway does not control, so the scan is bounded: one pass over the text, lines
  * whose metric name is not one of the few read here are skipped after their name, and a line or a name with more
- * than the limits allow is ignored and counted rather than read (docs/engine-signals.md).
+ * than the limits allow is ignored and counted rather than read (docs/routing.md, "Engine signals").
  */
 
 /** Why a body gave no signals. Closed: they become metric label values. */

@@ -1,5 +1,5 @@
 /**
- * Engine signals: what each upstream vLLM says about its own load (docs/engine-signals.md). Other gateway replicas
+ * Engine signals: what each upstream vLLM says about its own load (docs/routing.md, "Engine signals"). Other gateway replicas
  * and batch jobs load the same engines, so the gateway's own in-flight count is not the whole story.
  *
  * - {@link parseEngineMetrics} (engine-metrics.ts): a `/metrics` body to a few numbers. Pure.

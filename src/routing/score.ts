@@ -1,7 +1,7 @@
 /**
  * The `cache_aware` pick: send a request to the upstream most likely to hold its prompt prefix in vLLM's prefix
  * cache, unless that upstream is overloaded. Pure: the caller passes the eligible candidates (healthy, not ejected),
- * the prefix index's match, and the randomness. The rules, in order (docs/routing-policy.md):
+ * the prefix index's match, and the randomness. The rules, in order (docs/routing.md):
  *
  * 0. One candidate → it (`single`).
  * 1. Bounded load ("consistent hashing with bounded loads", Mirrokni, Thorup, Zadimoghaddam): with L_i the load

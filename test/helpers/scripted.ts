@@ -1,6 +1,7 @@
 /**
  * An upstream scripted by the test, for behaviour the simulator does not offer (a different answer per
- * connection, per upstream, or per attempt). `/health` answers 200 so the gateway counts it ready.
+ * connection, per upstream, or per attempt). `/health` answers 200 so the gateway counts it ready; `/metrics` (the
+ * gateway's engine-signal scrapes) answers 404, like a server that is not vLLM, and counts as no request.
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -18,6 +19,12 @@ export async function startScripted(handler: Handler): Promise<Scripted> {
   let requests = 0;
   const server = createServer((req, res) => {
     if (req.url === '/health') {
+      res.end();
+      return;
+    }
+    if (req.url === '/metrics') {
+      req.resume();
+      res.statusCode = 404;
       res.end();
       return;
     }

@@ -159,6 +159,45 @@ describe('cache_aware against the engine model', () => {
   });
 });
 
+describe('cache_aware under a burst, and with sessions', () => {
+  it('spreads a burst of one prefix within the bound: never more than ceil(1.25 × mean) on one upstream', async () => {
+    // Long answers, so all eight are in flight together: each pick sees the earlier ones' load (counted at pick time).
+    const s = await startStack({ sims: 4, sim: { engineModel: true, promptTokensDetails: true, outputTokens: 200, jitter: 0 }, config: FAST_SIGNALS });
+    stacks.push(s);
+    const answers = await Promise.all(Array.from({ length: 8 }, (_, i) => chat(s.base, SYSTEM, `burst ${i}`)));
+    expect(answers.every((a) => a.status === 200)).toBe(true);
+    const served = s.sims.map((sim) => sim.stats().requests);
+    // The 8th pick sees 7 in flight: an upstream may hold at most ceil(1.25 × 8 / 4) = 3.
+    expect(Math.max(...served)).toBeLessThanOrEqual(3);
+    expect(served.reduce((a, b) => a + b, 0)).toBe(8);
+    const text = await s.metricsText();
+    expect(metricValue(text, 'waybill_routing_decisions_total', { reason: 'bounded_load' }) + metricValue(text, 'waybill_routing_decisions_total', { reason: 'load' })).toBeGreaterThan(0);
+  });
+
+  it('keeps a session on one upstream whatever its prompts, and measures its idle gaps', async () => {
+    const s = await startStack({
+      sims: 4,
+      sim: { engineModel: true, promptTokensDetails: true, outputTokens: 4, jitter: 0 },
+      config: FAST_SIGNALS,
+      routing: { session_header: 'x-session-id', usage_reports_cached_tokens: true },
+    });
+    stacks.push(s);
+    for (let turn = 0; turn < 4; turn++) {
+      // Each turn a different system prompt: only the session can keep them together.
+      for (const session of ['alpha', 'beta']) expect((await chat(s.base, `${session}-${turn}-${SYSTEM}`, 'q', { 'x-session-id': session })).status).toBe(200);
+    }
+    const served = s.sims.map((sim) => sim.stats().requests).filter((n) => n > 0);
+    // Both sessions' four turns each on one upstream (possibly the same one for both).
+    expect(served.every((n) => n % 4 === 0)).toBe(true);
+    const text = await s.metricsText();
+    expect(metricValue(text, 'waybill_routing_decisions_total', { reason: 'session' })).toBe(8);
+    // Three gaps per session after its first turn; the first turn of each is `first`.
+    expect(metricValue(text, 'waybill_routing_session_idle_gap_seconds_count')).toBe(6);
+    expect(metricValue(text, 'waybill_routing_session_prompt_tokens_total', { gap: 'first' })).toBeGreaterThan(0);
+    expect(metricValue(text, 'waybill_routing_session_prompt_tokens_total', { gap: '0-10s' })).toBeGreaterThan(0);
+  });
+});
+
 describe('engine signals', () => {
   it('keeps new prefixes off an engine whose own queue is long, and spreads them over the rest', async () => {
     const quiet = await Promise.all([engine(() => vllmMetrics(0, 1, 0.1)), engine(() => vllmMetrics(0, 1, 0.1))]);

@@ -271,6 +271,32 @@ describe('waybill serve --workers 2', () => {
     }
   }, 180_000);
 
+  it('sends one prefix to one engine from both workers, with no state shared between them (cache_aware)', async () => {
+    const own = await Promise.all([0, 1, 2].map(async () => {
+      const sim = createSimulator({ ttftMs: 1, itlMs: 1, outputTokens: 2, jitter: 0 });
+      return { sim, url: (await sim.listen(0, '127.0.0.1')).url };
+    }));
+    const served = await serve(baseConfig(own.map((o) => o.url), { engine_signals: { enabled: false } }));
+    try {
+      const system = 'You are the routing test. '.repeat(20);
+      for (let i = 0; i < 16; i++) {
+        const answer = await chat(served.base, { model: 'sim-model', max_tokens: 2, messages: [{ role: 'system', content: system }, { role: 'user', content: `question ${i}` }] });
+        expect(answer.status).toBe(200);
+      }
+      // Both workers served (a fresh connection per request: the primary's round robin)…
+      const requests = served.lines.filter((line) => line.msg === 'request');
+      expect(new Set(requests.map((line) => line.worker)).size).toBe(2);
+      // …and every request went to one engine: each worker placed the new prefix by rendezvous of its first block,
+      // the same choice in both, then found it in its own index.
+      const counts = own.map((o) => o.sim.stats().requests);
+      expect(counts.filter((n) => n === 16)).toHaveLength(1);
+      expect(await served.metric('waybill_routing_decisions_total', { reason: 'prefix' })).toBe(14);
+    } finally {
+      expect(await served.stop()).toBe(0);
+      await Promise.all(own.map((o) => o.sim.close()));
+    }
+  }, 60_000);
+
   it('counts a tenant limit once for both workers, reloads both on SIGHUP, replaces a worker that dies, and drains both', async () => {
     const config = baseConfig(simUrls, {
       auth: {

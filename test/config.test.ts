@@ -194,6 +194,7 @@ describe('configuration', () => {
           models: ['m'],
           upstreams: [{ url: 'http://h:1', name: 'u', max_inflight: 1, api_key: 'k', api_key_env: 'K' }],
           admission: { max_inflight: 1 },
+          routing: { session_header: 'x-session-id' },
         },
       ],
       tracing: { endpoint: 'http://collector:4318/v1/traces' },

@@ -18,7 +18,9 @@ import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import { classifyEventData } from '../src/sse/classify.js';
 import { requestInfo } from './helpers/ledger-info.js';
 import { INTERNAL_ERROR_COMPONENTS } from '../src/telemetry/guard.js';
-import { CONFIG_RELOAD_RESULTS, GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS } from '../src/telemetry/metrics.js';
+import { CONFIG_RELOAD_RESULTS, ENGINE_RESTART_CAUSES, GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS, SESSION_GAP_LABELS } from '../src/telemetry/metrics.js';
+import { SCRAPE_RESULTS } from '../src/routing/engine-signals.js';
+import { PICK_REASONS } from '../src/routing/score.js';
 import { LIMIT_NAMES } from '../src/proxy/tenant-limits.js';
 import { LIMIT_STORE_OPS } from '../src/proxy/redis-limit-store.js';
 import { ModelLabels } from '../src/proxy/model-labels.js';
@@ -92,6 +94,11 @@ describe('docs/metrics.md and the code agree', () => {
     expect(listedValues('op')).toEqual([...LIMIT_STORE_OPS]);
     expect(listedValues('store')).toEqual(['redis']);
     expect(listedValues('result', 3)).toEqual([...CONFIG_RELOAD_RESULTS]);
+    expect(listedValues('policy')).toEqual(['cache_aware', 'least_request']);
+    expect(listedValues('reason', 2)).toEqual([...PICK_REASONS]);
+    expect(listedValues('gap')).toEqual([...SESSION_GAP_LABELS]);
+    expect(listedValues('result', 4)).toEqual([...SCRAPE_RESULTS]);
+    expect(listedValues('cause')).toEqual([...ENGINE_RESTART_CAUSES]);
     const outcomeItems = labelBullet('outcome')
       .split('\n')
       .filter((line) => /^\s+- `/.test(line))
@@ -157,9 +164,23 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.configReloaded('ok');
     metrics.configInForce('0123456789ab');
     metrics.turnYielded();
+    // A cache_aware pool naming sessions (pools[].routing.session_header): only then are the session series declared.
+    metrics.declareRouting({ models: () => ['r'], poolFor: () => ({ config: { name: 'pool-a', routing: { policy: 'cache_aware', sessionHeader: 'x-session-id' } } }) });
+    // A routed request of its own model, so the other assertions' counts stay as they are.
+    const routed = new RequestLedger({ ...ledger.info, model: 'r', stream: false }, 0);
+    routed.startAttempt(0, 'u0');
+    routed.bodyReceived(1, 200, classifyEventData('{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":40,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":16}}}'));
+    routed.clientEnded(1);
+    const sessionGap = { gapClass: '10s-1m', gapMs: 12_000 };
+    metrics.record({ ...routed.settle(1), routing: { pool: 'pool-a', policy: 'cache_aware', reason: 'prefix', predictedCachedTokens: 32, usageReportsCachedTokens: false, sessionGap } }, undefined);
+    metrics.routingDecision('r', 'pool-a', 'cache_aware', 'prefix');
+    metrics.sessionGap('r', 'pool-a', sessionGap.gapMs);
+    metrics.engineScraped('u0', 'ok');
+    metrics.engineRestarted('u0', 'start_time');
     metrics.observe({
       upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
       queues: () => [{ model: 'm', depth: 3 }],
+      engineSignals: () => [{ name: 'u0', fresh: true, ageSeconds: 0.5 }],
     });
 
     const text = await metrics.registry.metrics();
@@ -205,6 +226,36 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_rate_limited_total{tenant="team-a",limit="tokens"} 1');
     expect(text).toContain('waybill_limit_store_errors_total{op="reserve"} 1');
     expect(text).toContain('waybill_limit_store_up{store="redis"} 0');
+    expect(text).toContain('waybill_routing_decisions_total{model="r",pool="pool-a",policy="cache_aware",reason="prefix"} 1');
+    expect(text).toContain('waybill_routing_decisions_total{model="r",pool="pool-a",policy="cache_aware",reason="session"} 0');
+    expect(text).not.toContain('policy="least_request"');
+    expect(text).toContain('waybill_routing_prompt_tokens_total{model="r",pool="pool-a"} 40');
+    expect(text).toContain('waybill_routing_predicted_cached_tokens_total{model="r",pool="pool-a"} 32');
+    expect(text).toContain('waybill_routing_cached_tokens_total{model="r",pool="pool-a"} 16');
+    expect(text).toContain('waybill_routing_session_prompt_tokens_total{model="r",pool="pool-a",gap="10s-1m"} 40');
+    expect(text).toContain('waybill_routing_session_cached_tokens_total{model="r",pool="pool-a",gap="first"} 0');
+    expect(text).toContain('waybill_routing_session_idle_gap_seconds_bucket{le="30",model="r",pool="pool-a"} 1');
+    expect(text).toContain('waybill_upstream_engine_signals_up{upstream="u0"} 1');
+    expect(text).toContain('waybill_upstream_engine_signal_age_seconds{upstream="u0"} 0.5');
+    expect(text).toContain('waybill_upstream_engine_scrapes_total{upstream="u0",result="ok"} 1');
+    expect(text).toContain('waybill_upstream_engine_restarts_total{upstream="u0",cause="start_time"} 1');
+  });
+
+  it('declares the routing series a pool can give, at zero: no session series without a session_header', async () => {
+    const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1], queueWait: [1] }, { defaultMetrics: false });
+    const pools: Record<string, { name: string; routing: { policy: 'cache_aware' | 'least_request' } }> = {
+      a: { name: 'pool-a', routing: { policy: 'least_request' } },
+      b: { name: 'pool-b', routing: { policy: 'cache_aware' } },
+    };
+    metrics.declareRouting({ models: () => ['a', 'b'], poolFor: (model) => (pools[model] === undefined ? undefined : { config: pools[model] }) });
+    const text = await metrics.registry.metrics();
+    const reasons = (model: string) => [...text.matchAll(new RegExp(`waybill_routing_decisions_total\\{model="${model}",[^}]*reason="(\\w+)"\\} 0`, 'g'))].map((m) => m[1]);
+    expect(reasons('a')).toEqual(['load', 'single']);
+    expect(reasons('b')).toEqual(PICK_REASONS.filter((r) => r !== 'session'));
+    expect(text).toContain('waybill_routing_prompt_tokens_total{model="a",pool="pool-a"} 0');
+    expect(text).toContain('waybill_routing_cached_tokens_total{model="b",pool="pool-b"} 0');
+    expect(text).not.toContain('waybill_routing_session_prompt_tokens_total{');
+    expect(text).not.toContain('waybill_routing_session_idle_gap_seconds_bucket{');
   });
 });
 

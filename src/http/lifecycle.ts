@@ -173,6 +173,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
       const { config, upstreams } = current();
       await upstreams.start();
       metrics.declareModels(upstreams.models(), config.metrics.promptLenClasses, config.auth.servedTenants);
+      metrics.declareRouting(upstreams);
       // The admin listener listens where the API does unless server.admin_host says otherwise.
       if (admin !== undefined) adminUrl = await admin.listen({ host: config.server.admin_host ?? config.server.host, port: config.server.admin_port ?? 0 });
       try {

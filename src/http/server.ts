@@ -15,7 +15,7 @@ import { ModelLabels } from '../proxy/model-labels.js';
 import { OWN_READS, READ_STOP_REASONS } from '../accounting/outcomes.js';
 import { ObserverGuard } from '../telemetry/guard.js';
 import { createLogger } from '../telemetry/logger.js';
-import { GatewayMetrics } from '../telemetry/metrics.js';
+import { ENGINE_RESTART_CAUSES, GatewayMetrics } from '../telemetry/metrics.js';
 import { SchemaCache } from '../accounting/schemas.js';
 import { createSettlementRecorder } from '../telemetry/settlement.js';
 import { createStatusWindow } from '../telemetry/status.js';
@@ -191,7 +191,12 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     // At zero from the start, so an alert on any increase sees the first one.
     for (const upstream of upstreams.upstreams) for (const read of OWN_READS) for (const reason of READ_STOP_REASONS) metrics.readStopped(upstream.name, read, reason, 0);
     for (const pool of served.pools) if (pool.models === undefined) metrics.discoveredModelsRefusedBy(pool.name, 0);
-    if (served.engineSignals.enabled) for (const upstream of upstreams.upstreams) for (const result of SCRAPE_RESULTS) metrics.engineScraped(upstream.name, result, 0);
+    if (served.engineSignals.enabled) {
+      for (const upstream of upstreams.upstreams) {
+        for (const result of SCRAPE_RESULTS) metrics.engineScraped(upstream.name, result, 0);
+        for (const cause of ENGINE_RESTART_CAUSES) metrics.engineRestarted(upstream.name, cause, 0);
+      }
+    }
     const limiter =
       previous !== undefined && previous.limiterHandle.settings === limiterSettings(next)
         ? previous.limiterHandle
@@ -360,6 +365,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     // the new one, and the retired generation can close.
     if (admin === undefined) statusPage.closeStreams(false);
     metrics.declareModels(generation.upstreams.models(), next.metrics.promptLenClasses, next.auth.servedTenants);
+    metrics.declareRouting(generation.upstreams);
     metrics.configInForce(hash);
     metrics.configReloaded('ok');
     if (bucketsKept(previous.config, next)) {

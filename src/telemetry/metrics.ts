@@ -9,7 +9,9 @@ import type { Settlement } from '../accounting/ledger.js';
 import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
 import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
 import type { BackgroundHoldEnd } from '../proxy/background-holds.js';
-import { GAP_BUCKETS_SECONDS } from '../routing/sessions.js';
+import { GAP_BUCKETS_SECONDS, GAP_CLASSES } from '../routing/sessions.js';
+import type { RestartCause } from '../routing/engine-signals.js';
+import { PICK_REASONS, type PickReason } from '../routing/score.js';
 import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, OUTPUT_CHECKS, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
@@ -360,6 +362,27 @@ export interface GaugeSources {
 
 export const REQUEST_ATTEMPTS_BUCKETS = [1, 2, 3, 4, 5, 8];
 
+/** Why an engine is taken to have restarted (the `cause` label of METRICS.engineRestarts). Closed. */
+export const ENGINE_RESTART_CAUSES = ['start_time', 'counter_reset'] as const satisfies readonly RestartCause[];
+
+/** The `gap` label of the session token counters: no earlier completion known, or the idle gap's class. Closed. */
+export const SESSION_GAP_LABELS = ['first', ...GAP_CLASSES] as const;
+
+/** What the routing series are declared from: the served models and, for each, its pool's name and routing. */
+export interface RoutedModels {
+  models(): readonly string[];
+  poolFor(model: string): { readonly config: { readonly name: string; readonly routing: { readonly policy: 'cache_aware' | 'least_request'; readonly sessionHeader?: string | undefined } } } | undefined;
+}
+
+/**
+ * The reasons a pool's policy can give: least_request picks by load among two or more, or takes the single one;
+ * cache_aware gives `session` only when the pool names sessions (a rendezvous placement without one reads `load`).
+ */
+export function pickReasonsOf(policy: 'cache_aware' | 'least_request', sessions: boolean): readonly PickReason[] {
+  if (policy === 'least_request') return ['load', 'single'];
+  return PICK_REASONS.filter((reason) => reason !== 'session' || sessions);
+}
+
 export interface MetricBuckets {
   readonly queueWait: readonly number[];
   readonly ttft: readonly number[];
@@ -632,6 +655,33 @@ export class GatewayMetrics {
     }
   }
 
+  /**
+   * Pre-creates zero-valued routing series for the served models (their own labels only, as declareModels): the
+   * decisions for each reason the pool's policy can give, the prompt, predicted and actual cached token counters the
+   * ratios divide, and — only for a pool with a session_header — the session series, per gap class.
+   */
+  declareRouting(routed: RoutedModels): void {
+    for (const model of routed.models()) {
+      if (this.modelLabel(model) !== model) continue;
+      const pool = routed.poolFor(model)?.config;
+      if (pool === undefined) continue;
+      const { policy, sessionHeader } = pool.routing;
+      const sessions = sessionHeader !== undefined;
+      for (const reason of pickReasonsOf(policy, sessions)) this.routingDecisions.inc({ model, pool: pool.name, policy, reason }, 0);
+      this.routingPromptTokens.inc({ model, pool: pool.name }, 0);
+      this.routingPredictedCachedTokens.inc({ model, pool: pool.name }, 0);
+      this.routingCachedTokens.inc({ model, pool: pool.name }, 0);
+      // Sessions are measured only under cache_aware (a least_request pool's requests carry no routing key).
+      if (sessions && policy === 'cache_aware') {
+        this.sessionIdleGap.zero({ model, pool: pool.name });
+        for (const gap of SESSION_GAP_LABELS) {
+          this.sessionPromptTokens.inc({ model, pool: pool.name, gap }, 0);
+          this.sessionCachedTokens.inc({ model, pool: pool.name, gap }, 0);
+        }
+      }
+    }
+  }
+
   /** Where the scrape-time gauges read their values. */
   observe(sources: GaugeSources): void {
     this.sources = sources;
@@ -701,8 +751,9 @@ export class GatewayMetrics {
     this.engineScrapes.inc({ upstream, result }, count);
   }
 
-  engineRestarted(upstream: string, cause: string): void {
-    this.engineRestarts.inc({ upstream, cause });
+  /** An engine restart seen in the upstream's signals; `count` 0 declares the series. */
+  engineRestarted(upstream: string, cause: RestartCause, count = 1): void {
+    this.engineRestarts.inc({ upstream, cause }, count);
   }
 
   /** A request refused for its tenant's `limit`; `count` 0 declares the series (at start-up, for each limit configured). */

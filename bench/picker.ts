@@ -6,6 +6,7 @@
  *   npm run bench:picker      (= tsc -p tsconfig.build.json && node dist/bench/picker.js)
  *   node dist/bench/picker.js --upstreams 4 --runs 7
  */
+import { createRandom } from '../src/util/prng.js';
 import { pathToFileURL } from 'node:url';
 import { pickUpstream } from '../src/proxy/picker.js';
 import { PrefixIndex } from '../src/routing/prefix-index.js';
@@ -17,17 +18,8 @@ export interface PickerBenchResult {
   readonly nsPerCall: number;
 }
 
-/** A seeded [0, 1) source (mulberry32), so runs compare. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A seeded [0, 1) source (the simulator's mulberry32), so a pick can be replayed. */
+const seeded = (seed: number): (() => number) => createRandom(seed);
 
 /** Median ns per call of `body(i)` over `calls` calls, `runs` timed runs after one untimed. */
 function time(calls: number, runs: number, body: (i: number) => unknown): number {

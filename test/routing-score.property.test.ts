@@ -4,21 +4,13 @@
  * names a reason from the closed set, and without engine signals for every candidate uses in-flight counts only.
  * Then the rules by value.
  */
+import { createRandom } from '../src/util/prng.js';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { PICK_REASONS, pickCacheAware, predictedCachedTokens, type RequestMatch, type RoutingCandidate } from '../src/routing/score.js';
 
-/** mulberry32: a seeded [0, 1) source, so a pick can be replayed. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A seeded [0, 1) source (the simulator's mulberry32), so a pick can be replayed. */
+const seeded = (seed: number): (() => number) => createRandom(seed);
 
 const signal = fc.option(fc.integer({ min: 0, max: 200 }), { nil: null });
 const candidate = (name: string): fc.Arbitrary<RoutingCandidate> =>

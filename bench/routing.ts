@@ -7,6 +7,7 @@
  *
  *   npm run build && node dist/bench/routing.js [--seconds 20] [--requests N] [--concurrency 16] [--repeats 1]
  *                                              [--scenarios shared,hot,busy,multi,unique] [--json FILE]
+ *                                              [--routing '{"bounded_load":2}']   (diagnostics: extra cache_aware keys)
  *
  * --requests N runs each load for N requests instead of --seconds (the hot tenant's two loads N/2 each).
  *
@@ -49,16 +50,19 @@ interface Options {
   repeats: number;
   scenarios: string[];
   json: string | undefined;
+  /** Extra pools[].routing keys for cache_aware (a diagnostic, e.g. '{"bounded_load":100}'); none by default. */
+  routing: Record<string, unknown>;
 }
 
 function parse(argv: string[]): Options {
-  const options: Options = { seconds: 20, requests: undefined, concurrency: 16, repeats: 1, scenarios: ['shared', 'hot', 'busy', 'multi', 'unique'], json: undefined };
+  const options: Options = { seconds: 20, requests: undefined, concurrency: 16, repeats: 1, scenarios: ['shared', 'hot', 'busy', 'multi', 'unique'], json: undefined, routing: {} };
   for (let i = 0; i < argv.length; i += 2) {
     const flag = argv[i];
     const raw = argv[i + 1] ?? '';
     const value = Number(raw);
     if (flag === '--scenarios') options.scenarios = raw.split(',');
     else if (flag === '--json') options.json = raw;
+    else if (flag === '--routing') options.routing = JSON.parse(raw) as Record<string, unknown>;
     else if (!Number.isFinite(value) || value <= 0) throw new Error(`${flag}: needs a positive number`);
     else if (flag === '--seconds') options.seconds = value;
     else if (flag === '--requests') options.requests = Math.round(value);
@@ -159,7 +163,7 @@ async function startSim(dir: string, name: string, extra: string[]): Promise<{ c
   return { child, origins };
 }
 
-async function startGateway(dir: string, name: string, origins: string[], policy: Policy, sessionHeader: string | undefined): Promise<{ child: Child; origin: string }> {
+async function startGateway(dir: string, name: string, origins: string[], policy: Policy, sessionHeader: string | undefined, extra: Record<string, unknown>): Promise<{ child: Child; origin: string }> {
   const port = await freePort();
   const config = {
     server: { host: '127.0.0.1', port },
@@ -173,6 +177,7 @@ async function startGateway(dir: string, name: string, origins: string[], policy
           // The simulator runs with --prompt-tokens-details: a usage without details means 0 cached.
           usage_reports_cached_tokens: true,
           ...(policy === 'cache_aware' && sessionHeader !== undefined ? { session_header: sessionHeader } : {}),
+          ...(policy === 'cache_aware' ? extra : {}),
         },
       },
     ],
@@ -287,7 +292,7 @@ async function measure(dir: string, scenario: Scenario, policy: Policy, repeat: 
   const sim = await startSim(dir, `sim-${tag}`, scenario.simArgs);
   let gateway: { child: Child; origin: string } | undefined;
   try {
-    gateway = await startGateway(dir, `gw-${tag}`, sim.origins, policy, scenario.sessionHeader);
+    gateway = await startGateway(dir, `gw-${tag}`, sim.origins, policy, scenario.sessionHeader, options.routing);
     // A second for the first engine-signal scrape (engine_signals.interval 1 s) before the first pick.
     await new Promise((r) => setTimeout(r, 1500));
     const before = await scrape(gateway.origin);
@@ -421,6 +426,7 @@ async function main(): Promise<void> {
   console.log(`routing bench: ${ENGINES} engines (engine model on), --kv-blocks ${KV_BLOCKS} each = ${Math.ceil(GROUPS / 3)} prefixes × ${PREFIX_BLOCKS} blocks + ${HEADROOM_BLOCKS} headroom;`);
   console.log(`  ${GROUPS} × ${PREFIX_TOKENS}-token prefixes = ${GROUPS * PREFIX_BLOCKS} blocks, the fleet holds ${ENGINES * KV_BLOCKS}; question ${QUESTION_TOKENS} tokens, output ${OUTPUT_TOKENS} tokens;`);
   console.log(`  concurrency ${options.concurrency}, ${options.requests !== undefined ? `${options.requests} requests` : `${options.seconds} s`} per row, ${options.repeats} repeat(s); sim on core ${SIM_CORE}, gateway on core ${GATEWAY_CORE}, load unpinned; logs in ${dir}`);
+  if (Object.keys(options.routing).length > 0) console.log(`  cache_aware routing overrides (diagnostic): ${JSON.stringify(options.routing)}`);
   const rows: Row[] = [];
   let keep = false;
   try {

@@ -192,6 +192,24 @@ describe('pickCacheAware: rules by value', () => {
     }
   });
 
+  it('several holders of the longest match: the same one for the same prefix key, whatever the seed', () => {
+    const holders = [idle('a'), idle('b'), idle('c'), idle('d')];
+    const match = (tieKey: string): RequestMatch => ({ requestBlocks: 8, matched: new Map([['a', 8], ['b', 8], ['c', 8]]), tieKey });
+    const chosen = new Set(Array.from({ length: 50 }, (_, seed) => pickCacheAware(holders, match('prefix:42'), {}, seeded(seed))?.candidate.name));
+    expect(chosen.size).toBe(1);
+    expect(['a', 'b', 'c']).toContain([...chosen][0]);
+    // Other prefixes spread over the holders (rendezvous, not a fixed favourite).
+    const byKey = new Set(Array.from({ length: 60 }, (_, k) => pickCacheAware(holders, match(`prefix:${k}`), {}, seeded(1))?.candidate.name));
+    expect(byKey).toEqual(new Set(['a', 'b', 'c']));
+  });
+
+  it('an upstream the bound excludes does not make the pool imbalanced for the others', () => {
+    // d's engine queue (other clients' requests) puts it far over the bound; a, b, c are balanced and a holds the prefix.
+    const withSignals = (name: string, waiting: number) => idle(name, 0, { waiting, running: 0, kvUsage: 0.1 });
+    const pick = pickCacheAware([withSignals('a', 0), withSignals('b', 0), withSignals('c', 0), withSignals('d', 60)], m(8, [['a', 8]]), {}, seeded(3));
+    expect(pick).toMatchObject({ candidate: { name: 'a' }, reason: 'prefix', predictedCachedBlocks: 8 });
+  });
+
   it('the reasons are a closed set', () => {
     expect([...PICK_REASONS]).toEqual(['prefix', 'load', 'bounded_load', 'stale_signals', 'session', 'single']);
   });

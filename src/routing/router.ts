@@ -117,10 +117,11 @@ export class PoolRouter<T extends RoutableUpstream> {
     });
     const matched = this.index.match(key.blocks, this.matched);
     // A prefix nobody holds: placed by rendezvous of its first block, so workers and replicas agree on where it goes.
-    const sessionKey = key.sessionKey ?? (hasMatch(matched) || key.blocks.length === 0 ? undefined : `prefix:${key.blocks[0] ?? 0}`);
+    const prefixKey = key.blocks.length === 0 ? undefined : `prefix:${key.blocks[0] ?? 0}`;
+    const sessionKey = key.sessionKey ?? (hasMatch(matched) ? undefined : prefixKey);
     const choice = pickCacheAware(
       candidates,
-      { requestBlocks: key.blocks.length, matched, sessionKey },
+      { requestBlocks: key.blocks.length, matched, sessionKey, tieKey: prefixKey },
       {
         boundedLoad: this.settings.boundedLoad,
         minMatchBlocks: this.settings.minMatchBlocks,

@@ -53,6 +53,12 @@ export interface RequestMatch {
   readonly matched: ReadonlyMap<string, number>;
   /** A client's session or conversation id: rendezvous affinity (rule 2). */
   readonly sessionKey?: string | undefined;
+  /**
+   * The prefix's own key (e.g. its first block): several upstreams holding the same longest match are chosen among by
+   * rendezvous on it, so a prefix that spilled once keeps coming back to one holder instead of being split at random
+   * between them (each then caching it, and evicting other prefixes for it). Absent: a random draw.
+   */
+  readonly tieKey?: string | undefined;
 }
 
 export interface ScoreWeights {
@@ -137,15 +143,20 @@ export function pickCacheAware<T extends RoutingCandidate>(
     if (usableWeight(x.weight)) anyWeight = true;
   }
   const pool: Pool = { signals: withSignals === n, kv: withKv === n, anyWeight, total: 0, weightSum: 0, c: Math.max(1, finiteOr(options.boundedLoad, CACHE_AWARE_DEFAULTS.boundedLoad)) };
+  for (const x of candidates) {
+    const w = weightOf(x, pool);
+    if (w === 0) continue;
+    pool.total += loadCount(x, pool);
+    pool.weightSum += w;
+  }
+  // Imbalance is judged over the candidates within the bound: one the bound already excludes (an engine with a long
+  // queue of other clients' requests) must not switch prefix affinity off for all the others.
   let minLoad = Infinity;
   let maxLoad = 0;
   for (const x of candidates) {
     const w = weightOf(x, pool);
-    if (w === 0) continue;
-    const count = loadCount(x, pool);
-    pool.total += count;
-    pool.weightSum += w;
-    const load = (count + 1) / w;
+    if (w === 0 || !withinBound(x, pool)) continue;
+    const load = (loadCount(x, pool) + 1) / w;
     if (load < minLoad) minLoad = load;
     if (load > maxLoad) maxLoad = load;
   }
@@ -172,7 +183,9 @@ export function pickCacheAware<T extends RoutingCandidate>(
   const rel = finiteOr(options.balanceRelThreshold, CACHE_AWARE_DEFAULTS.balanceRelThreshold);
   const imbalanced = maxLoad - minLoad > abs && maxLoad > rel * minLoad;
   if (prefixWins && bestWithin === bestAll && !imbalanced) {
-    const chosen = drawTied(candidates, random, (x) => weightOf(x, pool) > 0 && withinBound(x, pool) && matchedOf(match, x) === bestAll);
+    const holds = (x: T) => weightOf(x, pool) > 0 && withinBound(x, pool) && matchedOf(match, x) === bestAll;
+    const tieKey = match.tieKey;
+    const chosen = tieKey === undefined || tieKey === '' ? drawTied(candidates, random, holds) : rendezvousAmong(candidates, tieKey, pool, holds);
     if (chosen !== undefined) return { candidate: chosen, reason: 'prefix', predictedCachedBlocks: bestAll };
   }
 
@@ -250,10 +263,15 @@ function drawTied<T>(candidates: readonly T[], random: () => number, tied: (x: T
  * the sessions it held.
  */
 function rendezvous<T extends RoutingCandidate>(candidates: readonly T[], session: string, pool: Pool): T | undefined {
+  return rendezvousAmong(candidates, session, pool, (x) => withinBound(x, pool));
+}
+
+/** Weighted rendezvous over the candidates `eligible` accepts. */
+function rendezvousAmong<T extends RoutingCandidate>(candidates: readonly T[], session: string, pool: Pool, eligible: (x: T) => boolean): T | undefined {
   let best: T | undefined;
   let bestScore = -Infinity;
   for (const x of candidates) {
-    if (!withinBound(x, pool)) continue;
+    if (!eligible(x)) continue;
     const u = (hash53(session, x.name) + 0.5) / 2 ** 53;
     const s = weightOf(x, pool) / -Math.log(u);
     if (s > bestScore) {

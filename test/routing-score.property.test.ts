@@ -203,6 +203,22 @@ describe('pickCacheAware: rules by value', () => {
     expect(byKey).toEqual(new Set(['a', 'b', 'c']));
   });
 
+  it('places a new prefix on the emptier of its two rendezvous candidates, never a third', () => {
+    const four = [idle('a'), idle('b'), idle('c'), idle('d')];
+    const place = (key: string, occupancy: Array<[string, number]>) =>
+      pickCacheAware(four, { requestBlocks: 8, matched: new Map(), sessionKey: key, occupancy: new Map(occupancy) }, {}, seeded(1))?.candidate.name;
+    for (let k = 0; k < 40; k++) {
+      const key = `prefix:${k}`;
+      const top = place(key, []) ?? '';
+      // Fill the first choice: the prefix goes to one other candidate, always the same one (its second choice).
+      const second = place(key, [[top, 1000]]) ?? '';
+      expect(second).not.toBe(top);
+      // Fill both: it stays with the emptier of those two, never a third.
+      expect(place(key, [[top, 1000], [second, 2000]])).toBe(top);
+      expect(place(key, [[top, 2000], [second, 1000]])).toBe(second);
+    }
+  });
+
   it('an upstream the bound excludes does not make the pool imbalanced for the others', () => {
     // d's engine queue (other clients' requests) puts it far over the bound; a, b, c are balanced and a holds the prefix.
     const withSignals = (name: string, waiting: number) => idle(name, 0, { waiting, running: 0, kvUsage: 0.1 });

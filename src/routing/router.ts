@@ -79,6 +79,8 @@ export class PoolRouter<T extends RoutableUpstream> {
   /** Idle gaps of the sessions named by settings.sessionHeader (null without one). */
   readonly sessions: SessionGaps | null;
   private readonly matched = new Map<string, number>();
+  /** Reused per placement of a new prefix: each candidate's blocks in the index. */
+  private readonly occupancy = new Map<string, number>();
 
   constructor(readonly settings: RoutingSettings) {
     this.index = new PrefixIndex({ maxEntries: settings.indexEntries });
@@ -118,10 +120,12 @@ export class PoolRouter<T extends RoutableUpstream> {
     const matched = this.index.match(key.blocks, this.matched);
     // A prefix nobody holds: placed by rendezvous of its first block, so workers and replicas agree on where it goes.
     const prefixKey = key.blocks.length === 0 ? undefined : `prefix:${key.blocks[0] ?? 0}`;
-    const sessionKey = key.sessionKey ?? (hasMatch(matched) ? undefined : prefixKey);
+    const placing = key.sessionKey === undefined && !hasMatch(matched) && prefixKey !== undefined;
+    const sessionKey = key.sessionKey ?? (placing ? prefixKey : undefined);
+    if (placing) for (const c of candidates) this.occupancy.set(c.name, this.index.sizeOf(c.name));
     const choice = pickCacheAware(
       candidates,
-      { requestBlocks: key.blocks.length, matched, sessionKey, tieKey: prefixKey },
+      { requestBlocks: key.blocks.length, matched, sessionKey, tieKey: prefixKey, ...(placing && { occupancy: this.occupancy }) },
       {
         boundedLoad: this.settings.boundedLoad,
         minMatchBlocks: this.settings.minMatchBlocks,
@@ -132,6 +136,7 @@ export class PoolRouter<T extends RoutableUpstream> {
       random,
     );
     matched.clear();
+    this.occupancy.clear();
     if (choice === undefined) return undefined;
     const upstream = choice.candidate.upstream;
     if (key.blocks.length > 0) this.index.record(upstream.name, key.blocks);

@@ -59,6 +59,13 @@ export interface RequestMatch {
    * between them (each then caching it, and evicting other prefixes for it). Absent: a random draw.
    */
   readonly tieKey?: string | undefined;
+  /**
+   * With a `sessionKey` that places a new prefix (not a client's session): each candidate's prefix blocks in the index.
+   * The two highest rendezvous candidates are compared and the emptier one takes the prefix (two choices): every worker
+   * and replica computes the same pair, so a prefix lands on at most two engines, and engines fill evenly rather than as
+   * one hash happens to fall (12 prefixes over 4 engines by one hash put 5 or 6 on one of them).
+   */
+  readonly occupancy?: ReadonlyMap<string, number> | undefined;
 }
 
 export interface ScoreWeights {
@@ -164,7 +171,7 @@ export function pickCacheAware<T extends RoutingCandidate>(
   // Rule 2: session affinity.
   const session = match.sessionKey;
   if (session !== undefined && session !== '') {
-    const chosen = rendezvous(candidates, session, pool);
+    const chosen = match.occupancy === undefined ? rendezvous(candidates, session, pool) : twoChoices(candidates, session, pool, match.occupancy);
     if (chosen !== undefined) return { candidate: chosen, reason: 'session', predictedCachedBlocks: matchedOf(match, chosen) };
   }
 
@@ -264,6 +271,30 @@ function drawTied<T>(candidates: readonly T[], random: () => number, tied: (x: T
  */
 function rendezvous<T extends RoutingCandidate>(candidates: readonly T[], session: string, pool: Pool): T | undefined {
   return rendezvousAmong(candidates, session, pool, (x) => withinBound(x, pool));
+}
+
+/** Of the two highest rendezvous candidates within the bound, the one with fewer blocks in `occupancy` (the first on a tie). */
+function twoChoices<T extends RoutingCandidate>(candidates: readonly T[], key: string, pool: Pool, occupancy: ReadonlyMap<string, number>): T | undefined {
+  let first: T | undefined;
+  let second: T | undefined;
+  let firstScore = -Infinity;
+  let secondScore = -Infinity;
+  for (const x of candidates) {
+    if (!withinBound(x, pool)) continue;
+    const u = (hash53(key, x.name) + 0.5) / 2 ** 53;
+    const score = weightOf(x, pool) / -Math.log(u);
+    if (score > firstScore) {
+      second = first;
+      secondScore = firstScore;
+      first = x;
+      firstScore = score;
+    } else if (score > secondScore) {
+      second = x;
+      secondScore = score;
+    }
+  }
+  if (first === undefined || second === undefined) return first;
+  return (occupancy.get(second.name) ?? 0) < (occupancy.get(first.name) ?? 0) ? second : first;
 }
 
 /** Weighted rendezvous over the candidates `eligible` accepts. */

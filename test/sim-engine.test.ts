@@ -104,6 +104,52 @@ describe('the prefix cache, through the API', () => {
   });
 });
 
+describe('non-streaming requests and several choices, on the engine', () => {
+  async function plain(url: string, body: Record<string, unknown>): Promise<{ status: number; json: { usage?: { prompt_tokens_details?: { cached_tokens: number } }; choices?: unknown[] } }> {
+    const response = await request(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'sim-model', ...body }) });
+    return { status: response.statusCode, json: (await response.body.json()) as { usage?: { prompt_tokens_details?: { cached_tokens: number } } } };
+  }
+
+  it('a non-stream answer waits for the engine and reports its real hit', async () => {
+    const { sim, url } = await start();
+    await plain(url, { messages: ask('first') });
+    const second = await plain(url, { messages: ask('second') });
+    expect(second.status).toBe(200);
+    expect(second.json.usage?.prompt_tokens_details).toEqual({ cached_tokens: 288 });
+    expect(sim.engineSnapshot()?.prefixHits).toBe(288);
+  });
+
+  it('a non-stream client that leaves frees its sequence in the engine at once', async () => {
+    const { sim, url } = await start({ outputTokens: 100_000 });
+    const controller = new AbortController();
+    const pending = request(`${url}/v1/chat/completions`, { method: 'POST', signal: controller.signal, headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'sim-model', messages: ask('long') }) });
+    await until(sim, () => sim.engineSnapshot()?.running === 1, 'the sequence running');
+    const ended = new Promise((resolve) => sim.events.once('request-end', resolve));
+    controller.abort();
+    await pending.catch(() => undefined);
+    expect(await ended).toMatchObject({ end: 'client_disconnect' });
+    expect(sim.engineSnapshot()).toMatchObject({ running: 0, waiting: 0 });
+    expect(series(await metrics(url), 'vllm:request_success_total', 'finished_reason="abort"')).toBe(1);
+  });
+
+  it('n choices of one prompt report that prompt’s hit once, as vLLM’s num_cached_tokens does', async () => {
+    const { url } = await start();
+    await chat(url, ask('warm'));
+    const answer = await chat(url, ask('twice'), { n: 3 });
+    expect(answer.usage?.prompt_tokens_details).toEqual({ cached_tokens: 288 });
+  });
+
+  it('refuses with a 400 a prompt whose answer would not fit the KV cache, and leaves nothing in the engine', async () => {
+    // 64 blocks of 16: a 1 000-token prompt fits (63 blocks) but not with 32 tokens of answer (65).
+    const { sim, url } = await start({ kvBlocks: 64, outputTokens: 32 });
+    const prompt = (chars: number) => ({ model: 'sim-model', stream: false, max_tokens: 32, prompt: ['short', 'z'.repeat(chars)] });
+    const response = await request(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(prompt(4000)) });
+    expect(response.statusCode).toBe(400);
+    expect(await response.body.json()).toMatchObject({ error: { param: 'input_tokens' } });
+    expect(sim.engineSnapshot()).toMatchObject({ running: 0, waiting: 0 });
+  });
+});
+
 describe('the scheduler, through the API', () => {
   it('queues what does not get a seat: num_requests_waiting counts them, and every stream still completes', async () => {
     const { sim, url } = await start({ maxNumSeqs: 2, outputTokens: 200 });

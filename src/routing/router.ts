@@ -65,8 +65,9 @@ export interface Pick<T> {
 export function routingKey(settings: RoutingSettings, route: ProxiedRoute, json: unknown, sessionHeaderValue: string | undefined): RoutingKey {
   if (settings.policy !== 'cache_aware') return NO_ROUTING_KEY;
   const { blocks } = prefixBlocks(route, json, { blockChars: settings.blockChars, blockTokens: settings.blockTokens, maxBlocks: settings.maxBlocks });
-  // A session id is the client's: only a bounded prefix of it keys the rendezvous.
-  const sessionKey = sessionHeaderValue === undefined || sessionHeaderValue === '' ? undefined : sessionHeaderValue.slice(0, 256);
+  // A session id is the client's: the idle-gap tracker digests a long one (sessions.ts storedKey), and the rendezvous
+  // hashes it, so any length is bounded work; the header itself is bounded by the server's header limit.
+  const sessionKey = sessionHeaderValue === undefined || sessionHeaderValue === '' ? undefined : sessionHeaderValue;
   return sessionKey === undefined ? { blocks } : { blocks, sessionKey };
 }
 

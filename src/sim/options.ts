@@ -186,7 +186,13 @@ export function validateSimOptions(partial: Partial<SimOptions>): ValidationResu
   if (merged.externalLoad > 0 && !merged.engineModel) problem('externalLoad', 'needs the engine model (engineModel)');
   if (!(isInt(merged.externalPromptTokens, 1) && merged.externalPromptTokens < 131_072)) problem('externalPromptTokens', 'must be an integer between 1 and 131071');
   if (!(isInt(merged.externalOutputTokens, 1) && merged.externalOutputTokens <= 65_536)) problem('externalOutputTokens', 'must be an integer between 1 and 65536');
-  if (!(Number.isFinite(merged.restartEveryMs) && merged.restartEveryMs >= 0)) problem('restartEveryMs', 'must be a number of ms >= 0');
+  // setInterval clamps what it cannot hold (below 1 ms, above 2^31 − 1) to 1 ms: a restart every millisecond.
+  if (!(merged.restartEveryMs === 0 || (Number.isFinite(merged.restartEveryMs) && merged.restartEveryMs >= 1 && merged.restartEveryMs <= 2_147_483_647))) {
+    problem('restartEveryMs', 'must be 0 (never) or between 1 ms and 2147483647 ms (about 24.8 days)');
+  }
+  if (merged.engineModel && merged.externalLoad > 0 && Math.ceil((merged.externalPromptTokens + merged.externalOutputTokens - 1) / merged.blockSize) > merged.kvBlocks) {
+    problem('externalPromptTokens', `other clients' requests (prompt + output) need more KV blocks than kvBlocks (${merged.kvBlocks} of ${merged.blockSize} tokens)`);
+  }
 
   if (problems.length > 0) return { ok: false, problems };
   return {

@@ -61,7 +61,7 @@ import {
 import { SimTokenizer } from './tokens.js';
 import { engineFinishReason, isOperationalPath, renderMetrics, StatsStore, type OperationalPath, type RecordedHeaders, type RequestRecord, type RouteName, type SimStats } from './stats.js';
 import { startStream, type StreamControl } from './stream.js';
-import { createEngineCore } from './engine/core.js';
+import { createEngineCore, peakBlocks } from './engine/core.js';
 import { EngineMetrics } from './engine/metrics.js';
 import { EngineRuntime, type EngineJob, type SequenceInput } from './engine/runtime.js';
 import type { EngineSnapshot } from './engine/types.js';
@@ -367,7 +367,7 @@ class SimServer implements Simulator {
     if (this.engine !== null && opts.externalLoad > 0) {
       this.engine.startExternalLoad({ rate: opts.externalLoad, promptTokens: opts.externalPromptTokens, outputTokens: opts.externalOutputTokens, seed: deriveSeed(opts.seed, EXTERNAL_STREAM) });
     }
-    if (opts.restartEveryMs > 0 && this.restartTimer === undefined) {
+    if (opts.restartEveryMs >= 1 && this.restartTimer === undefined) {
       this.restartTimer = setInterval(() => this.restart(), opts.restartEveryMs);
       this.restartTimer.unref();
     }
@@ -787,6 +787,7 @@ class SimServer implements Simulator {
       jitter: common.jitter,
       random: common.random,
       fault,
+      pacer: common.pacer,
       send: (): void => {
         const choices = Array.from({ length: shape.choiceCount }, (_, index) => ({
           text: choiceText(index, 0, shape.tokensPerChoice),
@@ -819,9 +820,18 @@ class SimServer implements Simulator {
     const finishedReason = engineFinishReason(shape.finishReason);
     for (const prompt of request.promptInputs) {
       const promptTokenIds = typeof prompt === 'string' ? this.tokenizer.encode(prompt) : prompt;
-      if (Math.ceil(promptTokenIds.length / this.opts.blockSize) + 1 > this.opts.kvBlocks) return 'too_long';
+      // What the core will hold at the sequence's longest (prompt and answer): every prompt is checked before any is added.
+      if (peakBlocks(promptTokenIds.length, Math.max(1, shape.tokensPerChoice), this.opts.blockSize) > this.opts.kvBlocks) return 'too_long';
       for (let choice = 0; choice < request.n; choice++) {
-        inputs.push({ promptTokenIds, outputTokens: shape.tokensPerChoice, finishedReason, ...(request.cacheSalt !== null ? { cacheSalt: request.cacheSalt } : {}) });
+        inputs.push({
+          promptTokenIds,
+          outputTokens: shape.tokensPerChoice,
+          finishedReason,
+          // One prompt's hit counts once: its other choices hit the blocks the first just allocated (vLLM reports the
+          // request's num_cached_tokens, not a sum over its child requests).
+          countsCached: choice === 0,
+          ...(request.cacheSalt !== null ? { cacheSalt: request.cacheSalt } : {}),
+        });
       }
     }
     return this.engine.submit(inputs);

@@ -40,6 +40,8 @@ export interface SequenceInput {
   readonly outputTokens: number;
   readonly finishedReason: string;
   readonly cacheSalt?: string;
+  /** This sequence's prefix-cache hit counts in the job's cachedTokens (false for a prompt's other choices). Default true. */
+  readonly countsCached?: boolean;
 }
 
 interface SequenceState {
@@ -47,6 +49,7 @@ interface SequenceState {
   readonly index: number;
   readonly promptTokens: number;
   readonly finishedReason: string;
+  readonly countsCached: boolean;
   readonly arrivedAt: number;
   scheduledAt: number | null;
   firstTokenAt: number | null;
@@ -151,14 +154,26 @@ export class EngineRuntime {
     const ids = inputs.map((_, i) => `${jobId}.${i}`);
     const job = new EngineJob(ids, this);
     const at = this.now();
+    const added: string[] = [];
     inputs.forEach((input, index) => {
       const id = ids[index] ?? '';
-      this.core.add({ id, promptTokenIds: input.promptTokenIds, outputTokens: Math.max(1, input.outputTokens), ...(input.cacheSalt !== undefined ? { cacheSalt: input.cacheSalt } : {}) });
+      try {
+        this.core.add({ id, promptTokenIds: input.promptTokenIds, outputTokens: Math.max(1, input.outputTokens), ...(input.cacheSalt !== undefined ? { cacheSalt: input.cacheSalt } : {}) });
+      } catch (error) {
+        // All or nothing: the sequences already added are taken out again, so none is left without a job to cancel it.
+        for (const done of added) {
+          this.core.abort(done);
+          this.sequences.delete(done);
+        }
+        throw error;
+      }
+      added.push(id);
       this.sequences.set(id, {
         job,
         index,
         promptTokens: input.promptTokenIds.length,
         finishedReason: input.finishedReason,
+        countsCached: input.countsCached !== false,
         arrivedAt: at,
         scheduledAt: null,
         firstTokenAt: null,
@@ -216,8 +231,16 @@ export class EngineRuntime {
         // Distinct from the first token on, so external prompts never share a block with anything.
         const ids = Array.from({ length: Math.max(1, load.promptTokens) }, (_, t) => 1_000_000_000 + ((serial * 7919 + t * 104_729) % 1_000_000_000));
         ids[0] = 2_000_000_000 + serial;
+        let job: EngineJob;
+        try {
+          job = this.submit([{ promptTokenIds: ids, outputTokens: load.outputTokens, finishedReason: 'length' }]);
+        } catch {
+          // Options validation keeps external requests within the KV capacity; never let one stop the timer chain.
+          this.externalDropped += 1;
+          this.externalTimer = after((-Math.log(1 - random()) / load.rate) * 1000, arrive);
+          return;
+        }
         this.externalInFlight += 1;
-        const job = this.submit([{ promptTokenIds: ids, outputTokens: load.outputTokens, finishedReason: 'length' }]);
         const stop = job.watch(() => {
           if (!job.done) return;
           stop();
@@ -295,7 +318,7 @@ export class EngineRuntime {
         metrics?.observeTtft((at - state.arrivedAt) / 1000);
         metrics?.addPromptTokens(state.promptTokens);
         if (state.job.cachedTokens === null) state.job.cachedTokens = 0;
-        state.job.cachedTokens += state.cachedTokens ?? 0;
+        if (state.countsCached) state.job.cachedTokens += state.cachedTokens ?? 0;
       } else if (state.lastTokenAt !== null) {
         metrics?.observeItl((at - state.lastTokenAt) / 1000);
       }

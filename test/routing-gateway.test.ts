@@ -159,6 +159,21 @@ describe('cache_aware against the engine model', () => {
   });
 });
 
+describe('cache_aware across a configuration reload', () => {
+  it('keeps where prefixes went when the pool and its routing are unchanged', async () => {
+    const s = await startStack({ sims: 3, sim: { engineModel: true, promptTokensDetails: true, outputTokens: 4, jitter: 0 }, config: FAST_SIGNALS });
+    stacks.push(s);
+    await chat(s.base, SYSTEM, 'before the reload');
+    const decisions = async (reason: string) => s.metric('waybill_routing_decisions_total', { reason });
+    // The same configuration again (a SIGHUP with nothing changed, or a change elsewhere): the index is kept.
+    expect((await s.gateway.reload(s.gateway.config)).result).toBe('ok');
+    const prefixBefore = await decisions('prefix');
+    await chat(s.base, SYSTEM, 'after the reload');
+    expect(await decisions('prefix')).toBe(prefixBefore + 1);
+    expect(s.sims.map((sim) => sim.stats().requests).filter((n) => n === 2)).toHaveLength(1);
+  });
+});
+
 describe('cache_aware under a burst, and with sessions', () => {
   it('spreads a burst of one prefix within the bound: never more than ceil(1.25 × mean) on one upstream', async () => {
     // Long answers, so all eight are in flight together: each pick sees the earlier ones' load (counted at pick time).

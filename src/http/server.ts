@@ -187,7 +187,10 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
         logger.info({ upstream, cause }, 'upstream engine restarted: its prefix index entries are dropped');
       },
     }, now, modelLabels);
-    if (previous !== undefined) upstreams.carryDiscovery(previous.upstreams);
+    if (previous !== undefined) {
+      upstreams.carryDiscovery(previous.upstreams);
+      upstreams.carryRouting(previous.upstreams);
+    }
     // At zero from the start, so an alert on any increase sees the first one.
     for (const upstream of upstreams.upstreams) for (const read of OWN_READS) for (const reason of READ_STOP_REASONS) metrics.readStopped(upstream.name, read, reason, 0);
     for (const pool of served.pools) if (pool.models === undefined) metrics.discoveredModelsRefusedBy(pool.name, 0);

@@ -370,6 +370,20 @@ export class UpstreamRegistry {
    * generation's list, so a reload while their upstreams are down does not unserve their models. The next discovery
    * replaces it as usual.
    */
+  /**
+   * Keeps what a pool's router learned across a reload that leaves the pool's upstreams and routing settings as they
+   * were: its prefix index (where prefixes were sent) and its sessions' idle gaps. Anything else starts afresh.
+   */
+  carryRouting(previous: UpstreamRegistry): void {
+    const key = (pool: ServedPool) => JSON.stringify([pool.upstreams.map((u) => [u.name, u.url.href]), pool.config.routing]);
+    for (const pool of this.pools) {
+      const before = previous.pools.find((p) => p.config.name === pool.config.name);
+      const router = before === undefined ? undefined : previous.routers.get(before);
+      if (before === undefined || router === undefined || key(before) !== key(pool)) continue;
+      this.routers.set(pool, router);
+    }
+  }
+
   carryDiscovery(previous: UpstreamRegistry): void {
     const key = (pool: ServedPool) => JSON.stringify(pool.upstreams.map((u) => [u.name, u.url.href]));
     for (const pool of this.pools) {

@@ -107,6 +107,13 @@ export function workerIdentity(): { readonly index: number; readonly count: numb
 // ---------------------------------------------------------------------------------------------------------------
 // A worker's side.
 
+/**
+ * The callback of every message a worker sends: one that cannot be written (the primary died, the channel is closing
+ * under it) is dropped. Without a callback Node emits the failure as an 'error' event on `process`, which nothing
+ * listens to, so it would kill the worker — and cut the streams it is draining because its primary died.
+ */
+const ignoreLostMessage = (): void => undefined;
+
 /** A worker's line to its primary: scrapes, limit steps, and what the primary tells it to do. */
 export class WorkerLink {
   private nextId = 0;
@@ -167,8 +174,7 @@ export class WorkerLink {
    */
   readonly owners = {
     share: (id: string, tenant: string): void => {
-      const message: ToPrimary = { type: 'waybill:owner', id, tenant };
-      process.send?.(message);
+      this.send({ type: 'waybill:owner', id, tenant });
     },
     onShared: (listener: (id: string, tenant: string) => void): void => {
       this.onOwner = listener;
@@ -248,7 +254,7 @@ export class WorkerLink {
   }
 
   private send(message: ToPrimary): void {
-    if (process.connected) process.send?.(message);
+    if (process.connected) process.send?.(message, ignoreLostMessage);
   }
 
   private ask(message: Extract<ToPrimary, { type: 'waybill:metrics' | 'waybill:limit' }>, timeoutMs: number, onTimeout?: () => void): Promise<ToWorker> {
@@ -263,7 +269,7 @@ export class WorkerLink {
         reject(new Error(`the primary did not answer within ${timeoutMs} ms`));
       }, timeoutMs);
       this.pending.set(message.id, { resolve, reject, timer });
-      process.send?.(message);
+      process.send?.(message, ignoreLostMessage);
     });
   }
 

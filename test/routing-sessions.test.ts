@@ -114,13 +114,27 @@ describe('SessionGaps TTL', () => {
     expect(g.start('a', 45 * MIN)).toEqual({ gapMs: 45 * MIN, gapClass: '30m+' });
   });
 
-  it('expired entries are dropped lazily from the least recent end', () => {
+  it('expired entries read as absent at once, and are dropped from the least recent end every 64 calls', () => {
     const g = new SessionGaps({ ttlMs: 1_000 });
     g.complete('a', 0);
     g.complete('b', 0);
-    g.complete('c', 5_000);
-    expect(g.size).toBe(1); // the sweep on c's completion dropped a and b: only c is left
+    g.complete('c', 5_000); // call 3
+    expect(g.size).toBe(3); // not swept yet: a sweep runs every 64th call, not on every one
+    for (let call = 4; call < 64; call++) expect(g.start('c', 5_000).gapMs).toBe(0);
+    expect(g.size).toBe(3);
+    g.start('c', 5_000); // call 64: the sweep drops a and b, the stale ones at the least recent end
+    expect(g.size).toBe(1);
     expect(g.start('a', 5_001).gapClass).toBe('first');
+  });
+
+  it('a full tracker forgets its least recent 1 % at once (one walk for many evictions)', () => {
+    const g = new SessionGaps({ maxSessions: 200 });
+    for (let i = 0; i < 200; i++) g.complete(`s${i}`, i);
+    g.complete('new', 1_000);
+    expect(g.size).toBe(199); // s0 and s1 gone, `new` in
+    expect(g.start('s0', 1_001).gapClass).toBe('first');
+    expect(g.start('s1', 1_001).gapClass).toBe('first');
+    expect(g.start('s2', 1_001).gapMs).toBe(999);
   });
 
   it('rejects options that cannot work', () => {

@@ -92,8 +92,14 @@ export interface GapReading {
 
 const FIRST: GapReading = Object.freeze({ gapMs: null, gapClass: 'first' });
 
-/** Expired entries looked at per call from the least recent end: enough to drain steadily, O(1) per call. */
-const SWEEP_PER_CALL = 2;
+/**
+ * Expired entries dropped from the least recent end every SWEEP_EVERY calls, at most SWEEP_MAX at a time. Not on every
+ * call: V8's Map leaves a hole for each deleted entry until it rehashes, and an iterator from the start walks every
+ * hole at the front — every touch (delete + set) makes one — so reading the head on each call cost the whole run of
+ * holes per request; amortised over SWEEP_EVERY calls it is a few steps.
+ */
+const SWEEP_EVERY = 64;
+const SWEEP_MAX = 128;
 
 /**
  * The last completion time of each recent session, in a Map kept in recency order (delete + set moves an entry to the
@@ -110,6 +116,7 @@ export class SessionGaps {
   readonly ttlMs: number;
   /** stored key → the caller's `now` at the session's last completion. */
   private readonly completedAt = new Map<string, number>();
+  private calls = 0;
 
   constructor(options: SessionGapsOptions = {}) {
     this.maxSessions = options.maxSessions ?? 100_000;
@@ -144,8 +151,12 @@ export class SessionGaps {
     this.sweep(now);
     const key = storedKey(sessionKey);
     if (!this.completedAt.delete(key) && this.completedAt.size >= this.maxSessions) {
-      const oldest = this.completedAt.keys().next();
-      if (oldest.done !== true) this.completedAt.delete(oldest.value);
+      // Full: the least recent 1 % go at once, one walk over the holes at the front for many evictions, not one each.
+      let evict = Math.max(1, Math.floor(this.maxSessions / 100));
+      for (const oldest of this.completedAt.keys()) {
+        this.completedAt.delete(oldest);
+        if (--evict === 0) break;
+      }
     }
     this.completedAt.set(key, now);
   }
@@ -164,10 +175,11 @@ export class SessionGaps {
    * an expired entry it misses is dropped when its session next starts, or evicted by LRU.
    */
   private sweep(now: number): void {
-    for (let i = 0; i < SWEEP_PER_CALL; i++) {
-      const head = this.completedAt.entries().next();
-      if (head.done === true || !this.expired(head.value[1], now)) return;
-      this.completedAt.delete(head.value[0]);
+    if (++this.calls % SWEEP_EVERY !== 0) return;
+    let left = SWEEP_MAX;
+    for (const [key, last] of this.completedAt) {
+      if (!this.expired(last, now) || left-- === 0) return;
+      this.completedAt.delete(key);
     }
   }
 }

@@ -27,6 +27,7 @@
  *
  * Runs per request: a handful of O(n) passes over the candidates, no arrays, one result object.
  */
+import { hash53 } from '../util/hash53.js';
 
 export const PICK_REASONS = ['prefix', 'load', 'bounded_load', 'stale_signals', 'session', 'single'] as const;
 export type PickReason = (typeof PICK_REASONS)[number];
@@ -313,26 +314,6 @@ function rendezvousAmong<T extends RoutingCandidate>(candidates: readonly T[], s
   return best;
 }
 
-/** A 53-bit hash of two strings (cyrb53's mixing), the separator outside UTF-16. */
-function hash53(a: string, b: string): number {
-  let h1 = 0xdeadbeef;
-  let h2 = 0x41c6ce57;
-  for (let i = 0; i < a.length; i++) {
-    const c = a.charCodeAt(i);
-    h1 = Math.imul(h1 ^ c, 2654435761);
-    h2 = Math.imul(h2 ^ c, 1597334677);
-  }
-  h1 = Math.imul(h1 ^ 0x10000, 2654435761);
-  h2 = Math.imul(h2 ^ 0x10000, 1597334677);
-  for (let i = 0; i < b.length; i++) {
-    const c = b.charCodeAt(i);
-    h1 = Math.imul(h1 ^ c, 2654435761);
-    h2 = Math.imul(h2 ^ c, 1597334677);
-  }
-  h1 = Math.imul(h1 ^ (h1 >>> 16), 2246822507) ^ Math.imul(h2 ^ (h2 >>> 13), 3266489909);
-  h2 = Math.imul(h2 ^ (h2 >>> 16), 2246822507) ^ Math.imul(h1 ^ (h1 >>> 13), 3266489909);
-  return 4294967296 * (2097151 & h2) + (h1 >>> 0);
-}
 
 /** L_i of rule 1 (see the module comment). */
 /**

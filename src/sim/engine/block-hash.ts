@@ -12,6 +12,8 @@
  * count), never corrupt the pool's accounting.
  */
 
+import { finish53 as finish, hash53, MUL1, MUL2, SEED1, SEED2 } from '../../util/hash53.js';
+
 const TWO_POW_32 = 4294967296;
 
 /** The first block's parent: a fixed seed where vLLM draws NONE_HASH at random per process (fixed here for determinism). */
@@ -28,45 +30,27 @@ function hi(h: number): number {
   return Math.floor(h / TWO_POW_32) | 0;
 }
 
-/** cyrb53's final avalanche of the two lanes into one 53-bit number. */
-function finish(h1: number, h2: number): number {
-  let a = Math.imul(h1 ^ (h1 >>> 16), 2246822507);
-  a ^= Math.imul(h2 ^ (h2 >>> 13), 3266489909);
-  let b = Math.imul(h2 ^ (h2 >>> 16), 2246822507);
-  b ^= Math.imul(a ^ (a >>> 13), 3266489909);
-  return TWO_POW_32 * (2097151 & b) + (a >>> 0);
-}
-
 /** A string (the cache salt, a sequence id) as a 53-bit key. */
-export function hashString(s: string): number {
-  let h1 = 0xdeadbeef;
-  let h2 = 0x41c6ce57;
-  for (let i = 0; i < s.length; i++) {
-    const c = s.charCodeAt(i);
-    h1 = Math.imul(h1 ^ c, 2654435761);
-    h2 = Math.imul(h2 ^ c, 1597334677);
-  }
-  return finish(h1, h2);
-}
+export const hashString = (s: string): number => hash53(s);
 
 /**
  * The hash of the block of tokens [start, start + blockSize) given its parent's hash. `saltKey` is folded in only by
  * the caller's choice (the first block), with a marker word so a salted chain never equals an unsalted one by layout.
  */
 export function hashBlock(parent: number, tokenAt: TokenAt, start: number, blockSize: number, saltKey?: number): number {
-  let h1 = 0xdeadbeef ^ lo(parent);
-  let h2 = 0x41c6ce57 ^ hi(parent);
-  h1 = Math.imul(h1 ^ hi(parent), 2654435761);
-  h2 = Math.imul(h2 ^ lo(parent), 1597334677);
+  let h1 = SEED1 ^ lo(parent);
+  let h2 = SEED2 ^ hi(parent);
+  h1 = Math.imul(h1 ^ hi(parent), MUL1);
+  h2 = Math.imul(h2 ^ lo(parent), MUL2);
   for (let p = start; p < start + blockSize; p++) {
     const t = tokenAt(p) | 0;
-    h1 = Math.imul(h1 ^ t, 2654435761);
-    h2 = Math.imul(h2 ^ t, 1597334677);
+    h1 = Math.imul(h1 ^ t, MUL1);
+    h2 = Math.imul(h2 ^ t, MUL2);
   }
   if (saltKey !== undefined) {
     for (const w of [0x5a17, lo(saltKey), hi(saltKey)]) {
-      h1 = Math.imul(h1 ^ w, 2654435761);
-      h2 = Math.imul(h2 ^ w, 1597334677);
+      h1 = Math.imul(h1 ^ w, MUL1);
+      h2 = Math.imul(h2 ^ w, MUL2);
     }
   }
   return finish(h1, h2);
@@ -96,7 +80,7 @@ export function extendBlockHashes(
  * happens to share the prompt (a real model could generate the same text; the simulator does not pretend to know).
  */
 export function generatedTokenId(seqKey: number, position: number): number {
-  const h1 = Math.imul(lo(seqKey) ^ position, 2654435761);
-  const h2 = Math.imul(hi(seqKey) ^ position, 1597334677);
+  const h1 = Math.imul(lo(seqKey) ^ position, MUL1);
+  const h2 = Math.imul(hi(seqKey) ^ position, MUL2);
   return finish(h1, h2) % 0x7fffffff;
 }

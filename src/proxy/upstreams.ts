@@ -316,16 +316,18 @@ export class UpstreamRegistry {
 
   /** A session's request starts: the gap since its previous completion (null: none known), per the pool's tracker. */
   sessionStarted(model: string, sessionKey: string, now: number): { gapMs: number | null; gapClass: string } | undefined {
-    const pool = this.byModel.get(model);
-    const sessions = pool === undefined ? undefined : this.routers.get(pool)?.sessions;
-    return sessions?.start(sessionKey, now) ?? undefined;
+    return this.sessionsOf(model)?.start(sessionKey, now);
   }
 
   /** A session's request ended (however it ended): the next one's gap is measured from now. */
   sessionEnded(model: string, sessionKey: string, now: number): void {
+    this.sessionsOf(model)?.complete(sessionKey, now);
+  }
+
+  /** The idle-gap tracker of the pool serving `model` (none without a session header). */
+  private sessionsOf(model: string): PoolRouter<Upstream>['sessions'] | undefined {
     const pool = this.byModel.get(model);
-    const sessions = pool === undefined ? undefined : this.routers.get(pool)?.sessions;
-    sessions?.complete(sessionKey, now);
+    return pool === undefined ? undefined : this.routers.get(pool)?.sessions;
   }
 
   /** Each upstream's engine signals for the scrape-time gauges: fresh or not, and how old the last valid ones are. */

@@ -6,7 +6,7 @@
  * docs/routing-bench.md holds a run's figures and what they mean.
  *
  *   npm run build && node dist/bench/routing.js [--seconds 20] [--requests N] [--concurrency 16] [--repeats 1]
- *                                              [--scenarios shared,hot,busy,multi,unique] [--json FILE]
+ *                                              [--scenarios shared,hot,busy,multi,workers,replicas,unique] [--json FILE]
  *                                              [--routing '{"bounded_load":2}']   (diagnostics: extra cache_aware keys)
  *
  * --requests N runs each load for N requests instead of --seconds (the hot tenant's two loads N/2 each).
@@ -55,7 +55,7 @@ interface Options {
 }
 
 function parse(argv: string[]): Options {
-  const options: Options = { seconds: 20, requests: undefined, concurrency: 16, repeats: 1, scenarios: ['shared', 'hot', 'busy', 'multi', 'unique'], json: undefined, routing: {} };
+  const options: Options = { seconds: 20, requests: undefined, concurrency: 16, repeats: 1, scenarios: ['shared', 'hot', 'busy', 'multi', 'workers', 'replicas', 'unique'], json: undefined, routing: {} };
   for (let i = 0; i < argv.length; i += 2) {
     const flag = argv[i];
     const raw = argv[i + 1] ?? '';
@@ -79,6 +79,8 @@ interface LoadSpec {
   name: string;
   concurrency: number;
   args: string[];
+  /** Which gateway process it sends to (scenarios with several); 0 by default. */
+  gateway?: number;
 }
 
 interface Scenario {
@@ -86,6 +88,9 @@ interface Scenario {
   title: string;
   simArgs: string[];
   sessionHeader?: string;
+  /** Gateway processes (replicas, each its own index), each with `workers` workers; 1 × 1 by default. */
+  gateways?: number;
+  workers?: number;
   loads(options: Options): LoadSpec[];
 }
 
@@ -131,6 +136,26 @@ const SCENARIOS: Scenario[] = [
     ],
   },
   {
+    // What sharing nothing costs: the shared workload through one gateway with 2 workers (one index each; the
+    // primary hands connections out), and through 2 gateway replicas with half the streams each.
+    key: 'workers',
+    title: `shared prefixes through one gateway with 2 workers (an index each)`,
+    simArgs: [],
+    workers: 2,
+    loads: (o) => [{ name: 'load', concurrency: o.concurrency, args: fleetArgs(GROUPS, PREFIX_TOKENS, 1) }],
+  },
+  {
+    key: 'replicas',
+    title: `shared prefixes through 2 gateway replicas (an index each), half the streams each`,
+    simArgs: [],
+    gateways: 2,
+    loads: (o) => [
+      // The same 12 prefixes (--prefix-seed 1), each load its own questions and draws.
+      { name: 'a', concurrency: Math.max(1, Math.round(o.concurrency / 2)), args: fleetArgs(GROUPS, PREFIX_TOKENS, 1), gateway: 0 },
+      { name: 'b', concurrency: Math.max(1, o.concurrency - Math.round(o.concurrency / 2)), args: [...fleetArgs(GROUPS, PREFIX_TOKENS, 2), '--prefix-seed', '1'], gateway: 1 },
+    ],
+  },
+  {
     key: 'unique',
     title: 'unique prompts: 50 000 groups of 64 tokens + 64-token question (nothing shared)',
     simArgs: [],
@@ -163,7 +188,7 @@ async function startSim(dir: string, name: string, extra: string[]): Promise<{ c
   return { child, origins };
 }
 
-async function startGateway(dir: string, name: string, origins: string[], policy: Policy, sessionHeader: string | undefined, extra: Record<string, unknown>): Promise<{ child: Child; origin: string }> {
+async function startGateway(dir: string, name: string, origins: string[], policy: Policy, sessionHeader: string | undefined, extra: Record<string, unknown>, workers: number): Promise<{ child: Child; origin: string }> {
   const port = await freePort();
   const config = {
     server: { host: '127.0.0.1', port },
@@ -188,7 +213,7 @@ async function startGateway(dir: string, name: string, origins: string[], policy
   writeFileSync(file, JSON.stringify(config, null, 2));
   const env: NodeJS.ProcessEnv = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('OTEL_')) env[k] = v;
-  const child = spawnPinned({ name, core: GATEWAY_CORE, dir, command: process.execPath, args: [BIN, 'serve', '--config', file, '--workers', '1'], env });
+  const child = spawnPinned({ name, core: GATEWAY_CORE, dir, command: process.execPath, args: [BIN, 'serve', '--config', file, '--workers', String(workers)], env });
   const origin = `http://127.0.0.1:${port}`;
   await waitFor200(`${origin}/readyz`, 15_000, child);
   return { child, origin };
@@ -290,19 +315,23 @@ interface Row {
 async function measure(dir: string, scenario: Scenario, policy: Policy, repeat: number, options: Options): Promise<Row> {
   const tag = `${scenario.key}-${policy}-${repeat}`;
   const sim = await startSim(dir, `sim-${tag}`, scenario.simArgs);
-  let gateway: { child: Child; origin: string } | undefined;
+  const gateways: { child: Child; origin: string }[] = [];
   try {
-    gateway = await startGateway(dir, `gw-${tag}`, sim.origins, policy, scenario.sessionHeader, options.routing);
+    for (let g = 0; g < (scenario.gateways ?? 1); g++) {
+      gateways.push(await startGateway(dir, `gw-${tag}-${g}`, sim.origins, policy, scenario.sessionHeader, options.routing, scenario.workers ?? 1));
+    }
     // A second for the first engine-signal scrape (engine_signals.interval 1 s) before the first pick.
     await new Promise((r) => setTimeout(r, 1500));
-    const before = await scrape(gateway.origin);
-    const cpuBefore = processCpuUs(gateway.child.pid);
+    const scrapeAll = async () => sumMetrics(await Promise.all(gateways.map((g) => scrape(g.origin))));
+    // processCpuUs sums the process tree: a primary and its workers.
+    const cpuAll = () => gateways.reduce((sum, g) => sum + processCpuUs(g.child.pid), 0);
+    const before = await scrapeAll();
+    const cpuBefore = cpuAll();
     const specs = scenario.loads(options);
     const requestsEach = options.requests === undefined ? undefined : Math.max(1, Math.round(options.requests / specs.length));
-    const origin = gateway.origin;
-    const reports = await Promise.all(specs.map((spec) => runLoadProcess(dir, tag, origin, spec, options, requestsEach)));
-    const cpuAfter = processCpuUs(gateway.child.pid);
-    const after = await scrape(gateway.origin);
+    const reports = await Promise.all(specs.map((spec) => runLoadProcess(dir, tag, (gateways[spec.gateway ?? 0] ?? gateways[0])?.origin ?? '', spec, options, requestsEach)));
+    const cpuAfter = cpuAll();
+    const after = await scrapeAll();
 
     const requests = reports.reduce((s, r) => s + r.summary.requests, 0);
     const delivered = reports.reduce((s, r) => s + (r.summary.byOutcome['delivered'] ?? 0), 0);
@@ -345,9 +374,16 @@ async function measure(dir: string, scenario: Scenario, policy: Policy, repeat: 
       gatewayCpuUsPerRequest: (cpuAfter - cpuBefore) / Math.max(1, requests),
     };
   } finally {
-    await gateway?.child.stop();
+    for (const g of gateways) await g.child.stop();
     await sim.child.stop();
   }
+}
+
+/** Several gateways' series added up by name and labels (each replica counts its own requests). */
+function sumMetrics(all: Metrics[]): Metrics {
+  const sum: Metrics = new Map();
+  for (const m of all) for (const [series, value] of m) sum.set(series, (sum.get(series) ?? 0) + value);
+  return sum;
 }
 
 const f2 = (v: number) => (Number.isFinite(v) ? v.toFixed(2) : '–');
@@ -402,6 +438,13 @@ function verdicts(rows: Row[], pickerUs: number): string[] {
   if (has('busy')) {
     const share = med('busy', 'cache_aware', (r) => r.engine3Share);
     say(share <= 0.04, `busy engine: engine 3's share ${(share * 100).toFixed(1)}% ≤ 4% (least_request: ${(med('busy', 'least_request', (r) => r.engine3Share) * 100).toFixed(1)}%)`);
+  }
+  // Not targets: what sharing no index between workers or replicas costs, against one gateway's index.
+  for (const mode of ['workers', 'replicas']) {
+    if (!has(mode)) continue;
+    const ratio = med(mode, 'cache_aware', (r) => r.cachedRatio);
+    const single = has('shared') ? ` (one gateway: ${f2(med('shared', 'cache_aware', (r) => r.cachedRatio))})` : '';
+    out.push(`  measured ${mode}: cache_aware cached ratio ${f2(ratio)}${single}, TTFT p95 ${f0(med(mode, 'cache_aware', (r) => r.ttftP95))} ms vs least_request ${f0(med(mode, 'least_request', (r) => r.ttftP95))} ms`);
   }
   say(pickerUs <= 20, `picker: ${pickerUs.toFixed(1)} µs CPU per request ≤ 20 µs at 4 upstreams (bench/picker.ts: prefixBlocks + match + record + pickCacheAware)`);
   if (has('unique')) {

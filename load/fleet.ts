@@ -26,6 +26,11 @@ export interface SharedPrefixFleet {
   readonly popularity: Popularity;
   /** Zipf exponent: group k (from 0) is drawn with weight 1 / (k + 1)^s. */
   readonly zipfS: number;
+  /**
+   * Seed of the groups' system prompts when not the run's own: load processes with different seeds (their own
+   * questions and draws) then share the same prefixes, as several clients of one application do.
+   */
+  readonly prefixSeed?: number | undefined;
 }
 
 export interface MultiTurnFleet {
@@ -173,9 +178,10 @@ export function planSharedPrefix(
   return chatPlan(index, messages, maxTokens, stream, simulator, { kind: 'shared-prefix', group });
 }
 
-/** Every group's system prompt, made once per run. */
+/** Every group's system prompt, made once per run: from `fleet.prefixSeed` when given, else the run's seed. */
 export function groupPrompts(seed: number, fleet: SharedPrefixFleet): string[] {
-  return Array.from({ length: fleet.groups }, (_, g) => groupPrompt(seed, g, fleet.prefixTokens));
+  const from = fleet.prefixSeed ?? seed;
+  return Array.from({ length: fleet.groups }, (_, g) => groupPrompt(from, g, fleet.prefixTokens));
 }
 
 /** Everything about a session drawn up front from its own seeded stream: the same session is the same whoever runs it. */

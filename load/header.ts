@@ -130,7 +130,15 @@ export function workloadKeys(workload: Workload, model: string): Record<string, 
 /** A fleet workload's keys (`fleet` and its own), present only on a fleet run so older headers compare unchanged. */
 function fleetKeys(fleet: Fleet): Record<string, unknown> {
   const common = { fleet: fleet.kind, prefix_tokens: fleet.prefixTokens, question_tokens: fleet.questionTokens };
-  if (fleet.kind === 'shared-prefix') return { ...common, groups: fleet.groups, popularity: fleet.popularity, ...(fleet.popularity === 'zipf' ? { zipf_s: fleet.zipfS } : {}) };
+  if (fleet.kind === 'shared-prefix') {
+    return {
+      ...common,
+      groups: fleet.groups,
+      popularity: fleet.popularity,
+      ...(fleet.popularity === 'zipf' ? { zipf_s: fleet.zipfS } : {}),
+      ...(fleet.prefixSeed !== undefined ? { prefix_seed: fleet.prefixSeed } : {}),
+    };
+  }
   return {
     ...common,
     sessions: fleet.sessions,

@@ -38,6 +38,8 @@ fleet workloads (usage asked on every stream; no faults, cancellations or slow r
   --groups G                  shared-prefix: groups, each its own system prompt (default 8)
   --popularity uniform|zipf   shared-prefix: how groups are picked (default uniform)
   --zipf-s S                  shared-prefix: Zipf exponent, group k weighs 1/(k+1)^S (default 1.1)
+  --prefix-seed N             shared-prefix: seed of the groups' system prompts (default: --seed), so runs with
+                              different --seed share prefixes
   --prefix-tokens P           system prompt per group or session, in tokens of 4 characters (default 2048)
   --question-tokens Q         user question per request or turn, unique (default 64, at least 4)
   --sessions S                multi-turn: concurrent sessions (default: --concurrency; closed loop only)
@@ -118,6 +120,7 @@ const OPTIONS = {
   groups: { type: 'string' },
   popularity: { type: 'string' },
   'zipf-s': { type: 'string' },
+  'prefix-seed': { type: 'string' },
   'prefix-tokens': { type: 'string' },
   'question-tokens': { type: 'string' },
   sessions: { type: 'string' },
@@ -246,6 +249,9 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
   if (fleetKind === 'shared-prefix') {
     const zipfS = Number(flag('zipf-s') ?? 1.1);
     if (!(zipfS > 0)) problems.push(`--zipf-s: "${flag('zipf-s') ?? ''}" must be a positive number`);
+    const prefixSeedText = flag('prefix-seed');
+    const prefixSeed = prefixSeedText === undefined ? undefined : Number(prefixSeedText);
+    if (prefixSeed !== undefined && !Number.isInteger(prefixSeed)) problems.push(`--prefix-seed: "${prefixSeedText ?? ''}" is not an integer`);
     if (Number(flag('groups') ?? 8) > MAX_GROUPS) problems.push(`--groups: at most ${MAX_GROUPS} (each group's prompt opens with a token of its own)`);
     fleet = {
       kind: 'shared-prefix',
@@ -254,6 +260,7 @@ export async function parseLoadArgs(argv: string[]): Promise<LoadConfig | { prob
       questionTokens: integer('question-tokens', 64, 4),
       popularity: choice('popularity', ['uniform', 'zipf'], 'uniform'),
       zipfS,
+      prefixSeed,
     };
   } else if (fleetKind === 'multi-turn') {
     const turns = range('turns', { min: 4, max: 4 });

@@ -102,9 +102,31 @@ describe('parseEngineMetrics', () => {
         startTime: 1764743838.45,
         prefixQueries: 200000,
         prefixHits: 100000,
+        kvCapacityTokens: 27648 * 16,
       },
       ignored: { longLines: 0, extraSeries: 0 },
     });
+  });
+
+  it('reads the KV capacity from cache_config_info: num_gpu_blocks × block_size, the smallest engine, bounded', () => {
+    const info = (labels: string) => `vllm:cache_config_info{${labels}} 1.0\n`;
+    const capacity = (...lines: string[]) => signalsOf(parseEngineMetrics(minimal('0', '0', '0.1') + lines.join(''))).kvCapacityTokens;
+    // Label order does not matter, and num_gpu_blocks_override is not num_gpu_blocks.
+    expect(capacity(info('num_gpu_blocks_override="None",num_gpu_blocks="320",block_size="16",engine="0"'))).toBe(5120);
+    expect(capacity(info('engine="0",block_size="32",num_gpu_blocks="1000"'), info('engine="1",block_size="32",num_gpu_blocks="800"'))).toBe(25600);
+    // Before KV profiling vLLM renders None; a lie or a unit slip beyond the bounds is not believed; none is unknown.
+    expect(capacity(info('block_size="16",num_gpu_blocks="None"'))).toBeUndefined();
+    expect(capacity(info('block_size="16",num_gpu_blocks="0"'))).toBeUndefined();
+    expect(capacity(info('block_size="16",num_gpu_blocks="99999999999"'))).toBeUndefined();
+    expect(capacity(info('block_size="8192",num_gpu_blocks="100"'))).toBeUndefined();
+    expect(capacity(info('block_size="16",num_gpu_blocks="-5"'))).toBeUndefined();
+    expect(capacity(info('num_gpu_blocks="100"'))).toBeUndefined();
+    expect(capacity()).toBeUndefined();
+    // A value inside another label's quotes is not a label; one unusable series makes the capacity unknown.
+    expect(capacity(info('note="x num_gpu_blocks=\\"5\\"",block_size="16",num_gpu_blocks="10"'))).toBe(160);
+    expect(capacity(info('engine="0",block_size="16",num_gpu_blocks="10"'), info('engine="1",block_size="16",num_gpu_blocks="None"'))).toBeUndefined();
+    // An unterminated label set is malformed, and the required signals still stand.
+    expect(capacity('vllm:cache_config_info{block_size="16",num_gpu_blocks="10" 1\n')).toBeUndefined();
   });
 
   it('falls back to the pre-rename gpu_cache_usage_perc and says so', () => {

@@ -71,6 +71,23 @@ describe('shared-prefix planning', () => {
     expect(groupPrompts(8, SHARED)).not.toEqual(groupPrompts(7, SHARED));
   });
 
+  it('with --prefix-seed, runs of other seeds share the system prompts and nothing else', async () => {
+    const fleet: SharedPrefixFleet = { ...SHARED, prefixSeed: 3 };
+    const a = sharedPlans(fleet, 7, 40);
+    const b = sharedPlans(fleet, 8, 40);
+    const systems = (plans: PlannedRequest[]) => new Set(plans.map((p) => content(p, 'system')));
+    // The same G prompts (those of seed 3), but other questions and other draws.
+    expect(new Set(groupPrompts(7, fleet))).toEqual(new Set(groupPrompts(3, SHARED)));
+    for (const s of [...systems(a), ...systems(b)]) expect(groupPrompts(3, SHARED)).toContain(s);
+    const questions = new Set(a.map((p) => content(p, 'user')));
+    expect(b.some((p) => questions.has(content(p, 'user')))).toBe(false);
+    // The flag (and the YAML key) reaches the fleet; a non-integer is refused.
+    const parsed = await parseLoadArgs(['--url', 'http://127.0.0.1:1', '--concurrency', '2', '--requests', '4', '--workload', 'shared-prefix', '--prefix-seed', '3', '--seed', '8']);
+    if ('problems' in parsed) throw new Error(parsed.problems.join('; '));
+    expect(parsed.workload.fleet).toMatchObject({ kind: 'shared-prefix', prefixSeed: 3 });
+    expect(await parseLoadArgs(['--url', 'http://127.0.0.1:1', '--concurrency', '2', '--requests', '4', '--workload', 'shared-prefix', '--prefix-seed', 'x'])).toEqual({ problems: ['--prefix-seed: "x" is not an integer'] });
+  });
+
   it('has exactly G system prompts of P tokens, distinct from their first token, and a unique question of Q tokens each', () => {
     const plans = sharedPlans(SHARED, 1, 400);
     const systems = new Set(plans.map((p) => content(p, 'system')));

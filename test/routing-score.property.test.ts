@@ -133,7 +133,7 @@ describe('pickCacheAware: rules by value', () => {
   });
 
   it('an overloaded prefix holder is skipped: bounded_load', () => {
-    // T = 12, c = 1.25: a holds 10, may take a request only if 11 ≤ ⌈1.25 · 13 / 3⌉ = 6.
+    // T = 12, c = 1.5 (the default): a holds 10, may take a request only if 11 ≤ ⌈1.5 · 13 / 3⌉ = 7.
     const pick = pickCacheAware([idle('a', 10), idle('b', 1), idle('c', 1)], m(10, [['a', 8], ['b', 2]]), {}, always);
     expect(pick).toMatchObject({ reason: 'bounded_load' });
     expect(pick?.candidate.name).not.toBe('a');
@@ -142,7 +142,7 @@ describe('pickCacheAware: rules by value', () => {
   });
 
   it('small counts are not over the bound: one request more is fine', () => {
-    // ⌈1.25 · 2 / 2⌉ = 2: a with 1 in flight may take a second (the ceiling is what keeps affinity at low load).
+    // ⌈1.5 · 2 / 2⌉ = 2: a with 1 in flight may take a second (the ceiling is what keeps affinity at low load).
     expect(pickCacheAware([idle('a', 1), idle('b', 0)], m(4, [['a', 4]]), {}, always)).toMatchObject({ candidate: { name: 'a' }, reason: 'prefix' });
   });
 

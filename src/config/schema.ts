@@ -84,7 +84,7 @@ const routingSchema = z.strictObject({
   /** cache_aware: where the prompt's prefix is likely cached, unless that upstream is overloaded; least_request: power of two choices on in-flight. */
   policy: z.enum(['cache_aware', 'least_request']).default('cache_aware'),
   /** Never send to an upstream whose load would exceed this × the pool's mean load (consistent hashing with bounded loads). */
-  bounded_load: z.number().min(1).max(100).default(1.25),
+  bounded_load: z.number().min(1).max(100).default(1.5),
   /** Fewer matched prefix blocks than this is no prefix win. */
   min_match_blocks: z.number().int().min(1).max(65_536).default(1),
   /** The pool is imbalanced (prefix affinity yields to load) when max − min load exceeds this… */

@@ -303,9 +303,27 @@ export class UpstreamRegistry {
       (upstream, timeoutMs) => upstream.get('/metrics', timeoutMs, 'signals'),
       this.signals,
       { enabled: es.enabled, intervalMs: es.intervalMs, timeoutMs: es.timeoutMs, staleAfterMs: es.staleAfterMs },
-      { onResult: (upstream, result) => hooks.onSignalsScraped?.(upstream, result) },
+      {
+        onResult: (upstream, result) => {
+          if (result.ok) this.engineCapacity(upstream, result.signals.kvCapacityTokens);
+          hooks.onSignalsScraped?.(upstream, result);
+        },
+      },
       now,
     );
+  }
+
+  /**
+   * The engine's KV capacity (vllm:cache_config_info) bounds what the pool's prefix index believes it holds: as many
+   * index blocks as the engine has tokens of KV over the pool's block_tokens, the least recently sent forgotten first,
+   * as vLLM evicts. Unknown: no bound of its own.
+   */
+  private engineCapacity(name: string, tokens: number | undefined): void {
+    for (const upstream of this.upstreams) {
+      if (upstream.name !== name) continue;
+      const router = this.routerOf(upstream);
+      router?.index.setCapacity(name, tokens === undefined ? null : Math.floor(tokens / router.settings.blockTokens));
+    }
   }
 
   /** The pool an upstream belongs to, and its router. */

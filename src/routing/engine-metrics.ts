@@ -37,6 +37,12 @@ export interface EngineLoad {
   readonly prefixQueries?: number;
   /** `vllm:prefix_cache_hits_total`, summed: tokens found there. */
   readonly prefixHits?: number;
+  /**
+   * KV cache capacity in tokens from `vllm:cache_config_info` (`num_gpu_blocks` × `block_size`): the smallest engine's
+   * when several series are exposed (data-parallel engines each cache on their own, so a prefix fits in one of them).
+   * Absent when the series is missing, says `None` (before KV profiling), or is out of range.
+   */
+  readonly kvCapacityTokens?: number;
 }
 
 /** Lines left unread because of the limits (a body can be ok and still have some). */
@@ -68,8 +74,13 @@ export const DEFAULT_PARSE_LIMITS: ParseLimits = { maxBodyChars: 8 * 1024 * 1024
  */
 const KV_EPSILON = 1e-6;
 
-const [WAITING, RUNNING, KV, GPU_KV, QUERIES, HITS, START] = [0, 1, 2, 3, 4, 5, 6] as const;
-const SLOTS = 7;
+const [WAITING, RUNNING, KV, GPU_KV, QUERIES, HITS, START, CACHE_CONFIG] = [0, 1, 2, 3, 4, 5, 6, 7] as const;
+const SLOTS = 8;
+/** Bounds on what `vllm:cache_config_info` may say: beyond them the capacity is ignored (a lie or a unit mistake). */
+const MAX_GPU_BLOCKS = 1e9;
+const MAX_BLOCK_SIZE = 4096;
+const GPU_BLOCKS_LABEL = /[{,\s]num_gpu_blocks="(\d{1,10})"/;
+const BLOCK_SIZE_LABEL = /[{,\s]block_size="(\d{1,10})"/;
 /** The metrics read, and the slot each fills. */
 const WANTED = new Map<string, number>([
   ['vllm:num_requests_waiting', WAITING],
@@ -79,6 +90,7 @@ const WANTED = new Map<string, number>([
   ['vllm:prefix_cache_queries_total', QUERIES],
   ['vllm:prefix_cache_hits_total', HITS],
   ['process_start_time_seconds', START],
+  ['vllm:cache_config_info', CACHE_CONFIG],
 ]);
 
 /** Sums, maxima and whether each slot saw a bad value, folded line by line. */
@@ -86,6 +98,7 @@ interface Tally {
   readonly series: number[];
   readonly sum: number[];
   readonly max: number[];
+  readonly min: number[];
   readonly bad: boolean[];
   /** A line of the slot's metric did not parse. */
   readonly malformed: boolean[];
@@ -174,6 +187,7 @@ export function parseEngineMetrics(text: string, limits: ParseLimits = DEFAULT_P
     series: new Array<number>(SLOTS).fill(0),
     sum: new Array<number>(SLOTS).fill(0),
     max: new Array<number>(SLOTS).fill(Number.NEGATIVE_INFINITY),
+    min: new Array<number>(SLOTS).fill(Number.POSITIVE_INFINITY),
     bad: new Array<boolean>(SLOTS).fill(false),
     malformed: new Array<boolean>(SLOTS).fill(false),
   };
@@ -208,7 +222,8 @@ export function parseEngineMetrics(text: string, limits: ParseLimits = DEFAULT_P
     }
     let valueStart = nameEnd;
     if (valueStart < end && text.charCodeAt(valueStart) === BRACE_OPEN) valueStart = labelsEnd(text, valueStart, end);
-    const value = valueStart === -1 ? undefined : sampleValue(text, valueStart, end);
+    // The info gauge's value is 1; what it says is in its labels: the capacity in tokens, or NaN when unusable.
+    const value = valueStart === -1 ? undefined : slot === CACHE_CONFIG ? capacityTokens(text, nameEnd, valueStart) : sampleValue(text, valueStart, end);
     if (value === undefined) tally.malformed[slot] = true;
     else if ((tally.series[slot] ?? 0) >= limits.maxSeriesPerName) extraSeries++;
     else fold(tally, slot, value);
@@ -217,8 +232,33 @@ export function parseEngineMetrics(text: string, limits: ParseLimits = DEFAULT_P
   return settle(tally, ignored());
 }
 
+/**
+ * `num_gpu_blocks` × `block_size` from a `vllm:cache_config_info` label set `text[open, close)`; NaN when either is
+ * missing, `None`, not an integer, or out of range (counted as an invalid line, so the capacity is left unknown).
+ */
+function capacityTokens(text: string, open: number, close: number): number {
+  const labels = text.slice(open, close);
+  const blocks = integerLabel(labels, GPU_BLOCKS_LABEL, MAX_GPU_BLOCKS);
+  const size = integerLabel(labels, BLOCK_SIZE_LABEL, MAX_BLOCK_SIZE);
+  return blocks === undefined || size === undefined ? Number.NaN : blocks * size;
+}
+
+/** A label's value as a positive integer up to `max`; undefined otherwise. Values of these labels need no escapes. */
+function integerLabel(labels: string, label: RegExp, max: number): number | undefined {
+  const match = label.exec(labels);
+  if (match === null) return undefined;
+  const value = Number(match[1]);
+  return value >= 1 && value <= max ? value : undefined;
+}
+
 function fold(tally: Tally, slot: number, value: number): void {
   tally.series[slot] = (tally.series[slot] ?? 0) + 1;
+  if (slot === CACHE_CONFIG) {
+    // Smallest engine's capacity; one unusable series makes it unknown (bad), as any other optional slot.
+    if (Number.isNaN(value)) tally.bad[slot] = true;
+    else tally.min[slot] = Math.min(tally.min[slot] ?? Infinity, value);
+    return;
+  }
   if (!isValid(slot, value)) {
     tally.bad[slot] = true;
     return;
@@ -233,7 +273,7 @@ function fold(tally: Tally, slot: number, value: number): void {
  * An optional slot's folded value, or undefined when absent or when any of its lines was invalid or malformed: a
  * sum missing one engine's counter would look like a counter reset.
  */
-function optional(tally: Tally, slot: number, of: 'sum' | 'max'): number | undefined {
+function optional(tally: Tally, slot: number, of: 'sum' | 'max' | 'min'): number | undefined {
   if ((tally.series[slot] ?? 0) === 0 || tally.bad[slot] === true || tally.malformed[slot] === true) return undefined;
   return tally[of][slot];
 }
@@ -251,6 +291,7 @@ function settle(tally: Tally, ignored: IgnoredLines): ParseResult {
   const startTime = optional(tally, START, 'max');
   const prefixQueries = optional(tally, QUERIES, 'sum');
   const prefixHits = optional(tally, HITS, 'sum');
+  const kvCapacityTokens = optional(tally, CACHE_CONFIG, 'min');
   const signals: EngineLoad = {
     waiting: tally.sum[WAITING] ?? 0,
     running: tally.sum[RUNNING] ?? 0,
@@ -259,6 +300,7 @@ function settle(tally: Tally, ignored: IgnoredLines): ParseResult {
     ...(startTime === undefined ? {} : { startTime }),
     ...(prefixQueries === undefined ? {} : { prefixQueries }),
     ...(prefixHits === undefined ? {} : { prefixHits }),
+    ...(kvCapacityTokens === undefined ? {} : { kvCapacityTokens }),
   };
   return { ok: true, signals, ignored };
 }

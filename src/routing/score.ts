@@ -77,7 +77,7 @@ export interface ScoreWeights {
 }
 
 export interface CacheAwareOptions {
-  /** c of the bounded-load rule; default 1.25. Below 1 is taken as 1 (no candidate could ever qualify otherwise). */
+  /** c of the bounded-load rule; default 1.5. Below 1 is taken as 1 (no candidate could ever qualify otherwise). */
   readonly boundedLoad?: number;
   /** Fewer matched blocks than this is no prefix win; default 1. */
   readonly minMatchBlocks?: number;
@@ -97,7 +97,7 @@ export interface CacheAwarePick<T> {
 }
 
 export const CACHE_AWARE_DEFAULTS = {
-  boundedLoad: 1.25,
+  boundedLoad: 1.5,
   minMatchBlocks: 1,
   balanceAbsThreshold: 8,
   balanceRelThreshold: 1.5,

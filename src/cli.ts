@@ -249,7 +249,7 @@ async function serve(argv: string[]): Promise<number> {
     ...(identity !== undefined &&
       link !== undefined && {
         logger: createLogger(config.logging).child({ worker: identity.index }),
-        worker: { ...identity, scrape: () => link.scrape(), limitStore: new ClusterLimitStore(link.limits), held: link.held, owners: link.owners },
+        worker: { ...identity, scrape: () => link.scrape(), limitStore: new ClusterLimitStore(link.limits), held: link.held, owners: link.owners, routes: link.routes },
       }),
   });
   link?.serveMetrics(gateway.metrics.registry);

@@ -62,6 +62,13 @@ export interface WorkerRole {
   readonly held?: HeldRequests | undefined;
   /** Owners of stored responses under client-chosen ids, told to and learned from the other workers. */
   readonly owners?: { share(id: string, tenant: string): void; onShared(listener: (id: string, tenant: string) => void): void } | undefined;
+  /** Where cache_aware sent which prefix blocks, told to and learned from the other workers (docs/routing.md). */
+  readonly routes?: RouteSharing | undefined;
+}
+
+export interface RouteSharing {
+  share(pool: string, upstream: string, blocks: readonly number[]): void;
+  onShared(listener: (pool: string, upstream: string, blocks: readonly number[]) => void): void;
 }
 
 export type ReloadResult =
@@ -149,6 +156,9 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     onBind: options.worker?.owners === undefined ? undefined : (id, tenant) => guard.run('exchange', () => options.worker?.owners?.share(id, tenant)),
   });
   options.worker?.owners?.onShared((id, tenant) => owners.learn(id, tenant));
+  // What the other workers' picks sent where: recorded in the generation in force (a reload's new registry learns
+  // from then on; one whose router was carried over keeps what it knew).
+  options.worker?.routes?.onShared((pool, upstream, blocks) => guard.run('exchange', () => current.upstreams.learnRoute(pool, upstream, blocks)));
   // One per process, whatever the generation: a model name's label is the process's (discovery.max_models_per_pool).
   const modelLabels = new ModelLabels();
   metrics.labelModels((model) => modelLabels.label(model));
@@ -186,6 +196,9 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
         metrics.engineRestarted(upstream, cause);
         logger.info({ upstream, cause }, 'upstream engine restarted: its prefix index entries are dropped');
       },
+      ...(options.worker?.routes !== undefined && {
+        onRouted: (pool: string, upstream: string, blocks: readonly number[]) => guard.run('exchange', () => options.worker?.routes?.share(pool, upstream, blocks)),
+      }),
     }, now, modelLabels);
     if (previous !== undefined) {
       upstreams.carryDiscovery(previous.upstreams);

@@ -59,7 +59,24 @@ type ToPrimary =
   /** Changes to the requests the worker holds, by label set (HeldKey), since its last such message. */
   | { readonly type: 'waybill:held'; readonly deltas: ReadonlyArray<readonly [key: string, delta: number]> }
   /** A stored response's id the client chose, and the tenant whose request created it: for the other workers. */
-  | { readonly type: 'waybill:owner'; readonly id: string; readonly tenant: string };
+  | { readonly type: 'waybill:owner'; readonly id: string; readonly tenant: string }
+  /** Where this worker's cache_aware picks sent which prefix blocks since its last such message: for the others. */
+  | { readonly type: 'waybill:routes'; readonly routes: readonly RouteRecord[] };
+
+/** One pick's record: pool, upstream, the request's prefix blocks (53-bit hashes). */
+type RouteRecord = readonly [pool: string, upstream: string, blocks: readonly number[]];
+
+/** Records per message and blocks per record a worker accepts from the primary: more is not one of ours. */
+const MAX_ROUTES_PER_MESSAGE = 4096;
+const MAX_BLOCKS_PER_ROUTE = 65_536;
+
+/** A route record's shape: two bounded names and an array of safe integers. */
+function isRoute(route: unknown): route is RouteRecord {
+  if (!Array.isArray(route) || route.length !== 3) return false;
+  const [pool, upstream, blocks] = route as unknown[];
+  return typeof pool === 'string' && pool.length > 0 && pool.length <= 256 && typeof upstream === 'string' && upstream.length > 0 && upstream.length <= 256
+    && Array.isArray(blocks) && blocks.length <= MAX_BLOCKS_PER_ROUTE && blocks.every((b) => Number.isSafeInteger(b));
+}
 
 type ToWorker =
   | { readonly type: 'waybill:drain' }
@@ -68,7 +85,9 @@ type ToWorker =
   | { readonly type: 'waybill:collect'; readonly id: number }
   | { readonly type: 'waybill:limit'; readonly id: number; readonly result?: unknown; readonly error?: string }
   /** Another worker relayed the answer that created a stored response under a client-chosen id. */
-  | { readonly type: 'waybill:owner'; readonly id: string; readonly tenant: string };
+  | { readonly type: 'waybill:owner'; readonly id: string; readonly tenant: string }
+  /** Other workers' route records, relayed. */
+  | { readonly type: 'waybill:routes'; readonly routes: readonly RouteRecord[] };
 
 /** An owner message's fields are a response id and a tenant name: bounded strings, or the message is ignored. */
 function isOwner(id: unknown, tenant: unknown): boolean {
@@ -120,6 +139,10 @@ export class WorkerLink {
   private readonly pending = new Map<number, { resolve: (value: ToWorker) => void; reject: (error: Error) => void; timer: NodeJS.Timeout }>();
   private readonly onReload = new Set<() => void>();
   private onOwner: ((id: string, tenant: string) => void) | undefined;
+  private onRoutes: ((pool: string, upstream: string, blocks: readonly number[]) => void) | undefined;
+  /** This worker's route records not yet sent (flushed once per event-loop turn that had any). */
+  private routeBatch: RouteRecord[] = [];
+  private routeFlush: NodeJS.Immediate | undefined;
   private drainRequested: (() => void) | undefined;
   /** Resolves when the primary asks for a drain, or is gone. */
   readonly drain: Promise<void>;
@@ -178,6 +201,26 @@ export class WorkerLink {
     },
     onShared: (listener: (id: string, tenant: string) => void): void => {
       this.onOwner = listener;
+    },
+  };
+
+  /**
+   * Where cache_aware picks sent which prefix blocks (docs/routing.md, "With workers"), shared with the other workers
+   * so that every worker's prefix index knows what any worker sent: one message per event-loop turn that picked,
+   * relayed by the primary. Lost messages (a worker starting, the primary busy) only make an index less complete.
+   */
+  readonly routes = {
+    share: (pool: string, upstream: string, blocks: readonly number[]): void => {
+      this.routeBatch.push([pool, upstream, blocks]);
+      this.routeFlush ??= setImmediate(() => {
+        this.routeFlush = undefined;
+        const routes = this.routeBatch;
+        this.routeBatch = [];
+        if (routes.length > 0) this.send({ type: 'waybill:routes', routes });
+      });
+    },
+    onShared: (listener: (pool: string, upstream: string, blocks: readonly number[]) => void): void => {
+      this.onRoutes = listener;
     },
   };
 
@@ -280,6 +323,9 @@ export class WorkerLink {
     else if (message.type === 'waybill:collect') this.collect(message.id);
     else if (message.type === 'waybill:owner') {
       if (isOwner(message.id, message.tenant)) this.onOwner?.(message.id, message.tenant);
+    } else if (message.type === 'waybill:routes') {
+      if (!Array.isArray(message.routes) || message.routes.length > MAX_ROUTES_PER_MESSAGE) return;
+      for (const route of message.routes) if (isRoute(route)) this.onRoutes?.(route[0], route[1], route[2]);
     }
     else if (message.type === 'waybill:metrics' || message.type === 'waybill:limit') {
       const waiting = this.pending.get(message.id);
@@ -386,6 +432,14 @@ export async function runPrimary(options: PrimaryOptions): Promise<number> {
         for (const i of listening) if (i !== index) {
           const other = workers.get(i);
           if (other !== undefined) tell(other, { type: 'waybill:owner', id: message.id, tenant: message.tenant });
+        }
+      } else if (message.type === 'waybill:routes') {
+        // Relayed as it came to every other worker that serves (each checks the records' shape).
+        if (!Array.isArray(message.routes)) return;
+        const relayed: ToWorker = { type: 'waybill:routes', routes: message.routes };
+        for (const i of listening) if (i !== index) {
+          const other = workers.get(i);
+          if (other !== undefined) tell(other, relayed);
         }
       } else if (message.type === 'waybill:held') {
         let counts = held.get(index);

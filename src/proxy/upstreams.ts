@@ -242,6 +242,11 @@ export interface RegistryHooks {
   onSignalsScraped?(upstream: string, result: ScrapeResult): void;
   /** An upstream's engine restarted (its process start time changed, or its prefix-cache counters went down). */
   onEngineRestart?(upstream: string, cause: RestartCause): void;
+  /**
+   * A cache_aware pick recorded `blocks` as sent to `upstream` of `pool` in this process's prefix index: with
+   * `--workers N` the other workers learn it ({@link UpstreamRegistry.learnRoute}), so their indexes agree.
+   */
+  onRouted?(pool: string, upstream: string, blocks: readonly number[]): void;
 }
 
 /** What one probe saw: an HTTP status, or the error that stopped it. */
@@ -477,7 +482,24 @@ export class UpstreamRegistry {
     }
     const picked = this.routers.get(pool)?.pick(eligible, tried, key, this.signalsOf, this.random);
     eligible.length = 0;
+    if (picked !== undefined && key.blocks.length > 0 && this.hooks.onRouted !== undefined && pool.config.routing.policy === 'cache_aware') {
+      this.hooks.onRouted(pool.config.name, picked.upstream.name, key.blocks);
+    }
     return picked;
+  }
+
+  /**
+   * Another worker sent `blocks` to `upstream` of `pool`: recorded in this pool's index as if picked here, so a
+   * prefix another worker spilled or placed is known here too. Ignored when the pool or the upstream is not (or no
+   * longer) configured, or the pool does not route by cache.
+   */
+  learnRoute(pool: string, upstream: string, blocks: readonly number[]): void {
+    const served = this.pools.find((p) => p.config.name === pool);
+    if (served === undefined || served.config.routing.policy !== 'cache_aware') return;
+    if (!served.upstreams.some((u) => u.name === upstream)) return;
+    const router = this.routers.get(served);
+    const max = router?.settings.maxBlocks ?? 0;
+    router?.index.record(upstream, blocks.length > max ? blocks.slice(0, max) : blocks);
   }
 
   /** An attempt was sent: count it in flight and tell passive health (it may be the trial after an ejection). */

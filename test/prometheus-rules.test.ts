@@ -263,7 +263,8 @@ describe('vLLM rules', () => {
       expect(rule.expr, rule.record).toMatch(/\/ \(.*> 0\)\s*\)?\s*$/s);
     }
     for (const rule of all.filter((r) => r.expr.includes('histogram_quantile('))) {
-      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, model_name\) \(rate\(vllm:\w+_bucket\[5m\]\)\)\)/);
+      // Within one (cluster, namespace): two pools sharing a model_name stay apart (seed 000 §4.1).
+      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, cluster, namespace, (job, instance, upstream, )?model_name(, engine)?\) \(rate\(vllm:\w+_bucket\[5m\]\)\)\)/);
     }
   });
 
@@ -335,7 +336,8 @@ describe('Grafana dashboard', () => {
           const labels = labelsOf.get(name) ?? [];
           if (labels.includes('model')) expect(selector, `${panel.title}: ${name}`).toContain('model=~"$model"');
           // Per-request ratios (attempts / requests) keep every upstream: a subset over all requests means nothing.
-          const perRequest = target.expr.includes('waybill_requests_total');
+          // The SLO counter is per request too: its `upstream` is the answering one, `_none` for the gateway's own answers.
+          const perRequest = target.expr.includes('waybill_requests_total') || name === 'waybill_slo_requests_total';
           if (labels.includes('upstream') && !perRequest) expect(selector, `${panel.title}: ${name}`).toContain('upstream=~"$upstream"');
         }
         // vLLM's series: its scrape job, and the model variable on model_name (vLLM's served model name).

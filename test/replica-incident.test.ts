@@ -262,5 +262,10 @@ describeWithTool(PROMETHEUS, 'incident (1): one engine of four at high KV use', 
     expect(kv).toHaveLength(4);
     expect([...kv].sort((a, b) => Number(b.value[1]) - Number(a.value[1]))[0]?.metric.upstream).toBe(BUSY);
     expect([...queue].sort((a, b) => Number(b.value[1]) - Number(a.value[1]))[0]?.metric.upstream).toBe(BUSY);
+    // docs/observability.md's join: the long-prompt attainment of the replicas at high KV use is sim-3's alone.
+    const joined = await query(
+      'model_upstream_prompt_len:waybill_slo_attainment:ratio_rate5m{prompt_len="16k-64k"} and on (upstream) (max by (upstream) (avg_over_time(vllm:kv_cache_usage_perc{job="vllm"}[5m])) > 0.5)',
+    );
+    expect(joined.map((r) => r.metric.upstream)).toEqual([BUSY]);
   }, 90_000);
 });

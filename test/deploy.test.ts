@@ -423,4 +423,11 @@ describe('vLLM PodMonitor', () => {
       expect(job?.sourceLabels).toBeUndefined();
     }
   });
+
+  it("labels each engine's series with Waybill's upstream name, the pod's (docs/observability.md)", () => {
+    for (const endpoint of spec.podMetricsEndpoints) {
+      const upstream = endpoint.relabelings?.find((r) => r.targetLabel === 'upstream');
+      expect(upstream).toMatchObject({ action: 'replace', sourceLabels: ['__meta_kubernetes_pod_name'] });
+    }
+  });
 });

@@ -212,7 +212,11 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_queue_depth{model="m"} 3');
     expect(text).toContain('waybill_queue_wait_seconds_sum{model="m"} 0.02');
     expect(text).toContain('waybill_internal_errors_total{component="hook"} 1');
-    expect(text).toContain('waybill_upstream_first_output_seconds_count{model="m",upstream="u0"} 1');
+    // Per upstream and prompt-length class (the replica slice); the SLO counter names the last attempt's upstream, and
+    // `_none` for a request that made none (the cancelled one, before any attempt).
+    expect(text).toContain('waybill_upstream_first_output_seconds_count{model="m",upstream="u0",prompt_len="0-1k"} 1');
+    expect(text).toContain('waybill_slo_requests_total{model="m",tenant="_anonymous",prompt_len="0-1k",result="met",upstream="u0"} 1');
+    expect(text).toContain('waybill_slo_requests_total{model="m",tenant="_anonymous",prompt_len="unknown",result="excluded",upstream="_none"} 1');
     expect(text).toContain('waybill_build_info{version="unknown",revision="unknown"} 1');
     expect(text).toContain('waybill_internal_errors_total{component="exchange"} 0');
     expect(text).toContain('waybill_upstream_probe_failures_total{upstream="u0",probe="discovery"} 1');

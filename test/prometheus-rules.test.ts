@@ -131,7 +131,7 @@ describeWithTool(PROMTOOL, 'promtool', () => {
 
   it('passes the rules unit tests: recorded values and alerts, counter resets, idle traffic, no data, day-old baselines', () => {
     const tests = readdirSync(join(RULES_DIR, 'tests')).filter((f) => f.endsWith('.yaml'));
-    expect(tests.sort()).toEqual(['vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-rules.test.yaml']);
+    expect(tests.sort()).toEqual(['vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-replicas.test.yaml', 'waybill-rules.test.yaml']);
     const output = promtool('test', 'rules', ...tests.map((f) => join(RULES_DIR, 'tests', f)));
     expect(output).not.toMatch(/FAILED/);
     // promtool evaluates every group at every step: about 15 s on an idle 2-core machine, more on a busy one.
@@ -180,7 +180,7 @@ describe('Waybill rules', () => {
 
   it('aggregate histogram buckets by le before histogram_quantile, rate() inside sum()', () => {
     for (const rule of all.filter((r) => r.expr.includes('histogram_quantile('))) {
-      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, model(, (prompt_len|upstream))?\) \(rate\(waybill_\w+_bucket\[5m\]\)\)\)/);
+      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, model(, (prompt_len|upstream|upstream, prompt_len))?\) \(rate\(waybill_\w+_bucket\[5m\]\)\)\)/);
     }
     for (const rule of all) expect(rule.expr, rule.record ?? rule.alert).not.toMatch(/rate\(\s*sum/);
   });
@@ -205,6 +205,15 @@ describe('Waybill rules', () => {
           expect(rule?.expr).toMatch(new RegExp(`model:waybill_${slo}_valid_requests:rate${long} \\* \\d+ >= 100`));
         }
       }
+    }
+  });
+
+  it('page per prompt-length class on the per-model burn rates, with a volume floor', () => {
+    const expr = alerts.find((a) => a.alert === 'WaybillGoodputSLOPromptLenFastBurn')?.expr ?? '';
+    for (const [long, short, threshold, seconds] of [['1h', '5m', '14.4 * 0.05', 3600], ['6h', '30m', '6 * 0.05', 21600]] as const) {
+      expect(expr).toContain(`model_prompt_len:waybill_slo_errors:ratio_rate${long} > (${threshold})`);
+      expect(expr).toContain(`model_prompt_len:waybill_slo_errors:ratio_rate${short} > (${threshold})`);
+      expect(expr).toContain(`model_prompt_len:waybill_slo_valid_requests:rate${long} * ${seconds} >= 50`);
     }
   });
 
@@ -263,7 +272,8 @@ describe('vLLM rules', () => {
       expect(rule.expr, rule.record).toMatch(/\/ \(.*> 0\)\s*\)?\s*$/s);
     }
     for (const rule of all.filter((r) => r.expr.includes('histogram_quantile('))) {
-      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, model_name\) \(rate\(vllm:\w+_bucket\[5m\]\)\)\)/);
+      // Within one (cluster, namespace): two pools sharing a model_name stay apart (seed 000 §4.1).
+      expect(rule.expr).toMatch(/histogram_quantile\([0-9.]+, sum by \(le, cluster, namespace, (job, instance, upstream, )?model_name(, engine)?\) \(rate\(vllm:\w+_bucket\[5m\]\)\)\)/);
     }
   });
 
@@ -335,7 +345,8 @@ describe('Grafana dashboard', () => {
           const labels = labelsOf.get(name) ?? [];
           if (labels.includes('model')) expect(selector, `${panel.title}: ${name}`).toContain('model=~"$model"');
           // Per-request ratios (attempts / requests) keep every upstream: a subset over all requests means nothing.
-          const perRequest = target.expr.includes('waybill_requests_total');
+          // The SLO counter is per request too: its `upstream` is the answering one, `_none` for the gateway's own answers.
+          const perRequest = target.expr.includes('waybill_requests_total') || name === 'waybill_slo_requests_total';
           if (labels.includes('upstream') && !perRequest) expect(selector, `${panel.title}: ${name}`).toContain('upstream=~"$upstream"');
         }
         // vLLM's series: its scrape job, and the model variable on model_name (vLLM's served model name).

@@ -172,7 +172,7 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
     async listen() {
       const { config, upstreams } = current();
       await upstreams.start();
-      metrics.declareModels(upstreams.models(), config.metrics.promptLenClasses, config.auth.servedTenants);
+      metrics.declareModels(upstreams.models(), config.metrics.promptLenClasses, config.auth.servedTenants, (model) => upstreams.poolFor(model)?.upstreams.map((u) => u.name) ?? []);
       metrics.declareRouting(upstreams);
       // The admin listener listens where the API does unless server.admin_host says otherwise.
       if (admin !== undefined) adminUrl = await admin.listen({ host: config.server.admin_host ?? config.server.host, port: config.server.admin_port ?? 0 });

@@ -380,7 +380,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     // A status stream on the API port holds the generation it arrived under (front door): ended, it reconnects to
     // the new one, and the retired generation can close.
     if (admin === undefined) statusPage.closeStreams(false);
-    metrics.declareModels(generation.upstreams.models(), next.metrics.promptLenClasses, next.auth.servedTenants);
+    metrics.declareModels(generation.upstreams.models(), next.metrics.promptLenClasses, next.auth.servedTenants, (model) => generation.upstreams.poolFor(model)?.upstreams.map((u) => u.name) ?? []);
     metrics.declareRouting(generation.upstreams);
     metrics.configInForce(hash);
     metrics.configReloaded('ok');

@@ -85,8 +85,8 @@ export const METRICS = {
   slo: {
     name: 'waybill_slo_requests_total',
     type: 'counter',
-    labels: ['model', 'tenant', 'prompt_len', 'result'],
-    help: 'Logical requests by joint SLO result (TTFT and TPOT for streams, end-to-end for non-streams).',
+    labels: ['model', 'tenant', 'prompt_len', 'result', 'upstream'],
+    help: 'Logical requests by joint SLO result (TTFT and TPOT for streams, end-to-end for non-streams), by the upstream of their last attempt (_none: no attempt).',
   },
   promptTokens: {
     name: 'waybill_prompt_tokens_total',
@@ -169,8 +169,8 @@ export const METRICS = {
   upstreamFirstOutput: {
     name: 'waybill_upstream_first_output_seconds',
     type: 'histogram',
-    labels: ['model', 'upstream'],
-    help: 'Streamed attempts that produced output: attempt sent to its first output-bearing event, per upstream.',
+    labels: ['model', 'upstream', 'prompt_len'],
+    help: 'Streamed attempts that produced output: attempt sent to its first output-bearing event, per upstream and prompt-length class.',
   },
   buildInfo: {
     name: 'waybill_build_info',
@@ -365,6 +365,9 @@ export const REQUEST_ATTEMPTS_BUCKETS = [1, 2, 3, 4, 5, 8];
 /** Why an engine is taken to have restarted (the `cause` label of METRICS.engineRestarts). Closed. */
 export const ENGINE_RESTART_CAUSES = ['start_time', 'counter_reset'] as const satisfies readonly RestartCause[];
 
+/** The `upstream` of an SLO count whose request made no attempt (answered by the gateway itself); no upstream name has `_`. */
+export const NO_UPSTREAM = '_none';
+
 /** The `gap` label of the session token counters: no earlier completion known, or the idle gap's class. Closed. */
 export const SESSION_GAP_LABELS = ['first', ...GAP_CLASSES] as const;
 
@@ -550,7 +553,7 @@ export class GatewayMetrics {
     registers: [this.registry, this.openMetrics],
   });
   private readonly queueWait: Histogram<'model'>;
-  private readonly upstreamFirstOutput: Histogram<'model' | 'upstream'>;
+  private readonly upstreamFirstOutput: Histogram<'model' | 'upstream' | 'prompt_len'>;
   private readonly routingDecisions = new CounterPair(this.registries, METRICS.routingDecisions);
   private readonly routingPromptTokens = new CounterPair(this.registries, METRICS.routingPromptTokens);
   private readonly routingPredictedCachedTokens = new CounterPair(this.registries, METRICS.routingPredictedCachedTokens);
@@ -633,7 +636,12 @@ export class GatewayMetrics {
   }
 
   /** Pre-creates zero-valued series for the served models so dashboards and `rate()` see them from the start. */
-  declareModels(models: readonly string[], promptLenClasses: readonly string[], tenants: readonly string[] = [ANONYMOUS]): void {
+  declareModels(
+    models: readonly string[],
+    promptLenClasses: readonly string[],
+    tenants: readonly string[] = [ANONYMOUS],
+    upstreamsOf: (model: string) => readonly string[] = () => [],
+  ): void {
     for (const model of models) {
       // A model without a label of its own is counted under _other, which is declared by its first request.
       if (this.modelLabel(model) !== model) continue;
@@ -649,7 +657,10 @@ export class GatewayMetrics {
             this.accepted.inc({ model, tenant, route, stream }, 0);
           }
         }
-        for (const promptLen of promptLenClasses) this.slo.inc({ model, tenant, prompt_len: promptLen, result: 'met' }, 0);
+        // Per upstream of the model's pool, so the per-replica attainment sees each replica's first request too.
+        for (const upstream of upstreamsOf(model)) {
+          for (const promptLen of promptLenClasses) this.slo.inc({ model, tenant, prompt_len: promptLen, result: 'met', upstream }, 0);
+        }
       }
       for (const route of GENERATION_ROUTES) this.clientRetries.inc({ model, route }, 0);
     }
@@ -829,7 +840,7 @@ export class GatewayMetrics {
       this.attempts.inc({ model, upstream: attempt.upstream, result: attempt.result ?? 'cancelled' });
       // Per upstream, so one slow or overloaded replica stands out of the pool's TTFT.
       if (s.stream && attempt.firstOutputAt !== undefined) {
-        this.upstreamFirstOutput.observe({ model, upstream: attempt.upstream }, (attempt.firstOutputAt - attempt.startedAt) / 1000);
+        this.upstreamFirstOutput.observe({ model, upstream: attempt.upstream, prompt_len: s.promptLen }, (attempt.firstOutputAt - attempt.startedAt) / 1000);
       }
     }
     if (s.attempts.length > 0) this.requestAttempts.observe({ model }, s.attempts.length);
@@ -839,7 +850,8 @@ export class GatewayMetrics {
     if (s.ttftMs !== undefined) this.ttft.observe({ labels: { model, prompt_len: s.promptLen }, value: s.ttftMs / 1000, exemplarLabels });
     if (s.tpotMs !== undefined) this.tpot.observe({ labels: { model }, value: s.tpotMs / 1000, exemplarLabels });
     this.duration.observe({ labels: { model, route: s.route, outcome: s.outcome }, value: s.durationMs / 1000, exemplarLabels });
-    this.slo.inc({ model, tenant, prompt_len: s.promptLen, result: s.slo });
+    // The replica that answered, or the one the last try failed on: a slow replica's misses show under its name.
+    this.slo.inc({ model, tenant, prompt_len: s.promptLen, result: s.slo, upstream: s.attempts.at(-1)?.upstream ?? NO_UPSTREAM });
     for (const choice of s.checks) for (const check of OUTPUT_CHECKS) this.outputChecks.inc({ model, check, result: choice[check] });
     if (s.accepted) this.accepted.inc({ model, tenant, route: s.route, stream: String(s.stream) });
     const usage = s.usage;

@@ -350,7 +350,8 @@ describe('Grafana dashboard', () => {
         for (const match of target.expr.matchAll(/(vllm:\w+)(\{[^}]*\})?/g)) {
           const [, name = '', selector = ''] = match;
           expect(selector, `${panel.title}: ${name}`).toContain('job="vllm"');
-          expect(selector, `${panel.title}: ${name}`).toContain('model_name=~"$model"');
+          // vllm:cache_config_info has no model_name: panels join it to the model's engines instead.
+          if (name !== 'vllm:cache_config_info') expect(selector, `${panel.title}: ${name}`).toContain('model_name=~"$model"');
         }
       }
     }
@@ -385,6 +386,33 @@ describe('Grafana dashboard', () => {
     for (const panel of funnels) {
       for (const target of panel.targets ?? []) expect(target.expr, panel.title).toMatch(/\/ \(sum\((rate|increase)\(waybill_requests_total\{model=~"\$model"\}\[[^\]]+\]\)\) > 0\)$/);
     }
+  });
+
+  it('shows the engine side: finish reasons of both, the queue signals, prefix-cache states, resets and KV residency', () => {
+    const row = dashboard.panels.findIndex((p) => p.type === 'row' && p.title === 'Engine side');
+    expect(row).toBeGreaterThan(0);
+    const exprs = dashboard.panels
+      .slice(row + 1)
+      .flatMap((p) => (p.targets ?? []).map((t) => t.expr))
+      .join('\n');
+    for (const name of [
+      'waybill_choice_finish_reasons_total',
+      'vllm:request_success_total',
+      'waybill_queue_oldest_wait_seconds',
+      'waybill_queue_prompt_tokens',
+      'vllm:cache_config_info',
+      'process_start_time_seconds',
+      'kube_pod_container_status_restarts_total',
+      'kube_pod_created',
+      'waybill_upstream_engine_restarts_total',
+      'vllm:kv_block_lifetime_seconds_bucket',
+      'vllm:kv_block_idle_before_evict_seconds_bucket',
+      'vllm:kv_block_reuse_gap_seconds_bucket',
+    ]) {
+      expect(exprs, name).toContain(name);
+    }
+    // Engine shares keep two pools that serve one model_name apart.
+    expect(exprs).toContain('sum by (cluster, namespace, model_name, finished_reason) (rate(vllm:request_success_total');
   });
 
   it('marks deploys from waybill_build_info', () => {

@@ -72,6 +72,14 @@ async function query(expr: string): Promise<Sample[]> {
   return body.data.result;
 }
 
+/** The raw samples of a range selector (one series): [unix seconds, value]. */
+async function range(selector: string): Promise<Array<[number, number]>> {
+  const response = await request(`${promBase}/api/v1/query?query=${encodeURIComponent(selector)}`);
+  const body = (await response.body.json()) as { status: string; data: { result: Array<{ values: Array<[number, string]> }> } };
+  if (body.status !== 'success' || body.data.result.length !== 1) throw new Error(`range query failed: ${selector}`);
+  return (body.data.result[0]?.values ?? []).map(([at, value]) => [at, Number(value)]);
+}
+
 async function scalar(expr: string): Promise<number | undefined> {
   const result = await query(expr);
   if (result.length > 1) throw new Error(`${expr}: ${result.length} series`);
@@ -196,6 +204,18 @@ describeWithTool(PROMETHEUS, 'the engine-side rules on a real Prometheus', () =>
 
     // The gateway's queue signals are scraped, and both engines are classified: a few prompts over a 30m window are
     // far under 50 queried tokens a second, so both are idle (caching on, too little to judge).
+    // Every scrape read the queue gauges together: each waiter's prompt ("request N", 9-10 characters) is 3 tokens
+    // at 4 characters a token, and someone waited exactly when the queue was not empty.
+    const samples = async (name: string) => new Map((await range(`${name}{model="${MODEL}"}[5m]`)).map(([at, value]) => [at, value]));
+    const depth = await samples('waybill_queue_depth');
+    const tokens = await samples('waybill_queue_prompt_tokens');
+    const oldest = await samples('waybill_queue_oldest_wait_seconds');
+    expect([...depth.values()].some((d) => d > 0)).toBe(true);
+    for (const [at, d] of depth) {
+      expect(tokens.get(at), `at ${at}`).toBe(3 * d);
+      expect((oldest.get(at) ?? Number.NaN) > 0, `at ${at}`).toBe(d > 0);
+    }
+    console.log(`engine e2e: queue over ${depth.size} scrapes, peaks: depth ${Math.max(...depth.values())}, oldest wait ${Math.max(...oldest.values()).toFixed(3)} s, prompt tokens ${Math.max(...tokens.values())}`);
     expect(await scalar(`waybill_queue_oldest_wait_seconds{model="${MODEL}"}`)).toBe(0);
     expect(await scalar(`waybill_queue_prompt_tokens{model="${MODEL}"}`)).toBe(0);
     const states = await query('instance_engine:vllm_prefix_cache_state:class');

@@ -33,7 +33,13 @@ const VLLM_HISTOGRAMS = [
   'vllm:request_queue_time_seconds',
   'vllm:request_prefill_time_seconds',
   'vllm:request_decode_time_seconds',
+  // KV block residency, with --kv-cache-metrics (docs/simulator-metrics.md, loggers.py histogram_kv_block_*).
+  'vllm:kv_block_lifetime_seconds',
+  'vllm:kv_block_idle_before_evict_seconds',
+  'vllm:kv_block_reuse_gap_seconds',
 ];
+/** Not vLLM's names, but about its targets: its process collector's start time, and kube-state-metrics on its pods. */
+const ENGINE_SIDE_METRICS = ['process_start_time_seconds', 'kube_pod_container_status_restarts_total', 'kube_pod_created'];
 const VLLM_METRICS = new Set([
   'vllm:num_requests_running',
   'vllm:num_requests_waiting',
@@ -46,6 +52,7 @@ const VLLM_METRICS = new Set([
   'vllm:num_preemptions_total',
   'vllm:cache_config_info',
   ...VLLM_HISTOGRAMS.flatMap((name) => [name, `${name}_bucket`, `${name}_sum`, `${name}_count`]),
+  ...ENGINE_SIDE_METRICS,
 ]);
 
 interface Rule {
@@ -131,7 +138,7 @@ describeWithTool(PROMTOOL, 'promtool', () => {
 
   it('passes the rules unit tests: recorded values and alerts, counter resets, idle traffic, no data, day-old baselines', () => {
     const tests = readdirSync(join(RULES_DIR, 'tests')).filter((f) => f.endsWith('.yaml'));
-    expect(tests.sort()).toEqual(['vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-replicas.test.yaml', 'waybill-rules.test.yaml']);
+    expect(tests.sort()).toEqual(['vllm-engine.test.yaml', 'vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-queue.test.yaml', 'waybill-replicas.test.yaml', 'waybill-rules.test.yaml']);
     const output = promtool('test', 'rules', ...tests.map((f) => join(RULES_DIR, 'tests', f)));
     expect(output).not.toMatch(/FAILED/);
     // promtool evaluates every group at every step: about 15 s on an idle 2-core machine, more on a busy one.
@@ -269,7 +276,8 @@ describe('vLLM rules', () => {
 
   it('take ratios over a positive denominator, and quantiles of buckets summed by le', () => {
     for (const rule of all.filter((r) => r.record?.includes(':ratio_') === true)) {
-      expect(rule.expr, rule.record).toMatch(/\/ \(.*> 0\)\s*\)?\s*$/s);
+      // A share divides by its total over fewer labels: `/ on (…) group_left () (total > 0)`.
+      expect(rule.expr, rule.record).toMatch(/\/ (on \([^)]*\) group_left \(\) )?\(.*> 0\)\s*\)?\s*$/s);
     }
     for (const rule of all.filter((r) => r.expr.includes('histogram_quantile('))) {
       // Within one (cluster, namespace): two pools sharing a model_name stay apart (seed 000 §4.1).
@@ -353,7 +361,8 @@ describe('Grafana dashboard', () => {
         for (const match of target.expr.matchAll(/(vllm:\w+)(\{[^}]*\})?/g)) {
           const [, name = '', selector = ''] = match;
           expect(selector, `${panel.title}: ${name}`).toContain('job="vllm"');
-          expect(selector, `${panel.title}: ${name}`).toContain('model_name=~"$model"');
+          // vllm:cache_config_info has no model_name: panels join it to the model's engines instead.
+          if (name !== 'vllm:cache_config_info') expect(selector, `${panel.title}: ${name}`).toContain('model_name=~"$model"');
         }
       }
     }
@@ -388,6 +397,33 @@ describe('Grafana dashboard', () => {
     for (const panel of funnels) {
       for (const target of panel.targets ?? []) expect(target.expr, panel.title).toMatch(/\/ \(sum\((rate|increase)\(waybill_requests_total\{model=~"\$model"\}\[[^\]]+\]\)\) > 0\)$/);
     }
+  });
+
+  it('shows the engine side: finish reasons of both, the queue signals, prefix-cache states, resets and KV residency', () => {
+    const row = dashboard.panels.findIndex((p) => p.type === 'row' && p.title === 'Engine side');
+    expect(row).toBeGreaterThan(0);
+    const exprs = dashboard.panels
+      .slice(row + 1)
+      .flatMap((p) => (p.targets ?? []).map((t) => t.expr))
+      .join('\n');
+    for (const name of [
+      'waybill_choice_finish_reasons_total',
+      'vllm:request_success_total',
+      'waybill_queue_oldest_wait_seconds',
+      'waybill_queue_prompt_tokens',
+      'vllm:cache_config_info',
+      'process_start_time_seconds',
+      'kube_pod_container_status_restarts_total',
+      'kube_pod_created',
+      'waybill_upstream_engine_restarts_total',
+      'vllm:kv_block_lifetime_seconds_bucket',
+      'vllm:kv_block_idle_before_evict_seconds_bucket',
+      'vllm:kv_block_reuse_gap_seconds_bucket',
+    ]) {
+      expect(exprs, name).toContain(name);
+    }
+    // Engine shares keep two pools that serve one model_name apart.
+    expect(exprs).toContain('sum by (cluster, namespace, model_name, finished_reason) (rate(vllm:request_success_total');
   });
 
   it('marks deploys from waybill_build_info', () => {

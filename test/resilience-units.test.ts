@@ -446,6 +446,34 @@ function admitted(admission: Admission | Promise<Admission>): Extract<Admission,
 describe('AdmissionGate', () => {
   const options: AdmissionOptions = { maxInflight: 2, maxQueue: 2, queueTimeoutMs: 1_000 };
 
+  it('reports the oldest waiter age and the queued prompt tokens as waiters enter and leave', async () => {
+    const time = createFakeTime();
+    const gate = new AdmissionGate({ ...options, maxInflight: 1, maxQueue: 3 }, time);
+    expect([gate.oldestWaitMs, gate.queuedPromptTokens]).toEqual([0, 0]);
+    const holder = admitted(gate.acquire(undefined, 500));
+    // Admitted at once: never queued, so not counted.
+    expect(gate.queuedPromptTokens).toBe(0);
+    const a = gate.acquire(undefined, 100);
+    time.advance(300);
+    const leaving = new AbortController();
+    const b = gate.acquire(leaving.signal, 40);
+    time.advance(200);
+    const c = gate.acquire(undefined, Number.NaN);
+    expect([gate.depth, gate.oldestWaitMs, gate.queuedPromptTokens]).toEqual([3, 500, 140]);
+    // b leaves from the middle: a is still the oldest.
+    leaving.abort();
+    expect(await b).toMatchObject({ admitted: false, reason: 'cancelled' });
+    expect([gate.oldestWaitMs, gate.queuedPromptTokens]).toEqual([500, 100]);
+    // The slot goes to a: c (no estimate, so 0 tokens), queued at 500, is the oldest now.
+    time.advance(50);
+    holder.release();
+    admitted(await a);
+    expect([gate.depth, gate.oldestWaitMs, gate.queuedPromptTokens]).toEqual([1, 50, 0]);
+    time.advance(1_000);
+    expect(await c).toMatchObject({ admitted: false, reason: 'queue_timeout' });
+    expect([gate.depth, gate.oldestWaitMs, gate.queuedPromptTokens]).toEqual([0, 0, 0]);
+  });
+
   it('admits synchronously under maxInflight', () => {
     const gate = new AdmissionGate(options, createFakeTime());
     const first = gate.acquire();

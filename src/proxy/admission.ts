@@ -25,6 +25,8 @@ export interface AdmissionHooks {
 
 interface Waiter {
   readonly enqueuedAt: number;
+  /** The request's prompt tokens as estimated before dispatch (0 when unknown), for the queued-tokens gauge. */
+  readonly promptTokens: number;
   readonly settle: (admission: Admission) => void;
   readonly signal: AbortSignal | undefined;
   readonly onAbort: () => void;
@@ -51,6 +53,8 @@ export class AdmissionGate {
   private active = 0;
   /** A Set is a FIFO with O(1) removal from the middle, which timeouts and aborts need. */
   private readonly queue = new Set<Waiter>();
+  /** The waiters' estimated prompt tokens, kept as they enter and leave so a scrape reads it in O(1). */
+  private queuedTokens = 0;
 
   constructor(
     private readonly options: AdmissionOptions,
@@ -66,12 +70,24 @@ export class AdmissionGate {
     return this.queue.size;
   }
 
+  /** How long the oldest waiter has waited so far, in ms (the queue is FIFO: the first in the Set); 0 when none waits. */
+  get oldestWaitMs(): number {
+    const oldest = this.queue.values().next();
+    return oldest.done === true ? 0 : this.waitedBy(oldest.value);
+  }
+
+  /** The waiters' prompt tokens, as estimated from their requests before dispatch (a waiter without an estimate adds 0). */
+  get queuedPromptTokens(): number {
+    return this.queuedTokens;
+  }
+
   /**
    * Admits at once when under maxInflight, synchronously (no Promise on the fast path); otherwise queues (FIFO) up to
    * maxQueue and returns a Promise settled when admitted, when queueTimeoutMs passes ('queue_timeout'), or when
    * `signal` aborts ('cancelled'). Over maxQueue, or with `signal` already aborted, refuses synchronously.
+   * `promptTokens` is the request's estimated prompt length, counted in queuedPromptTokens while it waits.
    */
-  acquire(signal?: AbortSignal): Admission | Promise<Admission> {
+  acquire(signal?: AbortSignal, promptTokens = 0): Admission | Promise<Admission> {
     if (signal?.aborted === true) return { admitted: false, reason: 'cancelled', waitedMs: 0 };
     if (this.active < this.options.maxInflight) {
       this.active++;
@@ -81,12 +97,14 @@ export class AdmissionGate {
     return new Promise<Admission>((resolve) => {
       const waiter: Waiter = {
         enqueuedAt: this.hooks.now(),
+        promptTokens: Number.isFinite(promptTokens) && promptTokens > 0 ? promptTokens : 0,
         settle: resolve,
         signal,
         onAbort: () => this.leave(waiter, 'cancelled'),
         timer: undefined,
       };
       this.queue.add(waiter);
+      this.queuedTokens += waiter.promptTokens;
       waiter.timer = this.hooks.setTimer(() => this.leave(waiter, 'queue_timeout'), this.options.queueTimeoutMs);
       signal?.addEventListener('abort', waiter.onAbort, { once: true });
     });
@@ -125,6 +143,7 @@ export class AdmissionGate {
 
   private dequeue(waiter: Waiter): void {
     this.queue.delete(waiter);
+    this.queuedTokens -= waiter.promptTokens;
     waiter.timer?.cancel();
     waiter.signal?.removeEventListener('abort', waiter.onAbort);
   }

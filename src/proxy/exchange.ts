@@ -339,7 +339,7 @@ export class Exchange {
       this.admission = admission;
       this.send({ type: 'admission', admitted: admission.admitted, reason: admission.admitted ? undefined : admission.reason, waitedMs: admission.waitedMs });
     };
-    const admission = gate.acquire(this.queueAbort.signal);
+    const admission = gate.acquire(this.queueAbort.signal, this.request.promptTokensEstimate ?? 0);
     if (admission instanceof Promise) {
       this.send({ type: 'queued' });
       admission.then(decided, (error: unknown) => this.send({ type: 'internal_error', error }));

@@ -451,15 +451,26 @@ export class UpstreamRegistry {
     return controls;
   }
 
-  /** Admission queues, for the queue-depth gauge (the `_other` queues of several pools added up). */
-  *queues(): Iterable<{ model: string; depth: number }> {
-    let other: number | undefined;
+  /**
+   * Admission queues, for the queue gauges (read at scrape time): depth, the oldest waiter's wait so far (ms) and the
+   * waiters' estimated prompt tokens. The `_other` queues of several pools are added up (their oldest wait: the max).
+   */
+  *queues(): Iterable<{ model: string; depth: number; oldestWaitMs: number; promptTokens: number }> {
+    let other: { model: string; depth: number; oldestWaitMs: number; promptTokens: number } | undefined;
     for (const [key, controls] of this.controlsByModel) {
-      if (controls.gate === undefined) continue;
-      if (key.startsWith(`${OTHER}\u0000`)) other = (other ?? 0) + controls.gate.depth;
-      else yield { model: key, depth: controls.gate.depth };
+      const gate = controls.gate;
+      if (gate === undefined) continue;
+      const queue = { depth: gate.depth, oldestWaitMs: gate.oldestWaitMs, promptTokens: gate.queuedPromptTokens };
+      if (!key.startsWith(`${OTHER}\u0000`)) {
+        yield { model: key, ...queue };
+        continue;
+      }
+      other ??= { model: OTHER, depth: 0, oldestWaitMs: 0, promptTokens: 0 };
+      other.depth += queue.depth;
+      other.oldestWaitMs = Math.max(other.oldestWaitMs, queue.oldestWaitMs);
+      other.promptTokens += queue.promptTokens;
     }
-    if (other !== undefined) yield { model: OTHER, depth: other };
+    if (other !== undefined) yield other;
   }
 
   /**

@@ -166,6 +166,18 @@ export const METRICS = {
     labels: ['model'],
     help: 'Requests waiting in the model\'s admission queue.',
   },
+  queueOldestWait: {
+    name: 'waybill_queue_oldest_wait_seconds',
+    type: 'gauge',
+    labels: ['model'],
+    help: 'How long the oldest request waiting in the model\'s admission queue has waited so far (0 when none waits).',
+  },
+  queuePromptTokens: {
+    name: 'waybill_queue_prompt_tokens',
+    type: 'gauge',
+    labels: ['model'],
+    help: 'Prompt tokens of the requests waiting in the model\'s admission queue, as estimated before dispatch (metrics.chars_per_token).',
+  },
   upstreamFirstOutput: {
     name: 'waybill_upstream_first_output_seconds',
     type: 'histogram',
@@ -355,7 +367,8 @@ export type ConfigReloadResult = (typeof CONFIG_RELOAD_RESULTS)[number];
 /** Live state read at scrape time, so gauges cost nothing per request. */
 export interface GaugeSources {
   upstreams(): Iterable<{ name: string; up: boolean; inflight: number }>;
-  queues(): Iterable<{ model: string; depth: number }>;
+  /** Admission queues: depth and, read at the same scrape, the oldest waiter's wait (ms) and queued prompt tokens. */
+  queues(): Iterable<{ model: string; depth: number; oldestWaitMs?: number; promptTokens?: number }>;
   /** Each upstream's engine signals: fresh or not, and the age of its last valid one (undefined: none yet). */
   engineSignals?(): Iterable<{ name: string; fresh: boolean; ageSeconds: number | undefined }>;
 }
@@ -602,6 +615,19 @@ export class GatewayMetrics {
     });
     scrapeGauge(registries, METRICS.queueDepth, (gauge) => {
       for (const queue of this.sources?.queues() ?? []) gauge.set({ model: queue.model }, queue.depth);
+    });
+    // Leading signals of a queue that does not drain, read from the gates at scrape time (nothing per request). Workers
+    // each hold their own queue: the oldest wait is the max of theirs, queued tokens add up.
+    scrapeGauge(
+      registries,
+      METRICS.queueOldestWait,
+      (gauge) => {
+        for (const queue of this.sources?.queues() ?? []) gauge.set({ model: queue.model }, (queue.oldestWaitMs ?? 0) / 1000);
+      },
+      'max',
+    );
+    scrapeGauge(registries, METRICS.queuePromptTokens, (gauge) => {
+      for (const queue of this.sources?.queues() ?? []) gauge.set({ model: queue.model }, queue.promptTokens ?? 0);
     });
     scrapeGauge(
       registries,

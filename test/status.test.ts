@@ -33,6 +33,8 @@ function settlement(overrides: Partial<Settlement> = {}): Settlement {
     responseModel: undefined,
     checks: [],
     accepted: true,
+    verdict: 'accepted',
+    evaluator: false,
     failedChecks: [],
     ...overrides,
   };

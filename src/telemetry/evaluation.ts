@@ -51,14 +51,15 @@ export function inSample(requestId: string, probability: number): boolean {
   return (hash >>> 0) / 0x1_0000_0000 < probability;
 }
 
-/** The sample record of a settled request, or undefined when it is not sampled (only delivered responses are). */
+/** The sample record of a settled request, or undefined when it is not sampled (only users' delivered responses are). */
 export function evaluationSample(
   settings: EvaluationSettings,
   s: Settlement,
   requestId: string,
   traceId: string | undefined,
 ): EvaluationSample | undefined {
-  if (s.outcome !== 'delivered') return undefined;
+  // Evaluator traffic is the evaluator's own replay: sampling it would have the evaluator judge itself (seed 000 §7.2).
+  if (s.outcome !== 'delivered' || s.evaluator) return undefined;
   const probability = sampleRate(settings, s.model);
   if (!inSample(requestId, probability)) return undefined;
   return {

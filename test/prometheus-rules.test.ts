@@ -33,6 +33,9 @@ const VLLM_HISTOGRAMS = [
   'vllm:request_queue_time_seconds',
   'vllm:request_prefill_time_seconds',
   'vllm:request_decode_time_seconds',
+  // Token-count histograms: the cached-prefill rule subtracts their sums (seed 000 §4.3).
+  'vllm:request_prompt_tokens',
+  'vllm:request_prefill_kv_computed_tokens',
 ];
 const VLLM_METRICS = new Set([
   'vllm:num_requests_running',

@@ -262,6 +262,26 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_upstream_engine_restarts_total{upstream="u0",cause="start_time"} 1');
   });
 
+  it('counts an absent cached-tokens detail as 0 only where the pool declares its upstreams report them', async () => {
+    const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1], queueWait: [1] }, { defaultMetrics: false });
+    const base = requestInfo({ slo: { ttftMs: 1000, tpotMs: 100, e2eMs: 1000, ttftByPromptLenMs: {} }, promptLenBoundaries: [1024], promptLenClasses: promptLenClasses([1024]), stream: false });
+    const settle = (tenant: string) => {
+      const ledger = new RequestLedger({ ...base, tenant }, 0);
+      ledger.startAttempt(0, 'u0');
+      ledger.bodyReceived(1, 200, classifyEventData('{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":1}}'));
+      ledger.clientEnded(1);
+      return ledger.settle(1);
+    };
+    const routing = (declared: boolean) => ({ pool: 'p', policy: 'least_request', reason: 'single', predictedCachedTokens: 0, usageReportsCachedTokens: declared });
+    metrics.record({ ...settle('declared'), routing: routing(true) }, undefined);
+    metrics.record({ ...settle('undeclared'), routing: routing(false) }, undefined);
+    const text = await metrics.registry.metrics();
+    expect(text).toContain('waybill_cached_prompt_tokens_total{model="m",tenant="declared"} 0');
+    expect(text).not.toContain('waybill_cached_tokens_missing_total{model="m",tenant="declared"}');
+    expect(text).toContain('waybill_cached_tokens_missing_total{model="m",tenant="undeclared"} 1');
+    expect(text).not.toContain('waybill_cached_prompt_tokens_total{model="m",tenant="undeclared"}');
+  });
+
   it('declares the routing series a pool can give, at zero: no session series without a session_header', async () => {
     const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1], queueWait: [1] }, { defaultMetrics: false });
     const pools: Record<string, { name: string; routing: { policy: 'cache_aware' | 'least_request' } }> = {

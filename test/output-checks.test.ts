@@ -294,7 +294,7 @@ describe('the sample record', () => {
 
     const without = publishWith(settlement, 'req-1', false);
     const sample = without.find((l) => l['msg'] === 'evaluation sample')?.['evaluation_sample'] as Record<string, unknown>;
-    expect(sample).toMatchObject({ request_id: 'req-1', model: 'sim-model', inclusion_probability: 1, accepted: true, finish_reasons: ['stop'] });
+    expect(sample).toMatchObject({ request_id: 'req-1', model: 'sim-model', inclusion_probability: 1, accepted: true, verdict: 'accepted', finish_reasons: ['stop'] });
     expect(sample['checks']).toEqual([{ answer_present: 'pass', not_truncated: 'pass', format_valid: 'pass' }]);
     expect(sample).not.toHaveProperty('answers');
     const line = without.find((l) => l['msg'] === 'request');

@@ -19,6 +19,8 @@ export interface EvaluationSample {
   readonly route: string;
   readonly inclusion_probability: number;
   readonly accepted: boolean;
+  /** The evaluation cohort's verdict (Settlement.verdict): `unevaluated` answers' acceptance is not known. */
+  readonly verdict: Settlement['verdict'];
   readonly checks: Settlement['checks'];
   readonly finish_reasons: readonly string[];
   /** Each choice's content, only with evaluation.capture_content (undefined for a choice past the size cap). */
@@ -69,6 +71,7 @@ export function evaluationSample(
     route: s.route,
     inclusion_probability: probability,
     accepted: s.accepted,
+    verdict: s.verdict,
     checks: s.checks,
     finish_reasons: s.finishReasons,
     ...(settings.captureContent && s.answerText !== undefined ? { answers: s.answerText } : {}),

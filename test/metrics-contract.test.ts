@@ -6,6 +6,7 @@ import {
   ATTEMPT_RESULTS,
   CANCEL_PHASES,
   CHECK_RESULTS,
+  CHECK_VERDICTS,
   OUTPUT_CHECKS,
   EJECTION_REASONS,
   FINISH_REASONS,
@@ -18,7 +19,7 @@ import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import { classifyEventData } from '../src/sse/classify.js';
 import { requestInfo } from './helpers/ledger-info.js';
 import { INTERNAL_ERROR_COMPONENTS } from '../src/telemetry/guard.js';
-import { CONFIG_RELOAD_RESULTS, ENGINE_RESTART_CAUSES, GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS, SESSION_GAP_LABELS } from '../src/telemetry/metrics.js';
+import { CONFIG_RELOAD_RESULTS, ENGINE_RESTART_CAUSES, EVALUATOR_TOKEN_KINDS, GatewayMetrics, METRICS, REQUEST_ATTEMPTS_BUCKETS, SESSION_GAP_LABELS } from '../src/telemetry/metrics.js';
 import { SCRAPE_RESULTS } from '../src/routing/engine-signals.js';
 import { PICK_REASONS } from '../src/routing/score.js';
 import { LIMIT_NAMES } from '../src/proxy/tenant-limits.js';
@@ -99,6 +100,8 @@ describe('docs/metrics.md and the code agree', () => {
     expect(listedValues('gap')).toEqual([...SESSION_GAP_LABELS]);
     expect(listedValues('result', 4)).toEqual([...SCRAPE_RESULTS]);
     expect(listedValues('cause')).toEqual([...ENGINE_RESTART_CAUSES]);
+    expect(listedValues('verdict')).toEqual([...CHECK_VERDICTS]);
+    expect(listedValues('kind', 1)).toEqual([...EVALUATOR_TOKEN_KINDS]);
     const outcomeItems = labelBullet('outcome')
       .split('\n')
       .filter((line) => /^\s+- `/.test(line))
@@ -155,7 +158,13 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.probeFailed('u0', 'discovery');
     metrics.readStopped('u0', 'discovery', 'too_large');
     metrics.discoveredModelsRefusedBy('pool-a', 2);
-    metrics.evaluationSampled('m');
+    metrics.evaluationSampled('m', 1_700_000_000_500);
+    // Evaluator traffic, of its own model so the counts above stay: counted apart, never in the acceptance counters.
+    const evaluator = new RequestLedger({ ...ledger.info, model: 'e', stream: false, evaluator: true }, 0);
+    evaluator.startAttempt(0, 'u0');
+    evaluator.bodyReceived(2, 200, classifyEventData('{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":11,"completion_tokens":4}}'));
+    evaluator.clientEnded(2);
+    metrics.record(evaluator.settle(2), undefined);
     metrics.rateLimited('team-a', 'tokens');
     metrics.limitStoreError('reserve');
     metrics.limitStoreUp('redis', false);
@@ -203,7 +212,19 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_requests_total{model="m",tenant="_anonymous",route="chat_completions",stream="true",code="499",outcome="client_cancelled"} 1');
     expect(text).toContain('waybill_stream_anomalies_total{model="m",upstream="u0",kind="malformed_event"} 1');
     expect(text).toContain('waybill_cached_prompt_tokens_total{model="m",tenant="_anonymous"} 3');
-    expect(text).toContain('waybill_usage_missing_total{model="m"} 1');
+    expect(text).toContain('waybill_usage_missing_total{model="m",tenant="_anonymous"} 1');
+    // Usage without cached tokens, from no pool that declares them: unknown, not 0.
+    expect(text).toContain('waybill_cached_tokens_missing_total{model="e",tenant="_anonymous"} 1');
+    expect(text).not.toContain('waybill_cached_prompt_tokens_total{model="e"');
+    expect(text).toContain('waybill_evaluator_requests_total{model="e",tenant="_anonymous",outcome="delivered"} 1');
+    expect(text).toContain('waybill_evaluator_tokens_total{model="e",kind="prompt"} 11');
+    expect(text).toContain('waybill_evaluator_tokens_total{model="e",kind="completion"} 4');
+    expect(text).toContain('waybill_evaluator_request_duration_seconds_sum{model="e"} 0.002');
+    expect(text).not.toContain('waybill_output_checks_total{model="e"');
+    expect(text).not.toContain('waybill_requests_accepted_total{model="e"');
+    expect(text).not.toContain('waybill_requests_checked_total{model="e"');
+    expect(text).toContain('waybill_requests_checked_total{model="m",tenant="_anonymous",route="chat_completions",stream="true",verdict="accepted"} 1');
+    expect(text).toContain('waybill_evaluation_last_sample_timestamp_seconds{model="m"} 1700000000.5');
     expect(text).toContain('waybill_inflight_requests{model="m"} 0');
     expect(text).toContain('waybill_inter_token_latency_seconds_count{model="m"} 1');
     expect(text).toContain('waybill_time_per_output_token_seconds_sum{model="m"} 0.02');
@@ -243,6 +264,26 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_upstream_engine_signal_age_seconds{upstream="u0"} 0.5');
     expect(text).toContain('waybill_upstream_engine_scrapes_total{upstream="u0",result="ok"} 1');
     expect(text).toContain('waybill_upstream_engine_restarts_total{upstream="u0",cause="start_time"} 1');
+  });
+
+  it('counts an absent cached-tokens detail as 0 only where the pool declares its upstreams report them', async () => {
+    const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1], queueWait: [1] }, { defaultMetrics: false });
+    const base = requestInfo({ slo: { ttftMs: 1000, tpotMs: 100, e2eMs: 1000, ttftByPromptLenMs: {} }, promptLenBoundaries: [1024], promptLenClasses: promptLenClasses([1024]), stream: false });
+    const settle = (tenant: string) => {
+      const ledger = new RequestLedger({ ...base, tenant }, 0);
+      ledger.startAttempt(0, 'u0');
+      ledger.bodyReceived(1, 200, classifyEventData('{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":1}}'));
+      ledger.clientEnded(1);
+      return ledger.settle(1);
+    };
+    const routing = (declared: boolean) => ({ pool: 'p', policy: 'least_request', reason: 'single', predictedCachedTokens: 0, usageReportsCachedTokens: declared });
+    metrics.record({ ...settle('declared'), routing: routing(true) }, undefined);
+    metrics.record({ ...settle('undeclared'), routing: routing(false) }, undefined);
+    const text = await metrics.registry.metrics();
+    expect(text).toContain('waybill_cached_prompt_tokens_total{model="m",tenant="declared"} 0');
+    expect(text).not.toContain('waybill_cached_tokens_missing_total{model="m",tenant="declared"}');
+    expect(text).toContain('waybill_cached_tokens_missing_total{model="m",tenant="undeclared"} 1');
+    expect(text).not.toContain('waybill_cached_prompt_tokens_total{model="m",tenant="undeclared"}');
   });
 
   it('declares the routing series a pool can give, at zero: no session series without a session_header', async () => {

@@ -58,6 +58,7 @@ const CASES: Record<string, string> = {
   not_json: contentStream('Sure! Here is the person: Ada, 36.'),
   fenced: contentStream('```json\n{"name": "Ada", "age": 36}\n```'),
   truncated: contentStream('{"name": "Ada", "ag', 'length'),
+  whole_but_length: contentStream('{"name": "Ada", "age": 36}', 'length'),
   empty: wire.role + chunk({ delta: {}, finish_reason: 'stop' }) + usage + wire.done,
   reasoning_only: wire.role + chunk({ delta: { reasoning_content: 'Let me think' } }) + chunk({ delta: {}, finish_reason: 'stop' }) + usage + wire.done,
   plain: contentStream('Hello there, how can I help?'),
@@ -179,7 +180,76 @@ describe('output checks on streamed answers', () => {
   });
 });
 
+describe('the evaluation cohort: accepted among evaluated', () => {
+  it('an answer over the cap is accepted but outside the cohort; coverage and accepted-among-evaluated have their own denominators', async () => {
+    // 330: the valid answer's 26 characters in 9 pieces (32 each of overhead) fit; the plain answer's 28 in 10 do not.
+    const stack = await gateway({ output_checks: { max_output_chars: 330 } });
+    // Evaluated and accepted; evaluated and not accepted; a schema applies but the answer is over the cap.
+    expect((await send(stack, 'valid_schema', SCHEMA_BODY)).settlement.verdict).toBe('accepted');
+    expect((await send(stack, 'empty', SCHEMA_BODY)).settlement.verdict).toBe('not_accepted');
+    const over = await send(stack, 'plain', { response_format: { type: 'json_object' } });
+    // No contract asked for: format_valid does not apply, so the request is evaluated (and accepted).
+    expect((await send(stack, 'plain', {})).settlement.verdict).toBe('accepted');
+    expect(over.settlement.accepted).toBe(true);
+    expect(over.settlement.verdict).toBe('unevaluated');
+    const checked = (verdict: string) => stack.metric('waybill_requests_checked_total', { model: 'sim-model', verdict });
+    expect([await checked('accepted'), await checked('not_accepted'), await checked('unevaluated')]).toEqual([2, 1, 1]);
+    // The old counter still reads the over-cap answer as accepted: only the cohort tells it apart.
+    expect(await stack.metric('waybill_requests_accepted_total', { model: 'sim-model' })).toBe(3);
+  });
+
+  it('a schema that does not compile leaves the request unevaluated, even beside a certain failure', async () => {
+    const stack = await gateway();
+    const body = { response_format: { type: 'json_schema', json_schema: { name: 'p', schema: { $async: true, type: 'object' } } } };
+    const { settlement } = await send(stack, 'valid_schema', body);
+    expect(checks(settlement)?.format_valid).toBe('unevaluated');
+    expect(settlement.verdict).toBe('unevaluated');
+    // Cut at `length` (certain failure), its JSON whole but its schema not compiled: still outside the cohort.
+    const truncated = await send(stack, 'whole_but_length', body);
+    expect(truncated.settlement.accepted).toBe(false);
+    expect(truncated.settlement.verdict).toBe('unevaluated');
+  });
+});
+
 describe('evaluator traffic and evaluation samples', () => {
+  it('evaluator traffic is carried in the settlement, never sampled, and counted apart from users\' answers', async () => {
+    const stack = await gateway({ evaluation: { evaluator_header: 'X-Waybill-Evaluator', sample_rate: 1 } });
+    const marked = await send(stack, 'valid_schema', SCHEMA_BODY, true, { 'x-waybill-evaluator': 'nightly' });
+    expect(marked.settlement.evaluator).toBe(true);
+    expect(marked.settlement.accepted).toBe(true);
+    const user = await send(stack, 'invalid_schema', SCHEMA_BODY);
+    expect(user.settlement.evaluator).toBe(false);
+    // Only the user's request is sampled, checked and counted in the acceptance counters.
+    expect(await stack.metric('waybill_evaluation_samples_total', { model: 'sim-model' })).toBe(1);
+    expect(await stack.metric('waybill_requests_accepted_total', { model: 'sim-model' })).toBe(0);
+    expect(await stack.metric('waybill_output_checks_total', { model: 'sim-model', check: 'format_valid' })).toBe(1);
+    expect(await stack.metric('waybill_output_checks_total', { model: 'sim-model', check: 'format_valid', result: 'fail' })).toBe(1);
+    expect(await stack.metric('waybill_requests_checked_total', { model: 'sim-model' })).toBe(1);
+    // The evaluator's calls, tokens and latency, apart; both requests are still requests.
+    expect(await stack.metric('waybill_evaluator_requests_total', { model: 'sim-model', outcome: 'delivered' })).toBe(1);
+    expect(await stack.metric('waybill_evaluator_tokens_total', { model: 'sim-model', kind: 'prompt' })).toBe(5);
+    expect(await stack.metric('waybill_evaluator_tokens_total', { model: 'sim-model', kind: 'completion' })).toBe(9);
+    expect(await stack.metric('waybill_evaluator_request_duration_seconds_count', { model: 'sim-model' })).toBe(1);
+    expect(await stack.metric('waybill_requests_total', { outcome: 'delivered' })).toBe(2);
+    expect(await stack.metric('waybill_slo_requests_total', { result: 'excluded' })).toBe(1);
+  });
+
+  it('an evaluator request that fails is an evaluator error, by outcome', async () => {
+    const stack = await gateway({ evaluation: { evaluator_header: 'X-Waybill-Evaluator' } });
+    await send(stack, 'stream_error', {}, true, { 'x-waybill-evaluator': '1' });
+    expect(await stack.metric('waybill_evaluator_requests_total', { model: 'sim-model', outcome: 'stream_error' })).toBe(1);
+    expect(await stack.metric('waybill_evaluator_requests_total', { outcome: 'delivered' })).toBe(0);
+  });
+
+  it('the last sample\'s wall-clock time is exported', async () => {
+    const before = Date.now() / 1000;
+    const stack = await gateway({ evaluation: { sample_rate: 1 } });
+    await send(stack, 'plain', {});
+    const at = await stack.metric('waybill_evaluation_last_sample_timestamp_seconds', { model: 'sim-model' });
+    expect(at).toBeGreaterThanOrEqual(Math.floor(before));
+    expect(at).toBeLessThanOrEqual(Date.now() / 1000);
+  });
+
   it('evaluator traffic is counted everywhere but excluded from the SLO', async () => {
     const stack = await gateway({ evaluation: { evaluator_header: 'X-Waybill-Evaluator' } });
     const marked = await send(stack, 'plain', {}, true, { 'x-waybill-evaluator': 'nightly' });
@@ -224,7 +294,7 @@ describe('the sample record', () => {
 
     const without = publishWith(settlement, 'req-1', false);
     const sample = without.find((l) => l['msg'] === 'evaluation sample')?.['evaluation_sample'] as Record<string, unknown>;
-    expect(sample).toMatchObject({ request_id: 'req-1', model: 'sim-model', inclusion_probability: 1, accepted: true, finish_reasons: ['stop'] });
+    expect(sample).toMatchObject({ request_id: 'req-1', model: 'sim-model', inclusion_probability: 1, accepted: true, verdict: 'accepted', finish_reasons: ['stop'] });
     expect(sample['checks']).toEqual([{ answer_present: 'pass', not_truncated: 'pass', format_valid: 'pass' }]);
     expect(sample).not.toHaveProperty('answers');
     const line = without.find((l) => l['msg'] === 'request');

@@ -245,6 +245,25 @@ describe('the schema cache', () => {
 });
 
 
+describe('format_valid that does not apply, and one that could not be judged', () => {
+  it('tells no contract (not applicable) from a contract over the cap or a schema refused (unevaluated)', () => {
+    const verdict = (body: Record<string, unknown>, pieces: string[], maxChars = 1000, calls: Array<{ name: string; args: string }> = []) => {
+      const assembly = new OutputAssembly(1, maxChars);
+      for (const piece of pieces) assembly.add(readOutputParts([{ index: 0, delta: { content: piece } }]));
+      calls.forEach((call, i) => assembly.add(readOutputParts([{ index: 0, delta: { tool_calls: [{ index: i, id: `c${i}`, type: 'function', function: { name: call.name, arguments: call.args } }] } }])));
+      return assembly.formatVerdict(0, contractOf(body));
+    };
+    // Tools declared with tool_choice auto and a plain answer: the contract asks nothing of this answer.
+    expect(verdict({ tools: [WEATHER_TOOL] }, ['It is sunny.'])).toBe('not_applicable');
+    // Reported as unevaluated by format_valid all the same (the metric's value set is unchanged).
+    expect(toolFormat({ tools: [WEATHER_TOOL] }, [], 'It is sunny.')).toBe('unevaluated');
+    expect(verdict({ response_format: { type: 'json_object' } }, ['{"a": 1, "b": 2}'], 10)).toBe('unevaluated');
+    expect(verdict(jsonSchema({ $async: true, type: 'object' }), ['{"a": 1}'])).toBe('unevaluated');
+    // A certain failure wins over an unevaluated part, as before.
+    expect(verdict({ ...jsonSchema({ $async: true, type: 'object' }), tools: [WEATHER_TOOL] }, ['{"a": 1}'], 1000, [{ name: 'get_time', args: '{}' }])).toBe('fail');
+  });
+});
+
 describe('the evaluation sample', () => {
   it('is decided by the request id alone', () => {
     fc.assert(

@@ -128,12 +128,17 @@ async function scalar(expr: string): Promise<number | undefined> {
   return value === undefined ? undefined : Number(value);
 }
 
-async function send(base: string, index: number, fault = index % SLOW_EVERY === 3 ? SLOW_FAULT : undefined): Promise<Observed> {
+async function send(
+  base: string,
+  index: number,
+  fault = index % SLOW_EVERY === 3 ? SLOW_FAULT : undefined,
+  extra: { body?: Record<string, unknown>; headers?: Record<string, string> } = {},
+): Promise<Observed> {
   const slow = fault === SLOW_FAULT;
   const response = await request(`${base}/v1/chat/completions`, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', ...(fault !== undefined ? { 'x-sim-fault': fault } : {}) },
-    body: JSON.stringify({ model: MODEL, stream: true, messages: [{ role: 'user', content: `request ${index}` }] }),
+    headers: { 'content-type': 'application/json', ...(fault !== undefined ? { 'x-sim-fault': fault } : {}), ...extra.headers },
+    body: JSON.stringify({ model: MODEL, stream: true, messages: [{ role: 'user', content: `request ${index}` }], ...extra.body }),
     headersTimeout: 10_000,
     bodyTimeout: 10_000,
   });
@@ -165,6 +170,10 @@ beforeAll(async () => {
       // Generous TTFT (a retry after a first-output timeout still meets it); a TPOT threshold that only the slow
       // requests miss (a normal one would need 700 ms of stalls across its 8 tokens).
       slo: { ttft: '3s', tpot: '100ms' },
+      // For the evaluation test: any answer asked to be JSON is over this cap (its format check unevaluated); the
+      // first test sends no contract, so nothing it counts changes.
+      output_checks: { max_output_chars: 1 },
+      evaluation: { evaluator_header: 'x-waybill-evaluator' },
       logging: { level: 'silent' },
     },
     'e2e',
@@ -311,5 +320,64 @@ describeWithTool(PROMETHEUS, 'waybill-rules.yaml on a real Prometheus', () => {
     for (const rule of evaluated) expect(`${rule.name}: ${rule.health} ${rule.lastError ?? ''}`.trim()).toBe(`${rule.name}: ok`);
     // The process metrics the dashboard reads came through the scrape too.
     expect(await scalar('count(nodejs_eventloop_lag_seconds{job="waybill"})')).toBe(1);
+  }, 60_000);
+
+  it('records evaluation coverage and accepted among evaluated over their own denominators, evaluator traffic apart', async () => {
+    if (missing !== undefined) throw missing;
+    const before = (await scalar('sum(waybill_requests_total{job="waybill"})')) ?? 0;
+    const checkedBefore = (await scalar('sum(waybill_requests_checked_total{job="waybill"})')) ?? 0;
+    const evaluatedBefore = (await scalar('sum(waybill_requests_checked_total{job="waybill",verdict!="unevaluated"})')) ?? 0;
+    // Per round: two plain requests (no contract: evaluated), one asking for JSON (over the cap: unevaluated), one
+    // from the evaluator (counted apart), on the same fleet whose second engine breaks half its answers.
+    const ROUNDS = 40;
+    const plain: Observed[] = [];
+    const json: Observed[] = [];
+    const evaluator: Observed[] = [];
+    for (let i = 0; i < ROUNDS; i++) {
+      const [a, b, c, d] = await Promise.all([
+        send(gatewayBase, 10_000 + 4 * i, undefined),
+        send(gatewayBase, 10_001 + 4 * i, undefined),
+        send(gatewayBase, 10_002 + 4 * i, undefined, { body: { response_format: { type: 'json_object' } } }),
+        send(gatewayBase, 10_003 + 4 * i, undefined, { headers: { 'x-waybill-evaluator': 'nightly' } }),
+      ]);
+      plain.push(a, b);
+      json.push(c);
+      evaluator.push(d);
+      await sleep(50);
+    }
+    const total = before + 4 * ROUNDS;
+    const scraped = await waitFor(`Prometheus to scrape ${total} requests`, 20_000, async () =>
+      (await scalar('sum(waybill_requests_total{job="waybill"})')) === total ? await scalar('max(timestamp(waybill_requests_total{job="waybill"}))') : undefined,
+    );
+    await waitFor('the evaluation rules to evaluate after the last scrape', 15_000, async () => {
+      const at = await scalar(`min(timestamp(model:waybill_evaluation_coverage:ratio_rate5m{model="${MODEL}"}))`);
+      return at !== undefined && at > scraped + 1 ? true : undefined;
+    });
+    const delivered = (of: Observed[]) => of.filter((o) => o.delivered).length;
+    // Exact, from the counters: every delivered user answer is checked once; the over-cap ones are not evaluated;
+    // the evaluator's are in none of it, and in their own counter by outcome.
+    const checked = delivered(plain) + delivered(json);
+    expect((await scalar('sum(waybill_requests_checked_total)')) ?? 0).toBe(checkedBefore + checked);
+    expect((await scalar('sum(waybill_requests_checked_total{verdict!="unevaluated"})')) ?? 0).toBe(evaluatedBefore + delivered(plain));
+    expect(await scalar('sum(waybill_requests_checked_total{verdict="unevaluated"})')).toBe(delivered(json));
+    expect(await scalar('sum(waybill_evaluator_requests_total)')).toBe(ROUNDS);
+    expect((await scalar('sum(waybill_evaluator_requests_total{outcome="delivered"})')) ?? 0).toBe(delivered(evaluator));
+    // Still excluded from the SLO, as before.
+    expect(await scalar('sum(waybill_slo_requests_total{result="excluded"})')).toBeGreaterThanOrEqual(ROUNDS);
+    // The recorded ratios over the last 5m: the earlier run's checked requests are in the window too (all evaluated),
+    // so the expected coverage counts them; rate() extrapolates, hence close rather than equal.
+    const inWindow = async (selector: string) => (await scalar(`sum(increase(waybill_requests_checked_total{${selector}}[5m]))`)) ?? 0;
+    const expectedCoverage = (await inWindow('verdict!="unevaluated"')) / (await inWindow(''));
+    const coverage = await scalar(`model:waybill_evaluation_coverage:ratio_rate5m{model="${MODEL}"}`);
+    const acceptedAmongEvaluated = await scalar(`model:waybill_requests_accepted_among_evaluated:ratio_rate5m{model="${MODEL}"}`);
+    console.log(
+      `e2e evaluation: ${checked} checked (${delivered(json)} over the cap), ${delivered(evaluator)} of ${ROUNDS} evaluator requests delivered; ` +
+        `coverage ${coverage?.toFixed(4)} (from increase() ${expectedCoverage.toFixed(4)}), accepted among evaluated ${acceptedAmongEvaluated?.toFixed(4)}`,
+    );
+    expect(delivered(json)).toBeGreaterThan(ROUNDS / 3);
+    expect(coverage).toBeLessThan(1);
+    expect(Math.abs((coverage ?? Number.NaN) - expectedCoverage)).toBeLessThan(0.05);
+    expect(acceptedAmongEvaluated).toBeGreaterThan(0);
+    expect(acceptedAmongEvaluated).toBeLessThanOrEqual(1);
   }, 60_000);
 });

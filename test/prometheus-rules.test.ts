@@ -37,6 +37,9 @@ const VLLM_HISTOGRAMS = [
   'vllm:kv_block_lifetime_seconds',
   'vllm:kv_block_idle_before_evict_seconds',
   'vllm:kv_block_reuse_gap_seconds',
+  // Token-count histograms: the cached-prefill rule subtracts their sums (seed 000 §4.3).
+  'vllm:request_prompt_tokens',
+  'vllm:request_prefill_kv_computed_tokens',
 ];
 /** Not vLLM's names, but about its targets: its process collector's start time, and kube-state-metrics on its pods. */
 const ENGINE_SIDE_METRICS = ['process_start_time_seconds', 'kube_pod_container_status_restarts_total', 'kube_pod_created'];
@@ -138,7 +141,7 @@ describeWithTool(PROMTOOL, 'promtool', () => {
 
   it('passes the rules unit tests: recorded values and alerts, counter resets, idle traffic, no data, day-old baselines', () => {
     const tests = readdirSync(join(RULES_DIR, 'tests')).filter((f) => f.endsWith('.yaml'));
-    expect(tests.sort()).toEqual(['vllm-engine.test.yaml', 'vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-queue.test.yaml', 'waybill-replicas.test.yaml', 'waybill-rules.test.yaml']);
+    expect(tests.sort()).toEqual(['vllm-engine.test.yaml', 'vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-evaluation.test.yaml', 'waybill-queue.test.yaml', 'waybill-replicas.test.yaml', 'waybill-rules.test.yaml']);
     const output = promtool('test', 'rules', ...tests.map((f) => join(RULES_DIR, 'tests', f)));
     expect(output).not.toMatch(/FAILED/);
     // promtool evaluates every group at every step: about 15 s on an idle 2-core machine, more on a busy one.

@@ -82,7 +82,8 @@ describeWithTool({ command: CHROMIUM, install: 'Debian: apt-get install chromium
     mkdirSync(ARTIFACTS, { recursive: true });
     // Real trace ids in the table: spans are made (and dropped: port 9 refuses), so each failure has its 32-hex id.
     tracing = startTracing({ endpoint: 'http://127.0.0.1:9/v1/traces', captureContent: false }, {});
-    s = await startStack({ tracing, config: { server: { host: '127.0.0.1', port: 0, admin_port: 0 }, retries: { max_attempts: 1 } } });
+    // A tiny answer cap: a request asking for JSON is delivered and accepted, but its format check unevaluated.
+    s = await startStack({ tracing, config: { server: { host: '127.0.0.1', port: 0, admin_port: 0 }, retries: { max_attempts: 1 }, output_checks: { max_output_chars: 1 } } });
     admin = s.gateway.adminUrl ?? '';
     browser = await chromium.launch({ executablePath: executable(CHROMIUM), args: ['--no-sandbox'] });
   }, BROWSER_TIMEOUT);
@@ -106,21 +107,27 @@ describeWithTool({ command: CHROMIUM, install: 'Debian: apt-get install chromium
 
       // A clean stream, one cut by an error event, one truncated at max tokens (delivered, not accepted), an upstream 429;
       // with real ids (UUIDs, as clients send them), which are longer than the table has room for.
-      const ids = { ok: randomUUID(), errorEvent: randomUUID(), length: randomUUID(), tooMany: randomUUID() };
+      const ids = { ok: randomUUID(), errorEvent: randomUUID(), length: randomUUID(), tooMany: randomUUID(), overCap: randomUUID() };
       const sent = [
         await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': ids.ok }),
         await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': ids.errorEvent, 'x-sim-fault': 'error_after=2' }),
         await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': ids.length, 'x-sim-fault': 'finish_reason=length' }),
         await post(s.base, '/v1/chat/completions', STREAM, { 'x-request-id': ids.tooMany, 'x-sim-fault': 'status=429' }),
+        await post(s.base, '/v1/chat/completions', { ...STREAM, response_format: { type: 'json_object' } }, { 'x-request-id': ids.overCap }),
       ];
-      expect(sent.map((r) => r.status)).toEqual([200, 200, 200, 429]);
+      expect(sent.map((r) => r.status)).toEqual([200, 200, 200, 429, 200]);
 
-      await waitForText(page, '#f-requests', '4');
-      expect(await text(page, '#f-2xx')).toBe('3');
-      expect(await text(page, '#f-delivered')).toBe('2');
-      expect(await text(page, '#f-accepted')).toBe('1');
-      expect(await text(page, '#delivered-ratio')).toBe('50.0%');
-      expect(await text(page, '#accepted-ratio')).toBe('25.0%');
+      await waitForText(page, '#f-requests', '5');
+      expect(await text(page, '#f-2xx')).toBe('4');
+      expect(await text(page, '#f-delivered')).toBe('3');
+      expect(await text(page, '#f-accepted')).toBe('2');
+      expect(await text(page, '#delivered-ratio')).toBe('60.0%');
+      expect(await text(page, '#accepted-ratio')).toBe('40.0%');
+      // Beside it: of the 3 checked, 2 evaluated (the over-cap answer is accepted but not evaluated), 1 of them accepted.
+      expect(await text(page, '#coverage-ratio')).toBe('66.7%');
+      expect(await text(page, '#coverage-counts')).toBe('2 of 3 checked evaluated');
+      expect(await text(page, '#accepted-evaluated-ratio')).toBe('50.0%');
+      expect(await text(page, '#accepted-evaluated-counts')).toBe('1 of 2 evaluated');
 
       await waitForFailures(page, 3);
       const failures = await Promise.all((await page.locator('#failures-body tr').all()).map((row) => row.locator('th, td').allTextContents()));
@@ -215,7 +222,7 @@ describeWithTool({ command: CHROMIUM, install: 'Debian: apt-get install chromium
       const phone = await browser.newPage({ viewport: { width: 375, height: 812 }, isMobile: true, hasTouch: true, deviceScaleFactor: 2 });
       watch(phone, 'phone');
       await phone.goto(`${admin}/status`);
-      await waitForText(phone, '#f-requests', '4');
+      await waitForText(phone, '#f-requests', '5');
       await waitForFailures(phone, 3);
       const widths = await phone.evaluate(() => {
         const { documentElement } = (globalThis as unknown as BrowserWindow).document;

@@ -33,6 +33,8 @@ function settlement(overrides: Partial<Settlement> = {}): Settlement {
     responseModel: undefined,
     checks: [],
     accepted: true,
+    verdict: 'accepted',
+    evaluator: false,
     failedChecks: [],
     ...overrides,
   };
@@ -56,6 +58,7 @@ function windowAt(start = T0) {
 const STREAM_ERROR = settlement({
   outcome: 'stream_error',
   accepted: false,
+  verdict: undefined,
   slo: 'failed',
   finishReasons: ['none'],
   tpotMs: undefined,
@@ -64,12 +67,13 @@ const STREAM_ERROR = settlement({
 });
 const TRUNCATED = settlement({
   accepted: false,
+  verdict: 'not_accepted',
   finishReasons: ['length'],
   failedChecks: ['not_truncated'],
   slo: 'met',
 });
-const LIMITED = settlement({ code: 429, outcome: 'rejected', accepted: false, slo: 'failed', attempts: [], ttftMs: undefined, tpotMs: undefined, usage: undefined, promptLen: 'unknown', finishReasons: [] });
-const NOT_FOUND = settlement({ model: '_other', route: '_other', stream: false, code: 404, outcome: 'rejected', accepted: false, slo: 'excluded', attempts: [], ttftMs: undefined, tpotMs: undefined, usage: undefined, promptLen: 'unknown', finishReasons: [] });
+const LIMITED = settlement({ code: 429, outcome: 'rejected', accepted: false, verdict: undefined, slo: 'failed', attempts: [], ttftMs: undefined, tpotMs: undefined, usage: undefined, promptLen: 'unknown', finishReasons: [] });
+const NOT_FOUND = settlement({ model: '_other', route: '_other', stream: false, code: 404, outcome: 'rejected', accepted: false, verdict: undefined, slo: 'excluded', attempts: [], ttftMs: undefined, tpotMs: undefined, usage: undefined, promptLen: 'unknown', finishReasons: [] });
 
 describe('the funnel', () => {
   it('counts 2xx ⊇ delivered ⊇ accepted over one denominator, and the SLO apart from exclusions', () => {
@@ -83,6 +87,24 @@ describe('the funnel', () => {
     const { funnel } = window.view();
     expect(funnel).toMatchObject({ requests: 6, http_2xx: 4, delivered: 3, accepted: 2, slo_eligible: 5, slo_met: 3, slo_attainment: 0.6 });
     expect(funnel.outcomes).toEqual({ delivered: 3, rejected: 2, failed: 0, timeout: 0, stream_error: 1, incomplete: 0, client_cancelled: 0 });
+  });
+
+  it('shows the evaluation cohort beside the accepted ratio: coverage and accepted among evaluated over their own denominators', () => {
+    const { window } = windowAt();
+    window.record(settlement(), 'r1', undefined);
+    window.record(TRUNCATED, 'r2', undefined);
+    // Over the cap: accepted (nothing failed), but outside the evaluated cohort.
+    window.record(settlement({ verdict: 'unevaluated' }), 'r3', undefined);
+    window.record(settlement({ verdict: 'unevaluated' }), 'r4', undefined);
+    // Evaluator traffic: a request, never accepted nor checked.
+    window.record(settlement({ evaluator: true, slo: 'excluded' }), 'r5', undefined);
+    window.record(STREAM_ERROR, 'r6', undefined);
+    const { funnel } = window.view();
+    expect(funnel).toMatchObject({ requests: 6, delivered: 5, accepted: 3, checked: 4, evaluated: 2, evaluated_accepted: 1, evaluator: 1 });
+    expect(funnel.evaluation_coverage).toBe(0.5);
+    expect(funnel.accepted_among_evaluated).toBe(0.5);
+    const empty = windowAt().window.view().funnel;
+    expect([empty.evaluation_coverage, empty.accepted_among_evaluated]).toEqual([null, null]);
   });
 
   it('splits rows by model and tenant, with the configured names present at zero', () => {

@@ -22,7 +22,7 @@ import {
 import { classifyPromptLen } from './prompt-len.js';
 import { clientStatus, errorShapeOf, type UpstreamSignal } from '../delivery/status-map.js';
 import { contractNeedsText, notTruncated, OutputAssembly, type ChoiceChecks, type OutputContract } from './output-contract.js';
-import { ANONYMOUS, OUTPUT_CHECKS, reportsUsage, type OutputCheck } from './outcomes.js';
+import { ANONYMOUS, OUTPUT_CHECKS, reportsUsage, type CheckVerdict, type OutputCheck } from './outcomes.js';
 
 export interface SloThresholds {
   readonly ttftMs: number;
@@ -56,7 +56,10 @@ export interface RequestInfo {
   readonly contract?: OutputContract | undefined;
   /** Characters of answer text assembled per response for the contract's checks (output_checks.max_output_chars). */
   readonly maxOutputChars?: number | undefined;
-  /** Evaluator traffic (evaluation.evaluator_header): counted everywhere, but `excluded` from the SLO. */
+  /**
+   * Evaluator traffic (evaluation.evaluator_header): `excluded` from the SLO, never sampled for evaluation, and counted
+   * apart from users' answers (Settlement.evaluator).
+   */
   readonly evaluator?: boolean | undefined;
   /** Keep the answer's text for the request's evaluation sample (evaluation.capture_content, and sampled). */
   readonly captureAnswer?: boolean | undefined;
@@ -170,6 +173,14 @@ export interface Settlement {
   readonly checks: readonly ChoiceChecks[];
   /** Delivered, and no applicable check failed (an unevaluated check does not block it). */
   readonly accepted: boolean;
+  /**
+   * The evaluation cohort's verdict of a delivered response with at least one checked choice (undefined otherwise):
+   * `unevaluated` when a check that applies could not be evaluated, else `accepted` or `not_accepted`. Accepted among
+   * evaluated and evaluation coverage divide by different sets (seed 000 §7.3); `accepted` above alone cannot say.
+   */
+  readonly verdict: CheckVerdict | undefined;
+  /** The request carried the evaluator header (RequestInfo.evaluator): not users' traffic. */
+  readonly evaluator: boolean;
   /** The checks that failed on some choice, each named once. */
   readonly failedChecks: readonly OutputCheck[];
   /** The client SDK's retry count of this HTTP request (RequestInfo.clientRetry). */
@@ -599,7 +610,7 @@ export class RequestLedger {
       this.usage?.promptTokens ?? this.info.promptTokensEstimate,
     );
     const tpotMs = outcome === 'delivered' ? this.tpot() : undefined;
-    const checks = outcome === 'delivered' ? this.outputChecks() : [];
+    const { checks, verdict } = outcome === 'delivered' ? this.outputChecks() : { checks: [], verdict: undefined };
     const failedChecks = failedCheckNames(checks);
     const relayed: RelayedOutput = { outputEvents: this.outputEvents, outputChars: this.outputChars };
     const estimatedCompletionTokens =
@@ -629,6 +640,8 @@ export class RequestLedger {
       responseModel: this.responseModel,
       checks,
       accepted: outcome === 'delivered' && failedChecks.length === 0,
+      verdict,
+      evaluator: this.info.evaluator === true,
       failedChecks,
       clientRetry: this.info.clientRetry,
       ...(this.info.captureAnswer === true && outcome === 'delivered' ? { answerText: this.answerText() } : {}),
@@ -639,25 +652,31 @@ export class RequestLedger {
    * The output checks of each expected choice of the delivered answer. They observe and never decide: should one
    * throw (a bug), every check is `unevaluated` and the request is still counted as what it was.
    */
-  private outputChecks(): ChoiceChecks[] {
+  private outputChecks(): { checks: ChoiceChecks[]; verdict: CheckVerdict | undefined } {
     try {
       return this.runOutputChecks();
     } catch {
-      return Array.from({ length: this.info.expectedChoices }, () => ({ answer_present: 'unevaluated', not_truncated: 'unevaluated', format_valid: 'unevaluated' }));
+      const checks = Array.from({ length: this.info.expectedChoices }, (): ChoiceChecks => ({ answer_present: 'unevaluated', not_truncated: 'unevaluated', format_valid: 'unevaluated' }));
+      return { checks, verdict: checks.length > 0 ? 'unevaluated' : undefined };
     }
   }
 
-  private runOutputChecks(): ChoiceChecks[] {
+  private runOutputChecks(): { checks: ChoiceChecks[]; verdict: CheckVerdict | undefined } {
     const contract = this.info.contract;
     const checks: ChoiceChecks[] = [];
+    let missing = false;
     for (let index = 0; index < this.info.expectedChoices; index++) {
+      const format = contract === undefined || this.assembly === undefined ? 'not_applicable' : this.assembly.formatVerdict(index, contract);
+      if (format === 'unevaluated') missing = true;
       checks.push({
         answer_present: this.answered.has(index) ? 'pass' : 'fail',
         not_truncated: notTruncated(finishReasonLabel(this.finishes.get(index))),
-        format_valid: contract === undefined || this.assembly === undefined ? 'unevaluated' : this.assembly.formatValid(index, contract),
+        format_valid: format === 'not_applicable' ? 'unevaluated' : format,
       });
     }
-    return checks;
+    if (checks.length === 0) return { checks, verdict: undefined };
+    if (missing) return { checks, verdict: 'unevaluated' };
+    return { checks, verdict: failedCheckNames(checks).length === 0 ? 'accepted' : 'not_accepted' };
   }
 
   private answerText(): (string | undefined)[] {
@@ -853,6 +872,8 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
     responseModel: undefined,
     checks: [],
     accepted: false,
+    verdict: undefined,
+    evaluator: info.evaluator === true,
     failedChecks: [],
     clientRetry: info.clientRetry,
   };

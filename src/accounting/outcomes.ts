@@ -166,3 +166,13 @@ export type OutputCheck = (typeof OUTPUT_CHECKS)[number];
 /** `unevaluated` is kept apart from `fail`: no contract requested, over the size cap, or a schema that cannot be compiled. */
 export const CHECK_RESULTS = ['pass', 'fail', 'unevaluated'] as const;
 export type CheckResult = (typeof CHECK_RESULTS)[number];
+
+/**
+ * A delivered response's verdict over its evaluation cohort (seed 000 §7.3, docs/output-contract.md): `accepted` and
+ * `not_accepted` when every check that applies to it was evaluated (pass or fail), `unevaluated` when one that
+ * applies could not be (an answer over the size cap, a schema that does not compile) — whatever the others said, so
+ * the cohort is not biased toward certain failures. A check that does not apply (no contract asked for) is not
+ * missing. Closed: the `verdict` label of waybill_requests_checked_total.
+ */
+export const CHECK_VERDICTS = ['accepted', 'not_accepted', 'unevaluated'] as const;
+export type CheckVerdict = (typeof CHECK_VERDICTS)[number];

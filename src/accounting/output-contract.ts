@@ -125,9 +125,20 @@ export class OutputAssembly {
     return this.choices.get(index)?.content.join('') ?? '';
   }
 
-  /** format_valid for choice `index`. */
+  /** format_valid for choice `index` (`not_applicable` is reported as `unevaluated`: see formatVerdict). */
   formatValid(index: number, contract: OutputContract): CheckResult {
-    if (!contractNeedsText(contract)) return 'unevaluated';
+    const verdict = this.formatVerdict(index, contract);
+    return verdict === 'not_applicable' ? 'unevaluated' : verdict;
+  }
+
+  /**
+   * format_valid for choice `index`, telling a contract that asks nothing of this answer (`not_applicable`: no
+   * contract; tools declared with `tool_choice` `auto` and a plain answer) from one that applies but could not be
+   * judged (`unevaluated`: over the cap, a schema that does not compile). Only the second leaves the response out of
+   * the evaluated cohort.
+   */
+  formatVerdict(index: number, contract: OutputContract): CheckResult | 'not_applicable' {
+    if (!contractNeedsText(contract)) return 'not_applicable';
     if (this.overflow) return 'unevaluated';
     const choice = this.choices.get(index) ?? { content: [], calls: new Map<number, ToolCallText>() };
     const results: CheckResult[] = [];
@@ -144,7 +155,7 @@ export class OutputAssembly {
     if (choiceRule === 'required') results.push(calls.length > 0 ? 'pass' : 'fail');
     else if (choiceRule === 'none') results.push(calls.length === 0 ? 'pass' : 'fail');
     else if (typeof choiceRule === 'object') results.push(calls.some((c) => c.name === choiceRule.name) ? 'pass' : 'fail');
-    return combine(results);
+    return results.length === 0 ? 'not_applicable' : combine(results);
   }
 
   private choice(index: number): ChoiceText {

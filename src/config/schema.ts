@@ -112,7 +112,8 @@ const routingSchema = z.strictObject({
   session_header: z.string().regex(/^[A-Za-z0-9-]+$/, 'must be an HTTP header name').optional(),
   /**
    * The upstreams run with --enable-prompt-tokens-details: a usage without prompt_tokens_details then means 0 cached
-   * tokens (vLLM omits a 0). Off: only usages that carry cached_tokens are compared with the prediction.
+   * tokens (vLLM omits a 0), in the prediction check and in waybill_cached_prompt_tokens_total. Off: absent is unknown
+   * (counted in waybill_cached_tokens_missing_total); only usages that carry cached_tokens are counted.
    */
   usage_reports_cached_tokens: z.boolean().default(false),
 });
@@ -445,7 +446,10 @@ export const configSchema = z.strictObject({
       sample_rate: z.number().min(0).max(1).default(0),
       /** Per-model sample rates, overriding sample_rate. */
       models: z.record(z.string(), z.number().min(0).max(1)).default({}),
-      /** A request carrying this header (any non-empty value) is evaluator traffic: SLO result `excluded`. Unset: none is. */
+      /**
+       * A request carrying this header (any non-empty value) is evaluator traffic: SLO result `excluded`, never sampled,
+       * out of the acceptance counters and counted apart (docs/output-contract.md). Unset: none is.
+       */
       evaluator_header: z.string().regex(/^[A-Za-z0-9-]+$/, 'must be an HTTP header name').optional(),
       /** Put each sampled response's answer text (capped by output_checks.max_output_chars) in its sample record. */
       capture_content: z.boolean().default(false),

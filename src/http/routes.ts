@@ -424,6 +424,7 @@ function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyRepl
   const evaluation = config.evaluation;
   const evaluatorHeader = evaluation.evaluatorHeader;
   const evaluatorValue = evaluatorHeader === undefined ? undefined : request.headers[evaluatorHeader];
+  const evaluator = evaluatorValue !== undefined && evaluatorValue !== '';
   const trace = guard.trace(guard.run('tracing', () => startRequestTrace(tracer, request.headers, start, config.tracing.captureContent), NO_TRACE));
   const completion: CompletionRequest = {
     route,
@@ -438,9 +439,10 @@ function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyRepl
     expectedChoices: fields.expectedChoices,
     promptTokensEstimate: fields.promptTokensEstimate,
     contract: fields.expectedChoices > 0 ? contractOf(route, p.json, deps.schemas.compile) : undefined,
-    evaluator: evaluatorValue !== undefined && evaluatorValue !== '',
-    // The sample is decided from the request id alone: the same decision the settlement recorder makes.
-    captureAnswer: evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
+    evaluator,
+    // The sample is decided from the request id alone: the same decision the settlement recorder makes (never for
+    // evaluator traffic, which is not sampled).
+    captureAnswer: !evaluator && evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
     clientRetry: clientRetryOf(request.headers),
     dropUsageChunk: p.dropUsageChunk === true,
     requestId: request.id,

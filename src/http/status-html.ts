@@ -113,6 +113,11 @@ export const STATUS_SCRIPT = `
     setText('goodput', f.goodput_per_second.toFixed(2) + ' /s');
     setText('delivered-ratio', share(f.delivered, f.requests));
     setText('accepted-ratio', share(f.accepted, f.requests));
+    // Beside the accepted ratio, its two cohort ratios, each over its own denominator (seed 000 section 7.3).
+    setText('coverage-ratio', ratio(f.evaluation_coverage));
+    setText('coverage-counts', count(f.evaluated) + ' of ' + count(f.checked) + ' checked evaluated');
+    setText('accepted-evaluated-ratio', ratio(f.accepted_among_evaluated));
+    setText('accepted-evaluated-counts', count(f.evaluated_accepted) + ' of ' + count(f.evaluated) + ' evaluated' + (f.evaluator > 0 ? '; ' + count(f.evaluator) + ' evaluator requests apart' : ''));
     var outcomes = Object.keys(f.outcomes).map(function (k) { return [k, f.outcomes[k]]; });
     fill('outcomes-body', outcomes, 3, function (tr, o) {
       cell(tr, o[0], true); cell(tr, count(o[1])); cell(tr, share(o[1], f.requests));
@@ -334,6 +339,8 @@ export const STATUS_PAGE_HTML = `<!doctype html>
     <div class="cards">
       <div class="card"><span class="label">delivered</span><span class="value" id="delivered-ratio">—</span></div>
       <div class="card"><span class="label">accepted</span><span class="value" id="accepted-ratio">—</span></div>
+      <div class="card"><span class="label">evaluation coverage</span><span class="value" id="coverage-ratio">—</span><span class="label" id="coverage-counts"></span></div>
+      <div class="card"><span class="label">accepted among evaluated</span><span class="value" id="accepted-evaluated-ratio">—</span><span class="label" id="accepted-evaluated-counts"></span></div>
       <div class="card"><span class="label">SLO attainment</span><span class="value" id="slo-attainment">—</span><span class="label" id="slo-counts"></span></div>
       <div class="card"><span class="label">goodput (SLO met)</span><span class="value" id="goodput">—</span></div>
     </div>

@@ -19,6 +19,8 @@ export interface EvaluationSample {
   readonly route: string;
   readonly inclusion_probability: number;
   readonly accepted: boolean;
+  /** The evaluation cohort's verdict (Settlement.verdict): `unevaluated` answers' acceptance is not known. */
+  readonly verdict: Settlement['verdict'];
   readonly checks: Settlement['checks'];
   readonly finish_reasons: readonly string[];
   /** Each choice's content, only with evaluation.capture_content (undefined for a choice past the size cap). */
@@ -51,14 +53,15 @@ export function inSample(requestId: string, probability: number): boolean {
   return (hash >>> 0) / 0x1_0000_0000 < probability;
 }
 
-/** The sample record of a settled request, or undefined when it is not sampled (only delivered responses are). */
+/** The sample record of a settled request, or undefined when it is not sampled (only users' delivered responses are). */
 export function evaluationSample(
   settings: EvaluationSettings,
   s: Settlement,
   requestId: string,
   traceId: string | undefined,
 ): EvaluationSample | undefined {
-  if (s.outcome !== 'delivered') return undefined;
+  // Evaluator traffic is the evaluator's own replay: sampling it would have the evaluator judge itself (seed 000 §7.2).
+  if (s.outcome !== 'delivered' || s.evaluator) return undefined;
   const probability = sampleRate(settings, s.model);
   if (!inSample(requestId, probability)) return undefined;
   return {
@@ -68,6 +71,7 @@ export function evaluationSample(
     route: s.route,
     inclusion_probability: probability,
     accepted: s.accepted,
+    verdict: s.verdict,
     checks: s.checks,
     finish_reasons: s.finishReasons,
     ...(settings.captureContent && s.answerText !== undefined ? { answers: s.answerText } : {}),

@@ -115,7 +115,7 @@ export const METRICS = {
   usageMissing: {
     name: 'waybill_usage_missing_total',
     type: 'counter',
-    labels: ['model'],
+    labels: ['model', 'tenant'],
     help: 'Delivered responses that carried no usage.',
   },
   workerLostRequests: {
@@ -358,7 +358,46 @@ export const METRICS = {
     labels: ['model'],
     help: 'Requests that passed an admission gate: arrival at the gate to admission or rejection (0 when admitted at once).',
   },
+  requestsChecked: {
+    name: 'waybill_requests_checked_total',
+    type: 'counter',
+    labels: ['model', 'tenant', 'route', 'stream', 'verdict'],
+    help: 'Delivered users\' requests with at least one checked choice (evaluator traffic apart), by the evaluation cohort\'s verdict: accepted or not_accepted when every applicable output check was evaluated, unevaluated when one could not be.',
+  },
+  cachedTokensMissing: {
+    name: 'waybill_cached_tokens_missing_total',
+    type: 'counter',
+    labels: ['model', 'tenant'],
+    help: 'Delivered responses whose usage reported prompt tokens but no cached tokens, from a pool that does not declare its upstreams report them (pools[].routing.usage_reports_cached_tokens): cache hits unknown, not 0.',
+  },
+  evaluatorRequests: {
+    name: 'waybill_evaluator_requests_total',
+    type: 'counter',
+    labels: ['model', 'tenant', 'outcome'],
+    help: 'Logical requests carrying the evaluator header (evaluation.evaluator_header), by delivery outcome; each also in waybill_requests_total, none in the accepted, output-check or evaluation-sample counters.',
+  },
+  evaluatorTokens: {
+    name: 'waybill_evaluator_tokens_total',
+    type: 'counter',
+    labels: ['model', 'kind'],
+    help: 'Tokens of evaluator requests from upstream usage, by kind (prompt, completion); also in the token counters per tenant.',
+  },
+  evaluatorDuration: {
+    name: 'waybill_evaluator_request_duration_seconds',
+    type: 'histogram',
+    labels: ['model'],
+    help: 'Evaluator requests: arrival to the end of the response to the evaluator (or to it leaving), as waybill_request_duration_seconds.',
+  },
+  evaluationLastSample: {
+    name: 'waybill_evaluation_last_sample_timestamp_seconds',
+    type: 'gauge',
+    labels: ['model'],
+    help: 'Wall-clock time (Unix seconds) of the last evaluation sample this process emitted for the model; absent before the first.',
+  },
 } as const satisfies Record<string, MetricSpec>;
+
+/** The `kind` label of waybill_evaluator_tokens_total. Closed. */
+export const EVALUATOR_TOKEN_KINDS = ['prompt', 'completion'] as const;
 
 /** The results of a configuration reload (waybill_config_reloads_total{result}). */
 export const CONFIG_RELOAD_RESULTS = ['ok', 'invalid', 'restart_required'] as const;
@@ -539,6 +578,19 @@ export class GatewayMetrics {
   private readonly outputChecks = new CounterPair(this.registries, METRICS.outputChecks);
   private readonly accepted = new CounterPair(this.registries, METRICS.accepted);
   private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
+  private readonly requestsChecked = new CounterPair(this.registries, METRICS.requestsChecked);
+  private readonly cachedTokensMissing = new CounterPair(this.registries, METRICS.cachedTokensMissing);
+  private readonly evaluatorRequests = new CounterPair(this.registries, METRICS.evaluatorRequests);
+  private readonly evaluatorTokens = new CounterPair(this.registries, METRICS.evaluatorTokens);
+  private readonly evaluatorDuration: Histogram<'model'>;
+  private readonly evaluationLastSampleGauge = new Gauge({
+    name: METRICS.evaluationLastSample.name,
+    help: METRICS.evaluationLastSample.help,
+    labelNames: METRICS.evaluationLastSample.labels,
+    // The newest sample of any worker is the last one the gateway emitted.
+    aggregator: 'max' satisfies WorkerAggregator,
+    registers: [this.registry, this.openMetrics],
+  });
   private readonly rateLimitedRequests = new CounterPair(this.registries, METRICS.rateLimited);
   private readonly limitStoreErrors = new CounterPair(this.registries, METRICS.limitStoreErrors);
   private readonly backgroundHoldsGauge = new Gauge({
@@ -594,6 +646,7 @@ export class GatewayMetrics {
     this.openMetrics.registerMetric(this.itl as unknown as Metric);
     this.tpot = histogram(registries, METRICS.tpot, buckets.tpot, true);
     this.duration = histogram(registries, METRICS.duration, buckets.duration, true);
+    this.evaluatorDuration = histogram(registries, METRICS.evaluatorDuration, buckets.duration);
     this.queueWait = histogram(registries, METRICS.queueWait, buckets.queueWait);
     this.upstreamFirstOutput = histogram(registries, METRICS.upstreamFirstOutput, buckets.ttft);
     this.sessionIdleGap = histogram(registries, METRICS.sessionIdleGap, GAP_BUCKETS_SECONDS);
@@ -681,6 +734,8 @@ export class GatewayMetrics {
           for (const stream of ['true', 'false']) {
             this.requests.inc({ model, tenant, route, stream, code: '200', outcome: 'delivered' }, 0);
             this.accepted.inc({ model, tenant, route, stream }, 0);
+            // The cohort's denominators exist from the start too (accepted alone suffices: both ratios sum verdicts).
+            this.requestsChecked.inc({ model, tenant, route, stream, verdict: 'accepted' }, 0);
           }
         }
         // Per upstream of the model's pool, so the per-replica attainment sees each replica's first request too.
@@ -764,8 +819,11 @@ export class GatewayMetrics {
     this.discoveredModelsRefused.inc({ pool }, count);
   }
 
-  evaluationSampled(model: string): void {
-    this.evaluationSamples.inc({ model: this.modelLabel(model) });
+  /** One evaluation sample emitted, at wall-clock `atMs` (Unix milliseconds): Waybill's own "last processed" time. */
+  evaluationSampled(model: string, atMs?: number): void {
+    const label = this.modelLabel(model);
+    this.evaluationSamples.inc({ model: label });
+    if (atMs !== undefined) this.evaluationLastSampleGauge.set({ model: label }, atMs / 1000);
   }
 
   /** One stored-response lookup GET to `upstream` (response-homes.ts), counted as an attempt of model `_lookup`. */
@@ -878,16 +936,30 @@ export class GatewayMetrics {
     this.duration.observe({ labels: { model, route: s.route, outcome: s.outcome }, value: s.durationMs / 1000, exemplarLabels });
     // The replica that answered, or the one the last try failed on: a slow replica's misses show under its name.
     this.slo.inc({ model, tenant, prompt_len: s.promptLen, result: s.slo, upstream: s.attempts.at(-1)?.upstream ?? NO_UPSTREAM });
-    for (const choice of s.checks) for (const check of OUTPUT_CHECKS) this.outputChecks.inc({ model, check, result: choice[check] });
-    if (s.accepted) this.accepted.inc({ model, tenant, route: s.route, stream: String(s.stream) });
+    if (s.evaluator) {
+      // Evaluator traffic is counted apart: its answers are not users' (seed 000 §7.2), so the accepted, output-check
+      // and cohort counters never see it, and its own calls, outcomes, tokens and latency are here.
+      this.evaluatorRequests.inc({ model, tenant, outcome: s.outcome });
+      this.evaluatorDuration.observe({ model }, s.durationMs / 1000);
+      if (s.usage?.promptTokens !== undefined) this.evaluatorTokens.inc({ model, kind: 'prompt' }, s.usage.promptTokens);
+      if (s.usage?.completionTokens !== undefined) this.evaluatorTokens.inc({ model, kind: 'completion' }, s.usage.completionTokens);
+    } else {
+      for (const choice of s.checks) for (const check of OUTPUT_CHECKS) this.outputChecks.inc({ model, check, result: choice[check] });
+      if (s.accepted) this.accepted.inc({ model, tenant, route: s.route, stream: String(s.stream) });
+      if (s.verdict !== undefined) this.requestsChecked.inc({ model, tenant, route: s.route, stream: String(s.stream), verdict: s.verdict });
+    }
     const usage = s.usage;
     if (usage !== undefined) {
       if (usage.promptTokens !== undefined) this.promptTokens.inc({ model, tenant }, usage.promptTokens);
-      if (usage.cachedTokens !== undefined) this.cachedPromptTokens.inc({ model, tenant }, usage.cachedTokens);
+      // vLLM omits prompt_tokens_details when cached tokens are 0 (with --enable-prompt-tokens-details) and always
+      // (without it): absent is 0 only where the pool declares its upstreams report them, else unknown and counted so.
+      const cached = usage.cachedTokens ?? (s.routing?.usageReportsCachedTokens === true && usage.promptTokens !== undefined ? 0 : undefined);
+      if (cached !== undefined) this.cachedPromptTokens.inc({ model, tenant }, cached);
+      else if (usage.promptTokens !== undefined && s.outcome === 'delivered') this.cachedTokensMissing.inc({ model, tenant });
       if (usage.completionTokens !== undefined) this.completionTokens.inc({ model, tenant }, usage.completionTokens);
     } else if (s.outcome === 'delivered' && reportsUsage(s.route) && !(s.route === 'responses' && s.finishReasons.length === 0)) {
       // (A background request's acknowledgement — Responses without a choice — has no usage yet: not missing.)
-      this.usageMissing.inc({ model });
+      this.usageMissing.inc({ model, tenant });
     }
     if (s.estimatedCompletionTokens !== undefined) this.estimatedCompletionTokens.inc({ model, tenant }, s.estimatedCompletionTokens);
     if (s.routing !== undefined) this.recordRouting(model, s.routing, s.usage);

@@ -28,6 +28,10 @@ export interface RequestLogLine {
   checks_failed: string[];
   /** format_valid over the choices: pass, fail or unevaluated (fail if any choice failed), absent when not delivered. */
   format_valid: string | undefined;
+  /** The evaluation cohort's verdict (accepted, not_accepted, unevaluated); absent without checked choices. */
+  verdict: string | undefined;
+  /** The request carried the evaluator header: counted apart from users' traffic. */
+  evaluator: boolean;
   /** The inclusion probability when the response was sampled for evaluation. */
   evaluation_sample: number | undefined;
   /** The client SDK's retry count (`x-stainless-retry-count`: 0 first try, n its n-th retry); absent when not sent. */
@@ -66,6 +70,8 @@ export function requestLogLine(s: Settlement, requestId: string, traceId: string
     accepted: s.accepted,
     checks_failed: [...s.failedChecks],
     format_valid: formatValid(s),
+    verdict: s.verdict,
+    evaluator: s.evaluator,
     evaluation_sample: sampleProbability,
     client_retry: s.clientRetry,
     routing:

@@ -41,7 +41,7 @@ export function createSettlementRecorder(deps: SettlementRecorderDeps): PublishS
     guard.run('tracing', () => trace.settle(settlement, at, sample));
     guard.run('metrics', () => metrics.record(settlement, inflightLabel, traceId));
     if (sample !== undefined) {
-      guard.run('metrics', () => metrics.evaluationSampled(settlement.model));
+      guard.run('metrics', () => metrics.evaluationSampled(settlement.model, Date.now()));
       // Its own line, so a collector can route samples to the evaluator without parsing every request's line.
       guard.run('logging', () => logger.info({ evaluation_sample: sample }, 'evaluation sample'));
     }

@@ -43,12 +43,27 @@ export interface Funnel {
   http_2xx: number;
   /** Of those, delivered whole (outcome `delivered`). */
   delivered: number;
-  /** Of those, accepted: every applicable output check passed. */
+  /** Of those, users' answers accepted: no applicable output check failed (evaluator traffic is never accepted). */
   accepted: number;
   /** Requests the SLO judges (result other than `excluded`). */
   slo_eligible: number;
   /** Of those, delivered within every threshold (result `met`). */
   slo_met: number;
+}
+
+/**
+ * The evaluation cohort (seed 000 §7.3), as waybill_requests_checked_total counts it: coverage is evaluated / checked,
+ * accepted among evaluated is evaluated_accepted / evaluated — two ratios over two denominators.
+ */
+export interface Cohort {
+  /** Users' delivered requests with at least one checked choice. */
+  checked: number;
+  /** Of those, every applicable check evaluated (verdict accepted or not_accepted). */
+  evaluated: number;
+  /** Of those, accepted (verdict accepted). */
+  evaluated_accepted: number;
+  /** Requests carrying the evaluator header: in `requests`, never accepted or checked. */
+  evaluator: number;
 }
 
 export interface TokenCounts {
@@ -84,7 +99,7 @@ export interface FailedRequest {
   attempts: number;
 }
 
-export interface Row extends Funnel, TokenCounts {
+export interface Row extends Funnel, Cohort, TokenCounts {
   name: string;
   /** slo_met / slo_eligible; null when nothing was judged. */
   slo_attainment: number | null;
@@ -117,7 +132,16 @@ export interface SeriesPoint extends Funnel {
 
 export interface WindowView {
   window: { seconds: number; bucket_seconds: number; covered_seconds: number };
-  funnel: Funnel & { slo_attainment: number | null; goodput_per_second: number; outcomes: Record<Outcome, number> };
+  funnel: Funnel &
+    Cohort & {
+      slo_attainment: number | null;
+      /** evaluated / checked; null when nothing was checked. */
+      evaluation_coverage: number | null;
+      /** evaluated_accepted / evaluated; null when nothing was evaluated. */
+      accepted_among_evaluated: number | null;
+      goodput_per_second: number;
+      outcomes: Record<Outcome, number>;
+    };
   /** One point per bucket, oldest first; the last one is still filling. */
   series: SeriesPoint[];
   latency: LatencyRow[];
@@ -151,7 +175,7 @@ export interface StatusWindow {
   view(known?: KnownNames): WindowView;
 }
 
-interface Counts extends Funnel, TokenCounts {}
+interface Counts extends Funnel, Cohort, TokenCounts {}
 
 interface UpstreamCounts {
   attempts: number;
@@ -182,6 +206,10 @@ const zeroCounts = (): Counts => ({
   accepted: 0,
   slo_eligible: 0,
   slo_met: 0,
+  checked: 0,
+  evaluated: 0,
+  evaluated_accepted: 0,
+  evaluator: 0,
   prompt_tokens: 0,
   cached_prompt_tokens: 0,
   completion_tokens: 0,
@@ -194,6 +222,10 @@ function addCounts(into: Counts, from: Counts): void {
   into.accepted += from.accepted;
   into.slo_eligible += from.slo_eligible;
   into.slo_met += from.slo_met;
+  into.checked += from.checked;
+  into.evaluated += from.evaluated;
+  into.evaluated_accepted += from.evaluated_accepted;
+  into.evaluator += from.evaluator;
   into.prompt_tokens += from.prompt_tokens;
   into.cached_prompt_tokens += from.cached_prompt_tokens;
   into.completion_tokens += from.completion_tokens;
@@ -203,7 +235,16 @@ function addSettlement(into: Counts, s: Settlement): void {
   into.requests++;
   if (s.code >= 200 && s.code < 300) into.http_2xx++;
   if (s.outcome === 'delivered') into.delivered++;
-  if (s.accepted) into.accepted++;
+  // As the metrics count them: evaluator traffic is in the requests, never in the acceptance counts.
+  if (s.evaluator) into.evaluator++;
+  else {
+    if (s.accepted) into.accepted++;
+    if (s.verdict !== undefined) {
+      into.checked++;
+      if (s.verdict !== 'unevaluated') into.evaluated++;
+      if (s.verdict === 'accepted') into.evaluated_accepted++;
+    }
+  }
   if (s.slo !== 'excluded') into.slo_eligible++;
   if (s.slo === 'met') into.slo_met++;
   into.prompt_tokens += s.usage?.promptTokens ?? 0;
@@ -400,7 +441,8 @@ export function createStatusWindow(options: StatusWindowOptions): StatusWindow {
         addInto(into.firstOutput, counts.firstOutput);
       }
     }
-    const attainment = (c: Funnel) => (c.slo_eligible > 0 ? Math.round((c.slo_met / c.slo_eligible) * 10_000) / 10_000 : null);
+    const fraction = (n: number, d: number) => (d > 0 ? Math.round((n / d) * 10_000) / 10_000 : null);
+    const attainment = (c: Funnel) => fraction(c.slo_met, c.slo_eligible);
     const rows = (table: Map<string, Counts>): Row[] =>
       [...table].map(([name, c]) => ({ name, ...c, slo_attainment: attainment(c), goodput_per_second: perSecond(c.slo_met) }));
     return {
@@ -412,7 +454,13 @@ export function createStatusWindow(options: StatusWindowOptions): StatusWindow {
         accepted: totals.accepted,
         slo_eligible: totals.slo_eligible,
         slo_met: totals.slo_met,
+        checked: totals.checked,
+        evaluated: totals.evaluated,
+        evaluated_accepted: totals.evaluated_accepted,
+        evaluator: totals.evaluator,
         slo_attainment: attainment(totals),
+        evaluation_coverage: fraction(totals.evaluated, totals.checked),
+        accepted_among_evaluated: fraction(totals.evaluated_accepted, totals.evaluated),
         goodput_per_second: perSecond(totals.slo_met),
         outcomes,
       },

@@ -131,7 +131,7 @@ describeWithTool(PROMTOOL, 'promtool', () => {
 
   it('passes the rules unit tests: recorded values and alerts, counter resets, idle traffic, no data, day-old baselines', () => {
     const tests = readdirSync(join(RULES_DIR, 'tests')).filter((f) => f.endsWith('.yaml'));
-    expect(tests.sort()).toEqual(['vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-rules.test.yaml']);
+    expect(tests.sort()).toEqual(['vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-revisions.test.yaml', 'waybill-rules.test.yaml']);
     const output = promtool('test', 'rules', ...tests.map((f) => join(RULES_DIR, 'tests', f)));
     expect(output).not.toMatch(/FAILED/);
     // promtool evaluates every group at every step: about 15 s on an idle 2-core machine, more on a busy one.

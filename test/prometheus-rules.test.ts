@@ -48,6 +48,9 @@ const VLLM_METRICS = new Set([
   ...VLLM_HISTOGRAMS.flatMap((name) => [name, `${name}_bucket`, `${name}_sum`, `${name}_count`]),
 ]);
 
+/** kube-state-metrics series the dashboard's autoscaling annotation reads, where it is scraped. */
+const KUBE_STATE_METRICS = new Set(['kube_horizontalpodautoscaler_status_current_replicas', 'kube_deployment_status_replicas']);
+
 interface Rule {
   record?: string;
   alert?: string;
@@ -313,7 +316,9 @@ describe('Grafana dashboard', () => {
       }
     }
     for (const annotation of annotationQueries) {
-      for (const name of metricNames(withoutGrafanaVariables(annotation.expr))) expect(exported.has(name), `annotation "${annotation.name}" uses ${name}`).toBe(true);
+      for (const name of metricNames(withoutGrafanaVariables(annotation.expr))) {
+        expect(exported.has(name) || KUBE_STATE_METRICS.has(name), `annotation "${annotation.name}" uses ${name}`).toBe(true);
+      }
     }
   });
 
@@ -385,5 +390,28 @@ describe('Grafana dashboard', () => {
     expect(deploys[0]?.datasource?.uid).toBe('${datasource}');
     expect(deploys[0]?.expr).toMatch(/by \(version, revision\)/);
     expect(dashboard.description).toContain('waybill_build_info');
+  });
+
+  it('marks vLLM revision changes and autoscaling events, besides Waybill deploys', () => {
+    const byName = new Map(dashboard.annotations.list.map((a) => [a.name, a]));
+    const revisions = byName.get('vLLM revisions');
+    expect(revisions?.expr).toContain('waybill_upstream_revision_info');
+    // A new (upstream, revision) pair of an upstream that was there 5 minutes earlier: not every gateway start.
+    expect(revisions?.expr).toMatch(/unless count by \(upstream, revision\) \(waybill_upstream_revision_info\{job="waybill"\} offset 5m\) and on \(upstream\)/);
+    const scaling = byName.get('Autoscaling (kube-state-metrics)');
+    for (const name of KUBE_STATE_METRICS) expect(scaling?.expr).toContain(`changes(${name}[5m])`);
+    for (const annotation of [revisions, scaling]) expect(annotation?.datasource?.uid).toBe('${datasource}');
+  });
+
+  it('compares revisions in a row of its own: delivered, output checks, finish-reason shares, first output and TPOT p95', () => {
+    const start = dashboard.panels.findIndex((p) => p.type === 'row' && p.title === 'Revisions');
+    expect(start).toBeGreaterThan(0);
+    const end = dashboard.panels.findIndex((p, i) => i > start && p.type === 'row');
+    const row = dashboard.panels.slice(start + 1, end === -1 ? undefined : end);
+    const exprs = row.flatMap((p) => (p.targets ?? []).map((t) => t.expr));
+    for (const expr of exprs) expect(expr).toMatch(/by \((le, )?revision/);
+    for (const name of ['waybill_slo_requests_total', 'waybill_output_checks_total', 'waybill_choice_finish_reasons_total', 'waybill_upstream_first_output_seconds_bucket', 'waybill_time_per_output_token_seconds_bucket', 'waybill_upstream_revision_info']) {
+      expect(exprs.join('\n'), name).toContain(name);
+    }
   });
 });

@@ -147,7 +147,7 @@ describe('operational endpoints', () => {
     const text = await response.body.text();
     expect(text).toContain('# TYPE waybill_requests_total counter');
     // Created at zero at start-up for each served model, before any such request.
-    expect(text).toContain('waybill_slo_requests_total{model="sim-model",tenant="_anonymous",prompt_len="64k+",result="met"} 0');
+    expect(text).toContain('waybill_slo_requests_total{model="sim-model",tenant="_anonymous",prompt_len="64k+",result="met",revision="_none"} 0');
     const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
     expect(text).toContain(`waybill_build_info{version="${version}",revision="unknown"} 1`);
   });

@@ -9,7 +9,7 @@ import type { AddressInfo, Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { request } from 'undici';
-import { parseConfig } from '../src/config/load.js';
+import { ConfigError, parseConfig } from '../src/config/load.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { metricValue, post } from './helpers/stack.js';
@@ -182,5 +182,24 @@ describe('the revision of an upstream', () => {
     const lines = text.split('\n').filter((line) => !line.startsWith('waybill_build_info'));
     const labels = new Set(lines.flatMap((line) => [...line.matchAll(/revision="([^"]+)"/g)].map((m) => m[1])));
     for (const label of labels) expect(['0.1.0', '0.2.0', '_other', '_none']).toContain(label);
+  });
+
+  it('a reload keeps what /version said of an unchanged upstream, even when /version fails after it', async () => {
+    const upstream = await scripted((n) => (n === 1 ? { body: '{"version":"0.9.1"}' } : { status: 503, body: '' }));
+    const upstreams = [{ name: 'u', url: upstream.url }];
+    const { gateway: g, base } = await gateway(upstreams);
+    expect(metricValue(await metricsText(base), 'waybill_upstream_revision_info', { upstream: 'u', revision: '0.9.1' })).toBe(1);
+    const next = parseConfig({ server: { host: '127.0.0.1', port: 0 }, pools: [{ name: 'p', models: [MODEL], upstreams }], health: { interval: '1h' }, logging: { level: 'silent' } }, 'reload');
+    expect((await g.reload(next)).result).toBe('ok');
+    await upstream.versionRead(2);
+    expect(metricValue(await metricsText(base), 'waybill_upstream_revision_info', { upstream: 'u', revision: '0.9.1' })).toBe(1);
+    expect((await post(base, '/v1/chat/completions', CHAT)).status).toBe(200);
+    expect(metricValue(await metricsText(base), 'waybill_slo_requests_total', { revision: '0.9.1' })).toBe(1);
+  });
+
+  it('a configured revision is validated: never a closed value, never free text', () => {
+    const config = (revision: string) => ({ pools: [{ name: 'p', models: [MODEL], upstreams: [{ url: 'http://127.0.0.1:1', revision }] }] });
+    expect(parseConfig(config('0.9.1+cu124'), 'test').pools[0]?.upstreams[0]?.revision).toBe('0.9.1+cu124');
+    for (const bad of ['_none', '_other', '', 'two words', 'x'.repeat(65)]) expect(() => parseConfig(config(bad), 'test'), bad).toThrow(ConfigError);
   });
 });

@@ -202,4 +202,36 @@ describe('the revision of an upstream', () => {
     expect(parseConfig(config('0.9.1+cu124'), 'test').pools[0]?.upstreams[0]?.revision).toBe('0.9.1+cu124');
     for (const bad of ['_none', '_other', '', 'two words', 'x'.repeat(65)]) expect(() => parseConfig(config(bad), 'test'), bad).toThrow(ConfigError);
   });
+
+  it('an engine restart (a new process start time in its /metrics) reads its revision again: a rolled pod behind the same address', async () => {
+    const engine = { version: '0.9.1', start: 1_700_000_000, versionReads: 0 };
+    const server = createServer((req, res) => {
+      req.resume();
+      if (req.url === '/health') return void res.end();
+      if (req.url === '/version') {
+        engine.versionReads++;
+        return void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ version: engine.version }));
+      }
+      if (req.url === '/metrics') {
+        const gauges = ['num_requests_waiting 0', 'num_requests_running 0', 'kv_cache_usage_perc 0.1'].map((g) => `vllm:${g.replace(' ', '{engine="0",model_name="sim-model"} ')}`);
+        return void res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' }).end([...gauges, `process_start_time_seconds ${engine.start}`, ''].join('\n'));
+      }
+      res.writeHead(404).end();
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    closers.push(() => new Promise<void>((resolve) => server.close(() => resolve())));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const { base } = await gateway([{ name: 'u', url }], { engine_signals: { interval: '50ms' }, discovery: { refresh_interval: '1h' } });
+    const info = async (revision: string) => metricValue(await metricsText(base), 'waybill_upstream_revision_info', { upstream: 'u', revision });
+    expect(await info('0.9.1')).toBe(1);
+    expect(engine.versionReads).toBe(1);
+    engine.version = '0.10.0';
+    engine.start += 60;
+    // Polled (bounded): the restart is seen at the next scrape, 50 ms apart, and the read follows it.
+    for (let i = 0; i < 100 && (await info('0.10.0')) === 0; i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(await info('0.10.0')).toBe(1);
+    expect(await info('0.9.1')).toBe(0);
+    expect(engine.versionReads).toBe(2);
+    expect(metricValue(await metricsText(base), 'waybill_upstream_engine_restarts_total', { upstream: 'u', cause: 'start_time' })).toBe(1);
+  });
 });

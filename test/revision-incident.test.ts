@@ -16,7 +16,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -27,10 +27,11 @@ import { afterAll, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import { createSimulator, type RequestRecord, type Simulator } from '../src/sim/server.js';
-import { PROMETHEUS, runTool } from './helpers/promql.js';
+import { PROMETHEUS, runTool, withoutGrafanaVariables } from './helpers/promql.js';
 import { describeWithTool } from './helpers/system-tool.js';
 
 const ROOT = join(import.meta.dirname, '..');
+const DASHBOARD = join(ROOT, 'deploy', 'grafana', 'waybill-dashboard.json');
 const RULES = [join(ROOT, 'deploy', 'prometheus', 'waybill-rules.yaml'), join(ROOT, 'deploy', 'prometheus', 'vllm-rules.yaml')];
 const MODEL = 'sim-model';
 const STABLE = '0.9.1';
@@ -281,6 +282,23 @@ describeWithTool(PROMETHEUS, 'incident: one upstream on a new revision answers w
     expect(Math.abs((stableShare ?? Number.NaN) - STABLE_LENGTH_RATE)).toBeLessThan(0.05);
     expect(await others(CANARY)).toBeCloseTo(stableShare ?? Number.NaN, 12);
     expect(canaryVolume).toBeGreaterThanOrEqual(200);
+
+    // The dashboard's Revisions row on the same data (its variables at All, windows at 5m): every panel answers for
+    // both revisions, and the finish-reason panel shows the canary's `length` share as the rule recorded it.
+    const panels = (JSON.parse(readFileSync(DASHBOARD, 'utf8')) as { panels: Array<{ type: string; title: string; targets?: Array<{ expr: string }> }> }).panels;
+    const rowAt = panels.findIndex((p) => p.type === 'row' && p.title === 'Revisions');
+    const rowEnd = panels.findIndex((p, i) => i > rowAt && p.type === 'row');
+    const row = panels.slice(rowAt + 1, rowEnd === -1 ? undefined : rowEnd);
+    expect(row.length).toBeGreaterThanOrEqual(5);
+    for (const panel of row) {
+      const result = await query(withoutGrafanaVariables(panel.targets?.[0]?.expr ?? ''));
+      expect(new Set(result.map((r) => r.metric['revision'])), panel.title).toEqual(new Set([STABLE, CANARY]));
+      if (panel.title === 'Finish-reason shares by revision') {
+        const length = result.find((r) => r.metric['revision'] === CANARY && r.metric['finish_reason'] === 'length');
+        // Its own 5m window over the same samples: rate()'s extrapolation differs from the rule's 30m in the 5th digit.
+        expect(Math.abs(Number(length?.value[1]) - (canaryShare ?? Number.NaN)), panel.title).toBeLessThan(0.005);
+      }
+    }
 
     // Every rule evaluated without error on real series.
     const rulesResponse = await request(`${promBase}/api/v1/rules`);

@@ -276,6 +276,8 @@ export class UpstreamRegistry {
   /** Reused per pick: the eligible upstreams of one pool. */
   private readonly eligible: Upstream[] = [];
   private readonly poolOf = new Map<Upstream, ServedPool>();
+  /** Upstreams by name (unique across pools), for the revision of each settled request. */
+  private readonly byName = new Map<string, Upstream>();
   /** Each pool's picking (pools[].routing): its policy and, for cache_aware, its prefix index. */
   private readonly routers = new Map<ServedPool, PoolRouter<Upstream>>();
   /** What each upstream's engine says of its load, scraped from its /metrics (engine_signals). */
@@ -305,6 +307,7 @@ export class UpstreamRegistry {
       unansweredRounds: 0,
     }));
     for (const pool of this.pools) for (const upstream of pool.upstreams) this.poolOf.set(upstream, pool);
+    for (const pool of this.pools) for (const upstream of pool.upstreams) this.byName.set(upstream.name, upstream);
     for (const pool of this.pools) this.routers.set(pool, new PoolRouter(pool.config.routing));
     for (const pool of this.pools) {
       for (const upstream of pool.upstreams) if (upstream.revisionConfigured) revisionLabels.configure(pool.config.name, upstream.revision);
@@ -424,8 +427,7 @@ export class UpstreamRegistry {
 
   /** The `revision` label of an upstream's requests; `_unknown` for a name this configuration does not have. */
   revisionOf(name: string): string {
-    for (const upstream of this.upstreams) if (upstream.name === name) return upstream.revision;
-    return UNKNOWN_REVISION;
+    return this.byName.get(name)?.revision ?? UNKNOWN_REVISION;
   }
 
   /** Each upstream's pool and revision label (waybill_upstream_revision_info). */

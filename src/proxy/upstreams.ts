@@ -254,8 +254,6 @@ export interface RegistryHooks {
   onSignalsScraped?(upstream: string, result: ScrapeResult): void;
   /** An upstream's engine restarted (its process start time changed, or its prefix-cache counters went down). */
   onEngineRestart?(upstream: string, cause: RestartCause): void;
-  /** An upstream's `revision` label changed (its GET /version answered a new one). */
-  onRevisionChanged?(upstream: string, from: string, to: string): void;
 }
 
 /** What one probe saw: an HTTP status, or the error that stopped it. */
@@ -696,7 +694,6 @@ export class UpstreamRegistry {
     const from = upstream.revision;
     upstream.revision = label;
     this.logger.info({ upstream: upstream.name, from, to: label, version }, 'upstream revision changed');
-    this.hooks.onRevisionChanged?.(upstream.name, from, label);
   }
 
   /** Counts a failed discovery, and logs it when the upstream's discovery starts failing (not every interval). */

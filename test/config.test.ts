@@ -192,7 +192,7 @@ describe('configuration', () => {
         {
           name: 'p',
           models: ['m'],
-          upstreams: [{ url: 'http://h:1', name: 'u', max_inflight: 1, api_key: 'k', api_key_env: 'K' }],
+          upstreams: [{ url: 'http://h:1', name: 'u', max_inflight: 1, api_key: 'k', api_key_env: 'K', revision: 'stable' }],
           admission: { max_inflight: 1 },
           routing: { session_header: 'x-session-id' },
         },

@@ -147,8 +147,9 @@ describe('operational endpoints', () => {
     const text = await response.body.text();
     expect(text).toContain('# TYPE waybill_requests_total counter');
     // Created at zero at start-up for each served model, before any such request.
-    // Per upstream of the model's pool (the replica slice), so rate() sees each replica's first request too.
-    expect(text).toContain('waybill_slo_requests_total{model="sim-model",tenant="_anonymous",prompt_len="64k+",result="met",upstream="sim-0"} 0');
+    // Per upstream of the model's pool (the replica slice), under its revision, so rate() sees each replica's first
+    // request too.
+    expect(text).toMatch(/waybill_slo_requests_total\{model="sim-model",tenant="_anonymous",prompt_len="64k\+",result="met",upstream="sim-0",revision="[^"]+"\} 0/);
     const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
     expect(text).toContain(`waybill_build_info{version="${version}",revision="unknown"} 1`);
   });

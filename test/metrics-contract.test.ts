@@ -121,6 +121,7 @@ describe('docs/metrics.md and the code agree', () => {
 describe('the exported text carries exactly the contracted label names', () => {
   it('emits every series with the documented labels and help', async () => {
     const metrics = new GatewayMetrics({ ttft: [1], itl: [1], tpot: [1], duration: [1], queueWait: [1] }, { defaultMetrics: false });
+    metrics.labelRevisions((upstream) => (upstream === 'u0' ? '0.9.1' : 'not-u0'));
     const ledger = new RequestLedger(
       requestInfo({ slo: { ttftMs: 1000, tpotMs: 100, e2eMs: 1000, ttftByPromptLenMs: {} }, promptLenBoundaries: [1024], promptLenClasses: promptLenClasses([1024]) }),
       0,
@@ -190,6 +191,7 @@ describe('the exported text carries exactly the contracted label names', () => {
       upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
       queues: () => [{ model: 'm', depth: 3 }],
       engineSignals: () => [{ name: 'u0', fresh: true, ageSeconds: 0.5 }],
+      revisions: () => [{ pool: 'pool-a', upstream: 'u0', revision: '0.9.1' }],
     });
 
     const text = await metrics.registry.metrics();
@@ -227,7 +229,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_evaluation_last_sample_timestamp_seconds{model="m"} 1700000000.5');
     expect(text).toContain('waybill_inflight_requests{model="m"} 0');
     expect(text).toContain('waybill_inter_token_latency_seconds_count{model="m"} 1');
-    expect(text).toContain('waybill_time_per_output_token_seconds_sum{model="m"} 0.02');
+    expect(text).toContain('waybill_time_per_output_token_seconds_sum{model="m",revision="0.9.1"} 0.02');
     expect(text).toContain('waybill_upstream_up{upstream="u0"} 1');
     expect(text).toContain('waybill_upstream_inflight{upstream="u0"} 2');
     expect(text).toContain('waybill_queue_depth{model="m"} 3');
@@ -236,15 +238,18 @@ describe('the exported text carries exactly the contracted label names', () => {
     // Per upstream and prompt-length class (the replica slice); the SLO counter names the last attempt's upstream, and
     // `_none` for a request that made none (the cancelled one, before any attempt).
     expect(text).toContain('waybill_upstream_first_output_seconds_count{model="m",upstream="u0",prompt_len="0-1k"} 1');
-    expect(text).toContain('waybill_slo_requests_total{model="m",tenant="_anonymous",prompt_len="0-1k",result="met",upstream="u0"} 1');
-    expect(text).toContain('waybill_slo_requests_total{model="m",tenant="_anonymous",prompt_len="unknown",result="excluded",upstream="_none"} 1');
+    expect(text).toContain('waybill_slo_requests_total{model="m",tenant="_anonymous",prompt_len="0-1k",result="met",upstream="u0",revision="0.9.1"} 1');
+    expect(text).toContain('waybill_slo_requests_total{model="m",tenant="_anonymous",prompt_len="unknown",result="excluded",upstream="_none",revision="_none"} 1');
     expect(text).toContain('waybill_build_info{version="unknown",revision="unknown"} 1');
     expect(text).toContain('waybill_internal_errors_total{component="exchange"} 0');
     expect(text).toContain('waybill_upstream_probe_failures_total{upstream="u0",probe="discovery"} 1');
     // Two delivered responses of one choice each, no contract: answer present, finished, format unevaluated; accepted.
-    expect(text).toContain('waybill_output_checks_total{model="m",check="answer_present",result="pass"} 2');
-    expect(text).toContain('waybill_output_checks_total{model="m",check="not_truncated",result="pass"} 2');
-    expect(text).toContain('waybill_output_checks_total{model="m",check="format_valid",result="unevaluated"} 2');
+    expect(text).toContain('waybill_output_checks_total{model="m",check="answer_present",result="pass",revision="0.9.1"} 2');
+    expect(text).toContain('waybill_output_checks_total{model="m",check="not_truncated",result="pass",revision="0.9.1"} 2');
+    expect(text).toContain('waybill_output_checks_total{model="m",check="format_valid",result="unevaluated",revision="0.9.1"} 2');
+    // The revision of the upstream that answered; a request that reached none (the cancelled one) under _none.
+    expect(text).toContain('waybill_choice_finish_reasons_total{model="m",finish_reason="stop",revision="0.9.1"} 2');
+    expect(text).toContain('waybill_upstream_revision_info{pool="pool-a",upstream="u0",revision="0.9.1"} 1');
     expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="true"} 1');
     expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="false"} 1');
     expect(text).toContain('waybill_evaluation_samples_total{model="m"} 1');

@@ -58,6 +58,9 @@ const VLLM_METRICS = new Set([
   ...ENGINE_SIDE_METRICS,
 ]);
 
+/** kube-state-metrics series the dashboard's autoscaling annotation reads, where it is scraped. */
+const KUBE_STATE_METRICS = new Set(['kube_horizontalpodautoscaler_status_current_replicas', 'kube_deployment_status_replicas']);
+
 interface Rule {
   record?: string;
   alert?: string;
@@ -141,7 +144,7 @@ describeWithTool(PROMTOOL, 'promtool', () => {
 
   it('passes the rules unit tests: recorded values and alerts, counter resets, idle traffic, no data, day-old baselines', () => {
     const tests = readdirSync(join(RULES_DIR, 'tests')).filter((f) => f.endsWith('.yaml'));
-    expect(tests.sort()).toEqual(['vllm-engine.test.yaml', 'vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-evaluation.test.yaml', 'waybill-queue.test.yaml', 'waybill-replicas.test.yaml', 'waybill-rules.test.yaml']);
+    expect(tests.sort()).toEqual(['vllm-engine.test.yaml', 'vllm-rules.test.yaml', 'waybill-baselines.test.yaml', 'waybill-evaluation.test.yaml', 'waybill-queue.test.yaml', 'waybill-replicas.test.yaml', 'waybill-revisions.test.yaml', 'waybill-rules.test.yaml']);
     const output = promtool('test', 'rules', ...tests.map((f) => join(RULES_DIR, 'tests', f)));
     expect(output).not.toMatch(/FAILED/);
     // promtool evaluates every group at every step: about 15 s on an idle 2-core machine, more on a busy one.
@@ -334,7 +337,9 @@ describe('Grafana dashboard', () => {
       }
     }
     for (const annotation of annotationQueries) {
-      for (const name of metricNames(withoutGrafanaVariables(annotation.expr))) expect(exported.has(name), `annotation "${annotation.name}" uses ${name}`).toBe(true);
+      for (const name of metricNames(withoutGrafanaVariables(annotation.expr))) {
+        expect(exported.has(name) || KUBE_STATE_METRICS.has(name), `annotation "${annotation.name}" uses ${name}`).toBe(true);
+      }
     }
   });
 
@@ -435,5 +440,28 @@ describe('Grafana dashboard', () => {
     expect(deploys[0]?.datasource?.uid).toBe('${datasource}');
     expect(deploys[0]?.expr).toMatch(/by \(version, revision\)/);
     expect(dashboard.description).toContain('waybill_build_info');
+  });
+
+  it('marks vLLM revision changes and autoscaling events, besides Waybill deploys', () => {
+    const byName = new Map(dashboard.annotations.list.map((a) => [a.name, a]));
+    const revisions = byName.get('vLLM revisions');
+    expect(revisions?.expr).toContain('waybill_upstream_revision_info');
+    // A new (upstream, revision) pair of an upstream that was there 5 minutes earlier: not every gateway start.
+    expect(revisions?.expr).toMatch(/unless count by \(upstream, revision\) \(waybill_upstream_revision_info\{job="waybill"\} offset 5m\) and on \(upstream\)/);
+    const scaling = byName.get('Autoscaling (kube-state-metrics)');
+    for (const name of KUBE_STATE_METRICS) expect(scaling?.expr).toContain(`changes(${name}[5m])`);
+    for (const annotation of [revisions, scaling]) expect(annotation?.datasource?.uid).toBe('${datasource}');
+  });
+
+  it('compares revisions in a row of its own: delivered, output checks, finish-reason shares, first output and TPOT p95', () => {
+    const start = dashboard.panels.findIndex((p) => p.type === 'row' && p.title === 'Revisions');
+    expect(start).toBeGreaterThan(0);
+    const end = dashboard.panels.findIndex((p, i) => i > start && p.type === 'row');
+    const row = dashboard.panels.slice(start + 1, end === -1 ? undefined : end);
+    const exprs = row.flatMap((p) => (p.targets ?? []).map((t) => t.expr));
+    for (const expr of exprs) expect(expr).toMatch(/by \((le, )?revision/);
+    for (const name of ['waybill_slo_requests_total', 'waybill_output_checks_total', 'waybill_choice_finish_reasons_total', 'waybill_upstream_first_output_seconds_bucket', 'waybill_time_per_output_token_seconds_bucket', 'waybill_upstream_revision_info']) {
+      expect(exprs.join('\n'), name).toContain(name);
+    }
   });
 });

@@ -61,6 +61,7 @@ async function engine(metrics: () => string | null): Promise<{ url: string; chat
   const server = createServer((req, res) => {
     req.resume();
     if (req.url === '/health') return void res.end();
+    if (req.url === '/version') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"version":"0.9.1"}');
     if (req.url === '/metrics') {
       const body = metrics();
       if (body === null) return; // never answers: a hung /metrics

@@ -143,6 +143,14 @@ export type ReadStopReason = (typeof READ_STOP_REASONS)[number];
 /** Label value for a model (or upstream) name outside the configured and discovered set. */
 export const OTHER = '_other';
 
+/**
+ * `revision` of a settled request that reached no upstream (refused, rate-limited, no upstream picked): closed. A
+ * revision read from an upstream or configured starts with a letter or digit, so it never reads as one of these.
+ */
+export const NO_REVISION = '_none';
+/** `revision` of an upstream with none configured whose `GET /version` has not answered a valid one (yet). */
+export const UNKNOWN_REVISION = '_unknown';
+
 /** `model` of a stored-response lookup's attempts (response-homes.ts): sent before the response's model is known. */
 export const LOOKUP = '_lookup';
 

@@ -240,7 +240,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
         if (apiKey === undefined || apiKey === '') problems.push(`${field}.api_key_env: environment variable ${upstream.api_key_env} is not set`);
       }
       /** apiKey: resolved from api_key or api_key_env; never logged. */
-      return Object.freeze({ name, url, weight: upstream.weight, maxInflight: upstream.max_inflight, apiKey });
+      return Object.freeze({ name, url, weight: upstream.weight, maxInflight: upstream.max_inflight, apiKey, revision: upstream.revision });
     });
     const admission = pool.admission && {
       maxInflight: pool.admission.max_inflight,
@@ -327,7 +327,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
   return {
     server: Object.freeze(raw.server),
     pools: Object.freeze(pools),
-    discovery: { refreshIntervalMs: raw.discovery.refresh_interval, maxModelsPerPool: raw.discovery.max_models_per_pool },
+    discovery: { refreshIntervalMs: raw.discovery.refresh_interval, maxModelsPerPool: raw.discovery.max_models_per_pool, maxRevisionsPerPool: raw.discovery.max_revisions_per_pool },
     health: {
       intervalMs: raw.health.interval,
       timeoutMs: raw.health.timeout,

@@ -70,6 +70,14 @@ const upstreamSchema = z.strictObject({
   api_key: z.string().min(1).optional(),
   /** Name of an environment variable holding the upstream API key. */
   api_key_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name').optional(),
+  /**
+   * The `revision` label of this upstream's requests (a canary's track or build: `stable`, `canary`, `0.9.1`).
+   * Absent: read from its GET /version (vLLM's release), refreshed every discovery.refresh_interval.
+   */
+  revision: z
+    .string()
+    .regex(/^[A-Za-z0-9][A-Za-z0-9._+:-]{0,63}$/, 'must be 1-64 characters of [A-Za-z0-9._+:-], starting with a letter or digit')
+    .optional(),
 });
 
 const admissionSchema = z.strictObject({
@@ -306,6 +314,11 @@ export const configSchema = z.strictObject({
        * names are still served but counted under `_other` (waybill_discovered_models_refused_total).
        */
       max_models_per_pool: z.number().int().min(1).max(10_000).default(64),
+      /**
+       * Revisions read from upstreams' GET /version that get a `revision` label of their own, per pool, for the life
+       * of the process (configured revisions are not counted); later ones are counted under `_other`.
+       */
+      max_revisions_per_pool: z.number().int().min(1).max(64).default(8),
     })
     .prefault({}),
   health: z

@@ -12,6 +12,7 @@ import type { ExchangeDeps, HeldRequests } from '../proxy/exchange.js';
 import { SCRAPE_RESULTS } from '../routing/engine-signals.js';
 import { UpstreamRegistry } from '../proxy/upstreams.js';
 import { ModelLabels } from '../proxy/model-labels.js';
+import { RevisionLabels } from '../proxy/revision-labels.js';
 import { OWN_READS, READ_STOP_REASONS } from '../accounting/outcomes.js';
 import { ObserverGuard } from '../telemetry/guard.js';
 import { createLogger } from '../telemetry/logger.js';
@@ -162,6 +163,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   // One per process, whatever the generation: a model name's label is the process's (discovery.max_models_per_pool).
   const modelLabels = new ModelLabels();
   metrics.labelModels((model) => modelLabels.label(model));
+  // One per process too: a revision's label is the process's (discovery.max_revisions_per_pool).
+  const revisionLabels = new RevisionLabels();
   // One per process, like the homes: a background response is held across reloads, and polled on the upstream of
   // its name in the configuration in force when it is asked (limits.background_*, read at start).
   const backgroundHolds = new BackgroundHolds({
@@ -199,8 +202,9 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       ...(options.worker?.routes !== undefined && {
         onRouted: (pool: string, upstream: string, blocks: readonly number[]) => guard.run('exchange', () => options.worker?.routes?.share(pool, upstream, blocks)),
       }),
-    }, now, modelLabels);
+    }, now, modelLabels, revisionLabels);
     if (previous !== undefined) {
+      upstreams.carryRevisions(previous.upstreams);
       upstreams.carryDiscovery(previous.upstreams);
       upstreams.carryRouting(previous.upstreams);
     }
@@ -294,7 +298,10 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     },
     queues: () => current.upstreams.queues(),
     engineSignals: () => (current.config.engineSignals.enabled ? current.upstreams.engineSignalStates(now()) : []),
+    revisions: () => current.upstreams.revisions(),
   });
+  // The revision of the upstream that answered, as the configuration in force knows it at settlement.
+  metrics.labelRevisions((upstream) => current.upstreams.revisionOf(upstream));
   // Answers read the configuration in force at each answer.
   const answers = createAnswers({
     get config() {

@@ -5,7 +5,8 @@ import { Pool, type Dispatcher } from 'undici';
 import type { Logger } from 'pino';
 import type { AttemptRecord } from '../accounting/ledger.js';
 import type { AdmissionConfig, Config, PoolConfig, UpstreamConfig } from '../config/load.js';
-import { OTHER, type EjectionReason, type OwnRead, type ReadStopReason } from '../accounting/outcomes.js';
+import { OTHER, UNKNOWN_REVISION, type EjectionReason, type OwnRead, type ReadStopReason } from '../accounting/outcomes.js';
+import { REVISION, RevisionLabels } from './revision-labels.js';
 import { AdmissionGate } from './admission.js';
 import { ModelLabels } from './model-labels.js';
 import { CircuitBreaker, type BreakerState, type SendTicket } from './breaker.js';
@@ -56,6 +57,15 @@ export class Upstream {
   /** Whether passive health has held back an ejection of this upstream since its last success (logged once). */
   ejectionHeld = false;
   inflight = 0;
+  /**
+   * The `revision` label of the requests it answers: the configured one, else what its GET /version last said (its
+   * label under discovery.max_revisions_per_pool), `_unknown` before a valid answer.
+   */
+  revision: string;
+  /** The revision is configured (pools[].upstreams[].revision): never read from /version. */
+  readonly revisionConfigured: boolean;
+  /** Whether the last /version read failed, so a failure is logged when it starts, not every interval. */
+  versionFailing = false;
   private readonly maxBodyBytes: number;
 
   constructor(
@@ -71,6 +81,8 @@ export class Upstream {
     this.weight = config.weight;
     this.maxInflight = config.maxInflight ?? Number.POSITIVE_INFINITY;
     this.maxBodyBytes = settings.health.maxBodyBytes;
+    this.revision = config.revision ?? UNKNOWN_REVISION;
+    this.revisionConfigured = config.revision !== undefined;
     this.authorization = config.apiKey === undefined ? undefined : `Bearer ${config.apiKey}`;
     this.breaker = new CircuitBreaker({
       failureThreshold: settings.health.ejectAfterFailures,
@@ -267,6 +279,8 @@ export class UpstreamRegistry {
   /** Reused per pick: the eligible upstreams of one pool. */
   private readonly eligible: Upstream[] = [];
   private readonly poolOf = new Map<Upstream, ServedPool>();
+  /** Upstreams by name (unique across pools), for the revision of each settled request. */
+  private readonly byName = new Map<string, Upstream>();
   /** Each pool's picking (pools[].routing): its policy and, for cache_aware, its prefix index. */
   private readonly routers = new Map<ServedPool, PoolRouter<Upstream>>();
   /** What each upstream's engine says of its load, scraped from its /metrics (engine_signals). */
@@ -283,6 +297,8 @@ export class UpstreamRegistry {
     private readonly now: () => number = () => performance.now(),
     /** The metric labels of model names: the process's, shared by every configuration a reload brings. */
     readonly labels: ModelLabels = new ModelLabels(),
+    /** The metric labels of revisions: the process's, like `labels`. */
+    readonly revisionLabels: RevisionLabels = new RevisionLabels(),
   ) {
     const onReadStopped = (upstream: string, read: OwnRead, reason: ReadStopReason) => hooks.onReadStopped?.(upstream, read, reason);
     this.pools = config.pools.map((pool) => ({
@@ -294,13 +310,22 @@ export class UpstreamRegistry {
       unansweredRounds: 0,
     }));
     for (const pool of this.pools) for (const upstream of pool.upstreams) this.poolOf.set(upstream, pool);
+    for (const pool of this.pools) for (const upstream of pool.upstreams) this.byName.set(upstream.name, upstream);
     for (const pool of this.pools) this.routers.set(pool, new PoolRouter(pool.config.routing));
+    for (const pool of this.pools) {
+      for (const upstream of pool.upstreams) if (upstream.revisionConfigured) revisionLabels.configure(pool.config.name, upstream.revision);
+    }
     labels.configure(config.pools.flatMap((pool) => pool.models ?? []));
     this.indexModels();
     const es = config.engineSignals;
     this.signals = new EngineSignals(es.staleAfterMs, (name, cause) => {
       // A restarted engine's prefix cache is empty: what the index says it holds is gone.
-      for (const upstream of this.upstreams) if (upstream.name === name) this.routerOf(upstream)?.forget(name);
+      for (const upstream of this.upstreams) {
+        if (upstream.name !== name) continue;
+        this.routerOf(upstream)?.forget(name);
+        // A restart is when a new build comes in (a rolled pod behind the same address): read its revision now.
+        if (!upstream.revisionConfigured && !this.closed) void this.readVersion(upstream);
+      }
       hooks.onEngineRestart?.(name, cause);
     });
     this.scraper = new SignalScraper<Upstream>(
@@ -407,6 +432,28 @@ export class UpstreamRegistry {
       if (before === undefined || router === undefined || key(before) !== key(pool)) continue;
       this.routers.set(pool, router);
     }
+  }
+
+  /**
+   * A reload keeps what each upstream's GET /version said while its name and URL are unchanged and its revision is
+   * still read (not configured), so its requests do not read `_unknown` until the next read.
+   */
+  carryRevisions(previous: UpstreamRegistry): void {
+    for (const upstream of this.upstreams) {
+      if (upstream.revisionConfigured) continue;
+      const before = previous.upstreams.find((u) => u.name === upstream.name && u.url.href === upstream.url.href && !u.revisionConfigured);
+      if (before !== undefined) upstream.revision = before.revision;
+    }
+  }
+
+  /** The `revision` label of an upstream's requests; `_unknown` for a name this configuration does not have. */
+  revisionOf(name: string): string {
+    return this.byName.get(name)?.revision ?? UNKNOWN_REVISION;
+  }
+
+  /** Each upstream's pool and revision label (waybill_upstream_revision_info). */
+  *revisions(): Iterable<{ pool: string; upstream: string; revision: string }> {
+    for (const pool of this.pools) for (const upstream of pool.upstreams) yield { pool: pool.config.name, upstream: upstream.name, revision: upstream.revision };
   }
 
   carryDiscovery(previous: UpstreamRegistry): void {
@@ -600,8 +647,11 @@ export class UpstreamRegistry {
 
   /** Runs the first health check and discovery, then keeps both going on their intervals. */
   async start(): Promise<void> {
-    await Promise.all([this.checkHealth(), this.discover()]);
+    await Promise.all([this.checkHealth(), this.discover(), this.readVersions()]);
     this.timers.push(setInterval(() => void this.checkHealth(), this.config.health.intervalMs).unref());
+    if (this.upstreams.some((upstream) => !upstream.revisionConfigured)) {
+      this.timers.push(setInterval(() => void this.readVersions(), this.config.discovery.refreshIntervalMs).unref());
+    }
     this.scraper.start();
     if (this.pools.some((pool) => pool.config.models === undefined)) {
       this.timers.push(setInterval(() => void this.discover(), this.config.discovery.refreshIntervalMs).unref());
@@ -647,6 +697,54 @@ export class UpstreamRegistry {
         upstream.healthy = result.ok;
       }),
     );
+  }
+
+  private async readVersions(): Promise<void> {
+    await Promise.all(this.upstreams.filter((upstream) => !upstream.revisionConfigured).map((upstream) => this.readVersion(upstream)));
+  }
+
+  /**
+   * Reads an upstream's GET /version (vLLM: `{"version": "0.9.1"}`) on the probe's connection, its body bounded by
+   * health.max_body_bytes (a longer one counted as a stopped `discovery` read), within health.timeout. A `version`
+   * that is not a string of {@link REVISION}'s shape is not taken; a failed or invalid read keeps the revision it had
+   * (`_unknown` before the first valid one). A new one gets its label under discovery.max_revisions_per_pool.
+   */
+  private async readVersion(upstream: Upstream): Promise<void> {
+    let version: string | undefined;
+    let problem: string | undefined;
+    try {
+      const response = await upstream.get('/version', this.config.health.timeoutMs, 'discovery');
+      if (response.status !== 200) problem = `status ${response.status}`;
+      else {
+        const parsed = JSON.parse(response.body) as { version?: unknown } | null;
+        const value = parsed?.version;
+        if (typeof value === 'string' && REVISION.test(value)) version = value;
+        else problem = 'the body has no `version` string of 1-64 characters of [A-Za-z0-9._+:-]';
+      }
+    } catch (err) {
+      problem = (err as Error).message;
+    }
+    if (this.closed) return;
+    if (version === undefined) {
+      if (!upstream.versionFailing) {
+        upstream.versionFailing = true;
+        this.logger.warn({ upstream: upstream.name, err: problem, revision: upstream.revision }, 'reading the upstream revision (GET /version) failed: its revision label is kept');
+      }
+      return;
+    }
+    upstream.versionFailing = false;
+    const pool = this.poolOf.get(upstream)?.config.name ?? '';
+    const { label, firstRefusal } = this.revisionLabels.admit(pool, this.config.discovery.maxRevisionsPerPool, version);
+    if (firstRefusal) {
+      this.logger.warn(
+        { pool, maxRevisionsPerPool: this.config.discovery.maxRevisionsPerPool },
+        'upstream revisions over discovery.max_revisions_per_pool: counted under revision="_other" in metrics for the life of the process',
+      );
+    }
+    if (label === upstream.revision) return;
+    const from = upstream.revision;
+    upstream.revision = label;
+    this.logger.info({ upstream: upstream.name, from, to: label, version }, 'upstream revision changed');
   }
 
   /** Counts a failed discovery, and logs it when the upstream's discovery starts failing (not every interval). */

@@ -35,6 +35,7 @@ export const FLAG_OF: Readonly<Record<keyof SimOptions, string>> = {
   seed: '--seed',
   faultRate: '--fault-rate',
   faultKinds: '--fault-kinds',
+  lengthRate: '--length-rate',
   engineModel: '--engine-model',
   blockSize: '--block-size',
   kvBlocks: '--kv-blocks',
@@ -65,6 +66,7 @@ const ENGINE_OVERRIDES: Readonly<Record<string, keyof SimOptions>> = {
   'external-load': 'externalLoad',
   'restart-every': 'restartEveryMs',
   'fault-rate': 'faultRate',
+  'length-rate': 'lengthRate',
   'output-tokens': 'outputTokens',
 };
 
@@ -137,6 +139,8 @@ options
   --fault-rate F                   share of requests without x-sim-fault that get a random fault (default ${D.faultRate})
   --fault-kinds a,b,...            kinds random faults are drawn from, comma-separated (default all):
 ${wrap(FAULT_KINDS.join(', '), 100, ' '.repeat(35))}
+  --length-rate F                  share of chat/completions answers without a fault that end with finish_reason
+                                   length (default ${D.lengthRate})
   -h, --help                       this help
 
 examples
@@ -171,6 +175,7 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
         'api-key': { type: 'string' },
         seed: { type: 'string' },
         'fault-rate': { type: 'string' },
+        'length-rate': { type: 'string' },
         'fault-kinds': { type: 'string' },
         engines: { type: 'string' },
         ports: { type: 'string' },
@@ -228,6 +233,7 @@ export function parseSimArgs(argv: string[]): SimArgsResult {
   set('apiKey', values['api-key']);
   set('seed', number('--seed', values.seed));
   set('faultRate', number('--fault-rate', values['fault-rate']));
+  set('lengthRate', number('--length-rate', values['length-rate']));
   const engineModel = values['engine-model'] ?? 'on';
   if (engineModel !== 'on' && engineModel !== 'off') problems.push(`--engine-model: "${engineModel}" is not on or off`);
   // The CLI runs the engine model unless told not to; the programmatic default stays the timer (scripted timings).

@@ -40,6 +40,12 @@ export interface SimOptions {
   /** Kinds random faults are drawn from, uniformly. */
   faultKinds: FaultKind[];
   /**
+   * Share of chat and legacy completion answers without an x-sim-fault header and without a random fault that end
+   * with finish_reason `length` (as if cut at max_tokens: a build that stops late, a changed chat template), their
+   * token count unchanged. Drawn from its own seeded stream.
+   */
+  lengthRate: number;
+  /**
    * The engine model (docs/simulator.md, "The engine model"): a prefix cache of KV blocks and a continuous-batching
    * scheduler decide when tokens exist, so TTFT, ITL and cached_tokens emerge from load, cache and prompt length.
    * Off: the timer of ttftMs, itlMs, prefillMsPer1kTokens and jitter (the programmatic default: scripted timings).
@@ -92,6 +98,7 @@ export const DEFAULT_SIM_OPTIONS: Readonly<Omit<SimOptions, 'apiKey'>> = Object.
   seed: 1,
   faultRate: 0,
   faultKinds: [...FAULT_KINDS],
+  lengthRate: 0,
   engineModel: false,
   blockSize: 16,
   kvBlocks: 8192,
@@ -154,6 +161,7 @@ export function validateSimOptions(partial: Partial<SimOptions>): ValidationResu
   }
   if (!Number.isSafeInteger(merged.seed)) problem('seed', 'must be an integer');
   if (!(merged.faultRate >= 0 && merged.faultRate <= 1)) problem('faultRate', 'must be between 0 and 1');
+  if (!(merged.lengthRate >= 0 && merged.lengthRate <= 1)) problem('lengthRate', 'must be between 0 and 1');
   if (!Array.isArray(merged.faultKinds) || merged.faultKinds.length === 0) {
     problem('faultKinds', 'needs at least one fault kind');
   } else {

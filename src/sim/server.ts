@@ -123,6 +123,8 @@ const MAX_RECORDED_HEADER = 256;
 const METRICS_CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
 /** The separate PRNG stream random faults are drawn from, in arrival order. */
 const FAULT_STREAM = 0xfa017;
+/** The stream lengthRate draws from: its own, so a share of `length` answers leaves the faults' draws as they were. */
+const LENGTH_STREAM = 0x1e9;
 /** The PRNG stream of other clients' arrivals (--external-load). */
 const EXTERNAL_STREAM = 0xe7e41;
 
@@ -237,6 +239,7 @@ class SimServer implements Simulator {
   private readonly sockets = new Set<Socket>();
   private readonly idleTimers = new Map<Socket, NodeJS.Timeout>();
   private readonly faultRandom: Random;
+  private readonly lengthRandom: Random;
   private readonly tokenizer = new SimTokenizer();
   private readonly nonStreamFaultKinds: readonly FaultKind[];
   /** VLLM_ENABLE_RESPONSES_API_STORE's store: empty for ever when the option is off. */
@@ -255,6 +258,7 @@ class SimServer implements Simulator {
 
   constructor(private readonly opts: Readonly<SimOptions>) {
     this.faultRandom = createRandom(deriveSeed(opts.seed, FAULT_STREAM));
+    this.lengthRandom = createRandom(deriveSeed(opts.seed, LENGTH_STREAM));
     this.metrics = opts.engineModel ? this.newMetrics() : null;
     this.engine = opts.engineModel
       ? new EngineRuntime(
@@ -683,6 +687,16 @@ class SimServer implements Simulator {
     return fault;
   }
 
+  /**
+   * lengthRate: a request without an x-sim-fault header and without a random fault ends with finish_reason `length`
+   * at that share (drawn only for such requests, from its own stream).
+   */
+  private withLengthRate(read: ReadJson, fault: Fault | null): Directives {
+    const { directives } = read;
+    if (read.hasHeader || fault !== null || this.opts.lengthRate <= 0 || this.lengthRandom() >= this.opts.lengthRate) return directives;
+    return { ...directives, modifiers: { ...directives.modifiers, finishReason: 'length' } };
+  }
+
   /** The faults that answer at once, before any delay: a status, or a reset. True when one did. */
   private answerFaultAtOnce(
     ex: Exchange,
@@ -728,7 +742,7 @@ class SimServer implements Simulator {
     ex.record.promptTokens = request.promptTokens;
     const fault = this.chooseFault(ex, read, request.stream);
     if (this.answerFaultAtOnce(ex, req, res, fault, request.model)) return;
-    this.generate(ex, res, request, fault, read.directives);
+    this.generate(ex, res, request, fault, this.withLengthRate(read, fault));
   }
 
   private generate(ex: Exchange, res: ServerResponse, request: GenerationRequest, fault: Fault | null, directives: Directives): void {

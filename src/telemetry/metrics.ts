@@ -12,7 +12,7 @@ import type { BackgroundHoldEnd } from '../proxy/background-holds.js';
 import { GAP_BUCKETS_SECONDS, GAP_CLASSES } from '../routing/sessions.js';
 import type { RestartCause } from '../routing/engine-signals.js';
 import { PICK_REASONS, type PickReason } from '../routing/score.js';
-import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, OUTPUT_CHECKS, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
+import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, NO_REVISION, OUTPUT_CHECKS, UNKNOWN_REVISION, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
   readonly name: string;
@@ -49,7 +49,7 @@ export const METRICS = {
   finishReasons: {
     name: 'waybill_choice_finish_reasons_total',
     type: 'counter',
-    labels: ['model', 'finish_reason'],
+    labels: ['model', 'finish_reason', 'revision'],
     help: 'Choices of committed responses, by finish_reason (none: the choice never got one).',
   },
   cancellations: {
@@ -73,7 +73,7 @@ export const METRICS = {
   tpot: {
     name: 'waybill_time_per_output_token_seconds',
     type: 'histogram',
-    labels: ['model'],
+    labels: ['model', 'revision'],
     help: 'Delivered streamed requests with at least 2 output tokens per choice: (last output event - first output event) / (completion tokens per choice - 1).',
   },
   duration: {
@@ -85,8 +85,8 @@ export const METRICS = {
   slo: {
     name: 'waybill_slo_requests_total',
     type: 'counter',
-    labels: ['model', 'tenant', 'prompt_len', 'result', 'upstream'],
-    help: 'Logical requests by joint SLO result (TTFT and TPOT for streams, end-to-end for non-streams), by the upstream of their last attempt (_none: no attempt).',
+    labels: ['model', 'tenant', 'prompt_len', 'result', 'upstream', 'revision'],
+    help: 'Logical requests by joint SLO result (TTFT and TPOT for streams, end-to-end for non-streams), by the upstream of their last attempt (_none: no attempt) and its revision.',
   },
   promptTokens: {
     name: 'waybill_prompt_tokens_total',
@@ -223,7 +223,7 @@ export const METRICS = {
   outputChecks: {
     name: 'waybill_output_checks_total',
     type: 'counter',
-    labels: ['model', 'check', 'result'],
+    labels: ['model', 'check', 'result', 'revision'],
     help: 'Output-contract checks of the choices of delivered responses (answer_present, not_truncated, format_valid), by result (pass, fail, unevaluated).',
   },
   accepted: {
@@ -352,6 +352,12 @@ export const METRICS = {
     labels: ['upstream', 'cause'],
     help: 'Engine restarts seen in the upstream\'s signals (start_time: process_start_time_seconds changed; counter_reset: its prefix-cache counters went down); its prefix index entries are dropped.',
   },
+  upstreamRevision: {
+    name: 'waybill_upstream_revision_info',
+    type: 'gauge',
+    labels: ['pool', 'upstream', 'revision'],
+    help: 'Always 1: the revision label of each configured upstream\'s requests (pools[].upstreams[].revision, else its GET /version; _unknown before one is read, _other past discovery.max_revisions_per_pool). A change is a deploy marker.',
+  },
   queueWait: {
     name: 'waybill_queue_wait_seconds',
     type: 'histogram',
@@ -410,6 +416,8 @@ export interface GaugeSources {
   queues(): Iterable<{ model: string; depth: number; oldestWaitMs?: number; promptTokens?: number }>;
   /** Each upstream's engine signals: fresh or not, and the age of its last valid one (undefined: none yet). */
   engineSignals?(): Iterable<{ name: string; fresh: boolean; ageSeconds: number | undefined }>;
+  /** Each upstream's pool and revision label. */
+  revisions?(): Iterable<{ pool: string; upstream: string; revision: string }>;
 }
 
 export const REQUEST_ATTEMPTS_BUCKETS = [1, 2, 3, 4, 5, 8];
@@ -550,7 +558,7 @@ export class GatewayMetrics {
   private readonly clientRetries = new CounterPair(this.registries, METRICS.clientRetries);
   private readonly ttft: Histogram<'model' | 'prompt_len'>;
   private readonly itl: EventHistogram;
-  private readonly tpot: Histogram<'model'>;
+  private readonly tpot: Histogram<'model' | 'revision'>;
   private readonly duration: Histogram<'model' | 'route' | 'outcome'>;
   private readonly slo = new CounterPair(this.registries, METRICS.slo);
   private readonly promptTokens = new CounterPair(this.registries, METRICS.promptTokens);
@@ -575,6 +583,8 @@ export class GatewayMetrics {
   private readonly discoveredModelsRefused = new CounterPair(this.registries, METRICS.discoveredModelsRefused);
   /** A served model's label value (proxy/model-labels.ts): its name, or `_other` past discovery.max_models_per_pool. */
   private modelLabel: (model: string) => string = (model) => model;
+  /** An upstream's revision label (proxy/revision-labels.ts, through the configuration in force). */
+  private revisionLabel: (upstream: string) => string = () => UNKNOWN_REVISION;
   private readonly outputChecks = new CounterPair(this.registries, METRICS.outputChecks);
   private readonly accepted = new CounterPair(this.registries, METRICS.accepted);
   private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
@@ -701,6 +711,16 @@ export class GatewayMetrics {
       },
       'max',
     );
+    scrapeGauge(
+      registries,
+      METRICS.upstreamRevision,
+      (gauge) => {
+        // Reset: a revision that changed leaves no series behind (a deploy marker is the old one ending).
+        gauge.reset();
+        for (const { pool, upstream, revision } of this.sources?.revisions?.() ?? []) gauge.set({ pool, upstream, revision }, 1);
+      },
+      'max',
+    );
     if (options.defaultMetrics !== false) {
       // Its counters have the same naming problem as ours: one set per registry.
       collectDefaultMetrics({ register: this.registry, eventLoopMonitoringPrecision: 10 });
@@ -738,9 +758,11 @@ export class GatewayMetrics {
             this.requestsChecked.inc({ model, tenant, route, stream, verdict: 'accepted' }, 0);
           }
         }
-        // Per upstream of the model's pool, so the per-replica attainment sees each replica's first request too.
+        // Per upstream of the model's pool, under the revision it has now, so the per-replica attainment sees each
+        // replica's first request too; a revision read later gets its series from the first request it answers.
         for (const upstream of upstreamsOf(model)) {
-          for (const promptLen of promptLenClasses) this.slo.inc({ model, tenant, prompt_len: promptLen, result: 'met', upstream }, 0);
+          const revision = this.revisionLabel(upstream);
+          for (const promptLen of promptLenClasses) this.slo.inc({ model, tenant, prompt_len: promptLen, result: 'met', upstream, revision }, 0);
         }
       }
       for (const route of GENERATION_ROUTES) this.clientRetries.inc({ model, route }, 0);
@@ -782,6 +804,11 @@ export class GatewayMetrics {
   /** How a served model's name becomes its label value (the upstream registry's ModelLabels, for the process's life). */
   labelModels(label: (model: string) => string): void {
     this.modelLabel = label;
+  }
+
+  /** How an upstream's name becomes the revision label of the requests it answered (the configuration in force). */
+  labelRevisions(label: (upstream: string) => string): void {
+    this.revisionLabel = label;
   }
 
   retryMade(model: string, reason: RetryReason): void {
@@ -929,13 +956,17 @@ export class GatewayMetrics {
     }
     if (s.attempts.length > 0) this.requestAttempts.observe({ model }, s.attempts.length);
     for (const anomaly of s.anomalies) this.anomalies.inc({ model, upstream: anomaly.upstream, kind: anomaly.kind });
-    for (const reason of s.finishReasons) this.finishReasons.inc({ model, finish_reason: reason });
+    // The revision of the attempt that answered: the committed one (the last: none follows a commit), else the last
+    // tried, whose failure the client was told; `_none` when no attempt was made.
+    const answering = s.attempts.at(-1);
+    const revision = answering === undefined ? NO_REVISION : this.revisionLabel(answering.upstream);
+    for (const reason of s.finishReasons) this.finishReasons.inc({ model, finish_reason: reason, revision });
     if (s.cancelPhase !== undefined) this.cancellations.inc({ model, tenant, phase: s.cancelPhase });
     if (s.ttftMs !== undefined) this.ttft.observe({ labels: { model, prompt_len: s.promptLen }, value: s.ttftMs / 1000, exemplarLabels });
-    if (s.tpotMs !== undefined) this.tpot.observe({ labels: { model }, value: s.tpotMs / 1000, exemplarLabels });
+    if (s.tpotMs !== undefined) this.tpot.observe({ labels: { model, revision }, value: s.tpotMs / 1000, exemplarLabels });
     this.duration.observe({ labels: { model, route: s.route, outcome: s.outcome }, value: s.durationMs / 1000, exemplarLabels });
     // The replica that answered, or the one the last try failed on: a slow replica's misses show under its name.
-    this.slo.inc({ model, tenant, prompt_len: s.promptLen, result: s.slo, upstream: s.attempts.at(-1)?.upstream ?? NO_UPSTREAM });
+    this.slo.inc({ model, tenant, prompt_len: s.promptLen, result: s.slo, upstream: s.attempts.at(-1)?.upstream ?? NO_UPSTREAM, revision });
     if (s.evaluator) {
       // Evaluator traffic is counted apart: its answers are not users' (seed 000 §7.2), so the accepted, output-check
       // and cohort counters never see it, and its own calls, outcomes, tokens and latency are here.
@@ -944,7 +975,7 @@ export class GatewayMetrics {
       if (s.usage?.promptTokens !== undefined) this.evaluatorTokens.inc({ model, kind: 'prompt' }, s.usage.promptTokens);
       if (s.usage?.completionTokens !== undefined) this.evaluatorTokens.inc({ model, kind: 'completion' }, s.usage.completionTokens);
     } else {
-      for (const choice of s.checks) for (const check of OUTPUT_CHECKS) this.outputChecks.inc({ model, check, result: choice[check] });
+      for (const choice of s.checks) for (const check of OUTPUT_CHECKS) this.outputChecks.inc({ model, check, result: choice[check], revision });
       if (s.accepted) this.accepted.inc({ model, tenant, route: s.route, stream: String(s.stream) });
       if (s.verdict !== undefined) this.requestsChecked.inc({ model, tenant, route: s.route, stream: String(s.stream), verdict: s.verdict });
     }

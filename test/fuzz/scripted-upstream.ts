@@ -102,6 +102,12 @@ export async function startFuzzUpstream(book: ScriptBook): Promise<FuzzUpstream>
       res.end();
       return;
     }
+    // The gateway's revision read: not vLLM's, so no version (the revision stays _unknown), and no script used.
+    if (req.method === 'GET' && req.url === '/version') {
+      req.resume();
+      res.writeHead(404).end();
+      return;
+    }
     req.resume();
     req.on('end', () => {
       const header = req.headers['x-fuzz-id'] ?? req.headers['x-request-id'];

@@ -1,7 +1,8 @@
 /**
  * An upstream scripted by the test, for behaviour the simulator does not offer (a different answer per
  * connection, per upstream, or per attempt). `/health` answers 200 so the gateway counts it ready; `/metrics` (the
- * gateway's engine-signal scrapes) answers 404, like a server that is not vLLM, and counts as no request.
+ * gateway's engine-signal scrapes) and `/version` (its revision reads) answer 404, like a server that is not vLLM,
+ * and count as no request.
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -22,7 +23,7 @@ export async function startScripted(handler: Handler): Promise<Scripted> {
       res.end();
       return;
     }
-    if (req.url === '/metrics') {
+    if (req.url === '/metrics' || req.url === '/version') {
       req.resume();
       res.statusCode = 404;
       res.end();

@@ -91,6 +91,21 @@ describe('operational endpoints on the API port with client keys', () => {
     }
     const metrics = await get(`${base}/metrics`, { authorization: `Bearer ${ADMIN}` });
     expect(metrics.body).toContain('waybill_');
+    // The page's live feed (a snapshot a second, the same tenants and failed ids): refused alike, open to an admin key.
+    // A served feed never ends: its body is read only when refused.
+    const feed = async (headers: Record<string, string>) => {
+      const response = await request(`${base}/status/events`, { headers });
+      const served = response.statusCode === 200;
+      if (served) response.body.destroy();
+      return { status: response.statusCode, type: String(response.headers['content-type']), body: served ? '' : await response.body.text() };
+    };
+    expect((await feed({})).status).toBe(401);
+    const clientFeed = await feed({ authorization: `Bearer ${CLIENT}` });
+    expect(clientFeed.status).toBe(403);
+    expect(clientFeed.body).toContain('admin_required');
+    const adminFeed = await feed({ authorization: `Bearer ${ADMIN}` });
+    expect(adminFeed.status).toBe(200);
+    expect(adminFeed.type).toMatch(/^text\/event-stream/);
     for (const path of ['/healthz', '/readyz']) expect((await get(`${base}${path}`)).status, path).toBe(200);
   });
 

@@ -192,6 +192,7 @@ describe('the exported text carries exactly the contracted label names', () => {
       queues: () => [{ model: 'm', depth: 3 }],
       engineSignals: () => [{ name: 'u0', fresh: true, ageSeconds: 0.5 }],
       revisions: () => [{ pool: 'pool-a', upstream: 'u0', revision: '0.9.1' }],
+      routingIndexes: () => [{ pool: 'pool-a', entries: 37 }],
     });
 
     const text = await metrics.registry.metrics();
@@ -250,6 +251,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     // The revision of the upstream that answered; a request that reached none (the cancelled one) under _none.
     expect(text).toContain('waybill_choice_finish_reasons_total{model="m",finish_reason="stop",revision="0.9.1"} 2');
     expect(text).toContain('waybill_upstream_revision_info{pool="pool-a",upstream="u0",revision="0.9.1"} 1');
+    expect(text).toContain('waybill_routing_index_entries{pool="pool-a"} 37');
     expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="true"} 1');
     expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="false"} 1');
     expect(text).toContain('waybill_evaluation_samples_total{model="m"} 1');

@@ -123,8 +123,11 @@ describe('the revision of an upstream', () => {
     expect(metricValue(text, 'waybill_choice_finish_reasons_total', { model: MODEL, finish_reason: 'stop', revision: '0.9.1' })).toBe(attempts('stable'));
     expect(metricValue(text, 'waybill_output_checks_total', { model: MODEL, check: 'not_truncated', result: 'pass', revision: 'canary' })).toBe(attempts('canary'));
     expect(metricValue(text, 'waybill_time_per_output_token_seconds_count', { model: MODEL, revision: '0.10.0rc1' })).toBe(attempts('read'));
-    // The zero series the SLO counter is created with are under _none, and nothing reached an unknown revision.
-    expect(text).toMatch(/waybill_slo_requests_total\{[^}]*result="met",revision="_none"\} 0/);
+    // The zero series the SLO counter is created with are per upstream, under the revision each has (none under
+    // _none: that is a request that reached no upstream), and nothing reached an unknown revision.
+    const zeros = text.split('\n').filter((line) => line.startsWith('waybill_slo_requests_total{') && line.endsWith('} 0'));
+    expect(zeros.length).toBeGreaterThan(0);
+    for (const line of zeros) expect(line).toMatch(/upstream="(stable|canary|read)",revision="(0\.9\.1|canary|0\.10\.0rc1)"\} 0$/);
     expect(text).not.toContain('revision="_unknown"');
   });
 

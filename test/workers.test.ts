@@ -26,6 +26,7 @@ import { cgroupCpus, forWorker, oversplitLimits, shareOf, workerCount } from '..
 import { LimitHost } from '../src/proxy/cluster-limit-store.js';
 import type { Decision } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { prefixBlocks } from '../src/routing/prefix-key.js';
 import { choiceText } from '../src/sim/wire.js';
 import { ADMIN_HEADERS, adminKey, metricValue, untilContentEvents } from './helpers/stack.js';
 
@@ -279,10 +280,21 @@ describe('waybill serve --workers 2', () => {
     const served = await serve(baseConfig(own.map((o) => o.url), { engine_signals: { enabled: false } }));
     try {
       const system = 'You are the routing test. '.repeat(20);
-      for (let i = 0; i < 16; i++) {
+      const ask = async (i: number) => {
         const answer = await chat(served.base, { model: 'sim-model', max_tokens: 2, messages: [{ role: 'system', content: system }, { role: 'user', content: `question ${i}` }] });
         expect(answer.status).toBe(200);
+      };
+      await ask(0);
+      // The worker that served it recorded the prompt's blocks at its pick; the other learns them through the
+      // primary. Awaited, not raced: the summed index entries reach twice one worker's (each holds its own copy).
+      const blocks = prefixBlocks('chat_completions', { messages: [{ role: 'system', content: system }, { role: 'user', content: 'question 0' }] }, { blockChars: 64, blockTokens: 16, maxBlocks: 256 }).blocks.length;
+      expect(blocks).toBeGreaterThan(0);
+      const deadline = Date.now() + 10_000;
+      while ((await served.metric('waybill_routing_index_entries', { pool: 'sim' })) !== 2 * blocks) {
+        if (Date.now() > deadline) throw new Error(`the other worker never learned the first pick (index entries ${await served.metric('waybill_routing_index_entries', { pool: 'sim' })}, one copy ${blocks})`);
+        await new Promise((resolve) => setTimeout(resolve, 20));
       }
+      for (let i = 1; i < 16; i++) await ask(i);
       // Both workers served (a fresh connection per request: the primary's round robin)…
       const requests = served.lines.filter((line) => line.msg === 'request');
       expect(new Set(requests.map((line) => line.worker)).size).toBe(2);
@@ -291,8 +303,7 @@ describe('waybill serve --workers 2', () => {
       const counts = own.map((o) => o.sim.stats().requests);
       expect(counts.filter((n) => n === 16)).toHaveLength(1);
       // …and only the very first was a placement: the other worker's first request already found the prefix in its
-      // index, told by the primary. (Without the sharing each worker places it once: 14 prefix decisions. The relay,
-      // two IPC hops, races the next request's whole HTTP exchange on a fresh connection, milliseconds later.)
+      // index, told by the primary. (Without the sharing each worker places it once: 14 prefix decisions.)
       const placements = requests.filter((line) => (line.routing as { reason?: string } | undefined)?.reason === 'load');
       expect(placements.map((line) => line.request_id)).toHaveLength(1);
       expect(await served.metric('waybill_routing_decisions_total', { reason: 'prefix' })).toBe(15);

@@ -299,6 +299,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
     queues: () => current.upstreams.queues(),
     engineSignals: () => (current.config.engineSignals.enabled ? current.upstreams.engineSignalStates(now()) : []),
     revisions: () => current.upstreams.revisions(),
+    routingIndexes: () => current.upstreams.routingIndexes(),
   });
   // The revision of the upstream that answered, as the configuration in force knows it at settlement.
   metrics.labelRevisions((upstream) => current.upstreams.revisionOf(upstream));

@@ -212,6 +212,13 @@ export class WorkerLink {
   readonly routes = {
     share: (pool: string, upstream: string, blocks: readonly number[]): void => {
       this.routeBatch.push([pool, upstream, blocks]);
+      // A turn with more picks than one message may carry sends them in several: a receiver drops a larger one.
+      if (this.routeBatch.length >= MAX_ROUTES_PER_MESSAGE) {
+        const routes = this.routeBatch;
+        this.routeBatch = [];
+        this.send({ type: 'waybill:routes', routes });
+        return;
+      }
       this.routeFlush ??= setImmediate(() => {
         this.routeFlush = undefined;
         const routes = this.routeBatch;

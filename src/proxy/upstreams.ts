@@ -546,6 +546,11 @@ export class UpstreamRegistry {
     return picked;
   }
 
+  /** Each cache_aware pool's prefix-index size (waybill_routing_index_entries). */
+  *routingIndexes(): Iterable<{ pool: string; entries: number }> {
+    for (const [pool, router] of this.routers) if (router.settings.policy === 'cache_aware') yield { pool: pool.config.name, entries: router.index.size };
+  }
+
   /**
    * Another worker sent `blocks` to `upstream` of `pool`: recorded in this pool's index as if picked here, so a
    * prefix another worker spilled or placed is known here too. Ignored when the pool or the upstream is not (or no

@@ -352,6 +352,12 @@ export const METRICS = {
     labels: ['upstream', 'cause'],
     help: 'Engine restarts seen in the upstream\'s signals (start_time: process_start_time_seconds changed; counter_reset: its prefix-cache counters went down); its prefix index entries are dropped.',
   },
+  routingIndexEntries: {
+    name: 'waybill_routing_index_entries',
+    type: 'gauge',
+    labels: ['pool'],
+    help: 'Entries (prefix block, upstream) in each cache_aware pool\'s prefix index, read at scrape; with workers, summed over them (each holds its own copy, kept in step through the primary).',
+  },
   upstreamRevision: {
     name: 'waybill_upstream_revision_info',
     type: 'gauge',
@@ -418,6 +424,8 @@ export interface GaugeSources {
   engineSignals?(): Iterable<{ name: string; fresh: boolean; ageSeconds: number | undefined }>;
   /** Each upstream's pool and revision label. */
   revisions?(): Iterable<{ pool: string; upstream: string; revision: string }>;
+  /** Each cache_aware pool's prefix-index entries. */
+  routingIndexes?(): Iterable<{ pool: string; entries: number }>;
 }
 
 export const REQUEST_ATTEMPTS_BUCKETS = [1, 2, 3, 4, 5, 8];
@@ -713,6 +721,15 @@ export class GatewayMetrics {
     );
     scrapeGauge(
       registries,
+      METRICS.routingIndexEntries,
+      (gauge) => {
+        gauge.reset();
+        for (const { pool, entries } of this.sources?.routingIndexes?.() ?? []) gauge.set({ pool }, entries);
+      },
+      'sum',
+    );
+    scrapeGauge(
+      registries,
       METRICS.upstreamRevision,
       (gauge) => {
         // Reset: a revision that changed leaves no series behind (a deploy marker is the old one ending).
@@ -759,9 +776,11 @@ export class GatewayMetrics {
           }
         }
         // Per upstream of the model's pool, under the revision it has now, so the per-replica attainment sees each
-        // replica's first request too; a revision read later gets its series from the first request it answers.
+        // replica's first request too. One whose revision is not read yet gets its series from the first request it
+        // answers (a zero series under _unknown would stay for the process's life).
         for (const upstream of upstreamsOf(model)) {
           const revision = this.revisionLabel(upstream);
+          if (revision === UNKNOWN_REVISION) continue;
           for (const promptLen of promptLenClasses) this.slo.inc({ model, tenant, prompt_len: promptLen, result: 'met', upstream, revision }, 0);
         }
       }
@@ -960,7 +979,8 @@ export class GatewayMetrics {
     // tried, whose failure the client was told; `_none` when no attempt was made.
     const answering = s.attempts.at(-1);
     const revision = answering === undefined ? NO_REVISION : this.revisionLabel(answering.upstream);
-    for (const reason of s.finishReasons) this.finishReasons.inc({ model, finish_reason: reason, revision });
+    // Users' answers only: a judge's short max_tokens would read as truncation (the finish-reason and revision alerts).
+    if (!s.evaluator) for (const reason of s.finishReasons) this.finishReasons.inc({ model, finish_reason: reason, revision });
     if (s.cancelPhase !== undefined) this.cancellations.inc({ model, tenant, phase: s.cancelPhase });
     if (s.ttftMs !== undefined) this.ttft.observe({ labels: { model, prompt_len: s.promptLen }, value: s.ttftMs / 1000, exemplarLabels });
     if (s.tpotMs !== undefined) this.tpot.observe({ labels: { model, revision }, value: s.tpotMs / 1000, exemplarLabels });

@@ -1,12 +1,12 @@
 /**
  * Routing policies end to end: for each scenario and each policy (least_request, cache_aware), a FRESH
  * `waybill sim --engines 4` (the engine model on, pinned to core 0) and a FRESH `waybill serve --workers 1` with that
- * policy (pinned to core 1), then `waybill load` (unpinned) with a fleet workload and its --json report, the gateway's
+ * policy (pinned to core 1; the workers scenario runs 2 workers, the replicas scenario 2 gateways), then `waybill load` (unpinned) with a fleet workload and its --json report, the gateway's
  * /metrics read before and after; both processes stopped. The order of the policies alternates between repeats.
  * docs/routing-bench.md holds a run's figures and what they mean.
  *
  *   npm run build && node dist/bench/routing.js [--seconds 20] [--requests N] [--concurrency 16] [--repeats 1]
- *                                              [--scenarios shared,hot,busy,multi,workers,replicas,unique] [--json FILE]
+ *                                              [--scenarios shared,hot,busy,multi,workers,replicas,replicas-redis,unique] [--json FILE]
  *                                              [--routing '{"bounded_load":2}']   (diagnostics: extra cache_aware keys)
  *
  * --requests N runs each load for N requests instead of --seconds (the hot tenant's two loads N/2 each).
@@ -55,7 +55,7 @@ interface Options {
 }
 
 function parse(argv: string[]): Options {
-  const options: Options = { seconds: 20, requests: undefined, concurrency: 16, repeats: 1, scenarios: ['shared', 'hot', 'busy', 'multi', 'workers', 'replicas', 'unique'], json: undefined, routing: {} };
+  const options: Options = { seconds: 20, requests: undefined, concurrency: 16, repeats: 1, scenarios: ['shared', 'hot', 'busy', 'multi', 'workers', 'replicas', 'replicas-redis', 'unique'], json: undefined, routing: {} };
   for (let i = 0; i < argv.length; i += 2) {
     const flag = argv[i];
     const raw = argv[i + 1] ?? '';
@@ -90,6 +90,8 @@ interface Scenario {
   sessionHeader?: string;
   /** Gateway processes (replicas, each its own index), each with `workers` workers; 1 × 1 by default. */
   gateways?: number;
+  /** The gateways share their picks through a redis-server of the row's own (route_sharing); needs redis-server. */
+  redis?: boolean;
   workers?: number;
   loads(options: Options): LoadSpec[];
 }
@@ -136,21 +138,33 @@ const SCENARIOS: Scenario[] = [
     ],
   },
   {
-    // What sharing nothing costs: the shared workload through one gateway with 2 workers (one index each; the
-    // primary hands connections out), and through 2 gateway replicas with half the streams each.
+    // What each mode of scale-out costs: the shared workload through one gateway with 2 workers (an index each, kept
+    // in step through the primary; the primary hands connections out), and through 2 gateway replicas with half the
+    // streams each (an index each, shared with nobody).
     key: 'workers',
-    title: `shared prefixes through one gateway with 2 workers (an index each)`,
+    title: `shared prefixes through one gateway with 2 workers (their picks shared through the primary)`,
     simArgs: [],
     workers: 2,
     loads: (o) => [{ name: 'load', concurrency: o.concurrency, args: fleetArgs(GROUPS, PREFIX_TOKENS, 1) }],
   },
   {
     key: 'replicas',
-    title: `shared prefixes through 2 gateway replicas (an index each), half the streams each`,
+    title: `shared prefixes through 2 gateway replicas (an index each, not shared), half the streams each`,
     simArgs: [],
     gateways: 2,
     loads: (o) => [
       // The same 12 prefixes (--prefix-seed 1), each load its own questions and draws.
+      { name: 'a', concurrency: Math.max(1, Math.round(o.concurrency / 2)), args: fleetArgs(GROUPS, PREFIX_TOKENS, 1), gateway: 0 },
+      { name: 'b', concurrency: Math.max(1, o.concurrency - Math.round(o.concurrency / 2)), args: [...fleetArgs(GROUPS, PREFIX_TOKENS, 2), '--prefix-seed', '1'], gateway: 1 },
+    ],
+  },
+  {
+    key: 'replicas-redis',
+    title: `shared prefixes through 2 gateway replicas sharing their picks through Redis (route_sharing), half the streams each`,
+    simArgs: [],
+    gateways: 2,
+    redis: true,
+    loads: (o) => [
       { name: 'a', concurrency: Math.max(1, Math.round(o.concurrency / 2)), args: fleetArgs(GROUPS, PREFIX_TOKENS, 1), gateway: 0 },
       { name: 'b', concurrency: Math.max(1, o.concurrency - Math.round(o.concurrency / 2)), args: [...fleetArgs(GROUPS, PREFIX_TOKENS, 2), '--prefix-seed', '1'], gateway: 1 },
     ],
@@ -188,10 +202,11 @@ async function startSim(dir: string, name: string, extra: string[]): Promise<{ c
   return { child, origins };
 }
 
-async function startGateway(dir: string, name: string, origins: string[], policy: Policy, sessionHeader: string | undefined, extra: Record<string, unknown>, workers: number): Promise<{ child: Child; origin: string }> {
+async function startGateway(dir: string, name: string, origins: string[], policy: Policy, sessionHeader: string | undefined, extra: Record<string, unknown>, workers: number, redisUrl?: string): Promise<{ child: Child; origin: string }> {
   const port = await freePort();
   const config = {
     server: { host: '127.0.0.1', port },
+    ...(redisUrl !== undefined && { route_sharing: { enabled: true, redis_url: redisUrl } }),
     pools: [
       {
         name: 'sim',
@@ -316,9 +331,25 @@ async function measure(dir: string, scenario: Scenario, policy: Policy, repeat: 
   const tag = `${scenario.key}-${policy}-${repeat}`;
   const sim = await startSim(dir, `sim-${tag}`, scenario.simArgs);
   const gateways: { child: Child; origin: string }[] = [];
+  let redis: Child | undefined;
   try {
+    let redisUrl: string | undefined;
+    if (scenario.redis === true) {
+      const port = await freePort();
+      let ready: () => void = () => undefined;
+      const started = new Promise<void>((done) => (ready = done));
+      redis = spawnPinned({
+        name: `redis-${tag}`, core: SIM_CORE, dir, command: 'redis-server',
+        args: ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir],
+        watchStdout: (line) => line.includes('Ready to accept connections') && ready(),
+      });
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([started, new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`redis-server did not start (is it installed?); see ${redis?.logFile ?? ''}`)), 5_000)))]);
+      clearTimeout(timer);
+      redisUrl = `redis://127.0.0.1:${port}`;
+    }
     for (let g = 0; g < (scenario.gateways ?? 1); g++) {
-      gateways.push(await startGateway(dir, `gw-${tag}-${g}`, sim.origins, policy, scenario.sessionHeader, options.routing, scenario.workers ?? 1));
+      gateways.push(await startGateway(dir, `gw-${tag}-${g}`, sim.origins, policy, scenario.sessionHeader, options.routing, scenario.workers ?? 1, policy === 'cache_aware' ? redisUrl : undefined));
     }
     // A second for the first engine-signal scrape (engine_signals.interval 1 s) before the first pick.
     await new Promise((r) => setTimeout(r, 1500));
@@ -375,6 +406,7 @@ async function measure(dir: string, scenario: Scenario, policy: Policy, repeat: 
     };
   } finally {
     for (const g of gateways) await g.child.stop();
+    await redis?.stop();
     await sim.child.stop();
   }
 }
@@ -440,7 +472,7 @@ function verdicts(rows: Row[], pickerUs: number): string[] {
     say(share <= 0.04, `busy engine: engine 3's share ${(share * 100).toFixed(1)}% ≤ 4% (least_request: ${(med('busy', 'least_request', (r) => r.engine3Share) * 100).toFixed(1)}%)`);
   }
   // Not targets: what sharing no index between workers or replicas costs, against one gateway's index.
-  for (const mode of ['workers', 'replicas']) {
+  for (const mode of ['workers', 'replicas', 'replicas-redis']) {
     if (!has(mode)) continue;
     const ratio = med(mode, 'cache_aware', (r) => r.cachedRatio);
     const single = has('shared') ? ` (one gateway: ${f2(med('shared', 'cache_aware', (r) => r.cachedRatio))})` : '';

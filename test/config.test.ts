@@ -201,6 +201,7 @@ describe('configuration', () => {
       evaluation: { evaluator_header: 'x-waybill-evaluator' },
       limits: { redis_url: 'redis://r:6379', redis_password_env: 'P' },
       responses: { id_secret_env: 'S' },
+      route_sharing: { redis_url: 'redis://r2:6379', redis_password_env: 'RP' },
     });
     const { all, leaves } = keyPaths(parsed);
     for (const leaf of leaves) expect(documented, `undocumented key ${leaf}`).toContain(leaf);

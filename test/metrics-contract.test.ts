@@ -1,3 +1,4 @@
+import { ROUTE_SHARE_RESULTS } from '../src/routing/route-bus.js';
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { RequestLedger } from '../src/accounting/ledger.js';
@@ -99,6 +100,7 @@ describe('docs/metrics.md and the code agree', () => {
     expect(listedValues('reason', 2)).toEqual([...PICK_REASONS]);
     expect(listedValues('gap')).toEqual([...SESSION_GAP_LABELS]);
     expect(listedValues('result', 4)).toEqual([...SCRAPE_RESULTS]);
+    expect(listedValues('result', 5)).toEqual([...ROUTE_SHARE_RESULTS]);
     expect(listedValues('cause')).toEqual([...ENGINE_RESTART_CAUSES]);
     expect(listedValues('verdict')).toEqual([...CHECK_VERDICTS]);
     expect(listedValues('kind', 1)).toEqual([...EVALUATOR_TOKEN_KINDS]);
@@ -187,6 +189,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     metrics.sessionGap('r', 'pool-a', sessionGap.gapMs);
     metrics.engineScraped('u0', 'ok');
     metrics.engineRestarted('u0', 'start_time');
+    metrics.routeShared('received');
     metrics.observe({
       upstreams: () => [{ name: 'u0', up: true, inflight: 2 }],
       queues: () => [{ model: 'm', depth: 3 }],
@@ -252,6 +255,7 @@ describe('the exported text carries exactly the contracted label names', () => {
     expect(text).toContain('waybill_choice_finish_reasons_total{model="m",finish_reason="stop",revision="0.9.1"} 2');
     expect(text).toContain('waybill_upstream_revision_info{pool="pool-a",upstream="u0",revision="0.9.1"} 1');
     expect(text).toContain('waybill_routing_index_entries{pool="pool-a"} 37');
+    expect(text).toContain('waybill_routing_shared_messages_total{result="received"} 1');
     expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="true"} 1');
     expect(text).toContain('waybill_requests_accepted_total{model="m",tenant="_anonymous",route="chat_completions",stream="false"} 1');
     expect(text).toContain('waybill_evaluation_samples_total{model="m"} 1');

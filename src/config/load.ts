@@ -102,6 +102,30 @@ function resolveRedis(raw: RawConfig['limits'], problems: string[], env: NodeJS.
   };
 }
 
+/**
+ * Route sharing between replicas (`route_sharing.*`): undefined when off. Its Redis is its own `redis_url` or, absent,
+ * `limits.redis_url`'s (with that password); enabled with neither is a problem.
+ */
+function resolveRouteSharing(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
+  const share = raw.route_sharing;
+  if (share.redis_url === undefined && share.redis_password_env !== undefined) problems.push('route_sharing.redis_password_env: set route_sharing.redis_url too');
+  if (!share.enabled) return undefined;
+  if (share.redis_url === undefined) {
+    if (raw.limits.redis_url === undefined) {
+      problems.push('route_sharing.enabled: needs a Redis: set route_sharing.redis_url or limits.redis_url');
+      return undefined;
+    }
+    return { url: raw.limits.redis_url, password: raw.limits.redis_password_env === undefined ? undefined : env[raw.limits.redis_password_env], channel: share.channel };
+  }
+  let password: string | undefined;
+  if (share.redis_password_env !== undefined) {
+    password = env[share.redis_password_env];
+    if (new URL(share.redis_url).password !== '') problems.push('route_sharing.redis_password_env: redis_url already has a password; give it in one place');
+    else if (password === undefined || password === '') problems.push(`route_sharing.redis_password_env: environment variable ${share.redis_password_env} is not set`);
+  }
+  return { url: share.redis_url, password, channel: share.channel };
+}
+
 /** An optional secret read from the environment variable `name`: it must be set when `name` is. */
 function resolveSecret(name: string | undefined, field: string, problems: string[], env: NodeJS.ProcessEnv): string | undefined {
   if (name === undefined) return undefined;
@@ -343,6 +367,7 @@ function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
       timeoutMs: raw.engine_signals.timeout,
       staleAfterMs: raw.engine_signals.stale_after,
     },
+    routeSharing: resolveRouteSharing(raw, problems, env),
     retries: {
       maxAttempts: raw.retries.max_attempts,
       backoffBaseMs: raw.retries.backoff_base,

@@ -16,6 +16,8 @@ const RESTART_SECTIONS: ReadonlyArray<readonly [key: keyof Config, name: string]
   ['outputChecks', 'output_checks'],
   ['evaluation', 'evaluation'],
   ['responses', 'responses'],
+  // One Redis subscription per process, made at start.
+  ['routeSharing', 'route_sharing'],
 ];
 
 /** A value as canonical JSON's model: object keys sorted, URLs as their href, undefined members left out. */

@@ -350,6 +350,22 @@ export const configSchema = z.strictObject({
       stale_after: positiveDuration.prefault(5),
     })
     .prefault({}),
+  /**
+   * Gateway replicas share their cache_aware picks through Redis pub/sub (docs/routing.md, "Across replicas"), so a
+   * prefix one replica placed or spilled is found by the others; lost or late messages only make an index less
+   * complete (fail open to the local index).
+   */
+  route_sharing: z
+    .strictObject({
+      enabled: z.boolean().default(false),
+      /** Its own Redis; absent: the one of limits.redis_url (with limits.redis_password_env). */
+      redis_url: redisUrl.optional(),
+      /** Name of an environment variable holding the password of route_sharing.redis_url. */
+      redis_password_env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name').optional(),
+      /** The pub/sub channel: replicas of one fleet use the same, another fleet on the same Redis another. */
+      channel: z.string().min(1).max(128).default('waybill:routes'),
+    })
+    .prefault({}),
   retries: z
     .strictObject({
       /** Attempts per logical request, the first included. */

@@ -27,6 +27,7 @@ import { fastifyOptions, installFrontDoor } from './front-door.js';
 import { createAdminApp, createLifecycle } from './lifecycle.js';
 import { createLimiter, limiterSettings, registerApiRoutes, type LimiterHandle } from './routes.js';
 import type { Generation } from './generation.js';
+import { ROUTE_SHARE_RESULTS, RouteBus } from '../routing/route-bus.js';
 import { bucketsKept, configHash, restartRequiredKeys } from '../config/reload.js';
 import { createAuthenticator, createOpsAccess } from './auth.js';
 import { ResponseHomes } from '../proxy/response-homes.js';
@@ -159,7 +160,23 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   options.worker?.owners?.onShared((id, tenant) => owners.learn(id, tenant));
   // What the other workers' picks sent where: recorded in the generation in force (a reload's new registry learns
   // from then on; one whose router was carried over keeps what it knew).
-  options.worker?.routes?.onShared((pool, upstream, blocks) => guard.run('exchange', () => current.upstreams.learnRoute(pool, upstream, blocks)));
+  const learnRoute = (pool: string, upstream: string, blocks: readonly number[]) => guard.run('exchange', () => current.upstreams.learnRoute(pool, upstream, blocks));
+  options.worker?.routes?.onShared(learnRoute);
+  // What other replicas' picks sent where, through Redis (route_sharing); one subscription per process.
+  const sharing = config.routeSharing;
+  const routeBus = sharing === undefined ? undefined : new RouteBus({
+    url: sharing.url,
+    password: sharing.password,
+    channel: sharing.channel,
+    onRoute: learnRoute,
+    onResult: (result) => guard.run('metrics', () => metrics.routeShared(result)),
+    onError: (error) => logger.debug({ err: error, component: 'route_sharing' }, 'route sharing: Redis unavailable (the local index serves alone)'),
+  });
+  if (routeBus !== undefined) for (const result of ROUTE_SHARE_RESULTS) metrics.routeShared(result, 0);
+  const shareRoute = options.worker?.routes === undefined && routeBus === undefined ? undefined : (pool: string, upstream: string, blocks: readonly number[]) => {
+    guard.run('exchange', () => options.worker?.routes?.share(pool, upstream, blocks));
+    guard.run('exchange', () => routeBus?.share(pool, upstream, blocks));
+  };
   // One per process, whatever the generation: a model name's label is the process's (discovery.max_models_per_pool).
   const modelLabels = new ModelLabels();
   metrics.labelModels((model) => modelLabels.label(model));
@@ -199,9 +216,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
         metrics.engineRestarted(upstream, cause);
         logger.info({ upstream, cause }, 'upstream engine restarted: its prefix index entries are dropped');
       },
-      ...(options.worker?.routes !== undefined && {
-        onRouted: (pool: string, upstream: string, blocks: readonly number[]) => guard.run('exchange', () => options.worker?.routes?.share(pool, upstream, blocks)),
-      }),
+      ...(shareRoute !== undefined && { onRouted: shareRoute }),
     }, now, modelLabels, revisionLabels);
     if (previous !== undefined) {
       upstreams.carryRevisions(previous.upstreams);
@@ -339,6 +354,7 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
       // Before the limiters close: each held slot is given back while its store still answers.
       backgroundHolds.close();
       await Promise.all([...open].map((generation) => generation.close()));
+      await routeBus?.close();
     },
     metrics,
     scrape: options.worker?.scrape,

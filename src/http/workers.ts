@@ -32,6 +32,7 @@ import { AggregatorRegistry, type Registry } from 'prom-client';
 import { workerCount } from '../config/workers.js';
 import { LimitHost, type LimitCall, type LimitChannel } from '../proxy/cluster-limit-store.js';
 import type { HeldRequest, HeldRequests } from '../proxy/exchange.js';
+import { isRoute, MAX_ROUTES_PER_MESSAGE, type RouteRecord } from '../routing/route-records.js';
 import { METRICS } from '../telemetry/metrics.js';
 
 /**
@@ -62,21 +63,6 @@ type ToPrimary =
   | { readonly type: 'waybill:owner'; readonly id: string; readonly tenant: string }
   /** Where this worker's cache_aware picks sent which prefix blocks since its last such message: for the others. */
   | { readonly type: 'waybill:routes'; readonly routes: readonly RouteRecord[] };
-
-/** One pick's record: pool, upstream, the request's prefix blocks (53-bit hashes). */
-type RouteRecord = readonly [pool: string, upstream: string, blocks: readonly number[]];
-
-/** Records per message and blocks per record a worker accepts from the primary: more is not one of ours. */
-const MAX_ROUTES_PER_MESSAGE = 4096;
-const MAX_BLOCKS_PER_ROUTE = 65_536;
-
-/** A route record's shape: two bounded names and an array of safe integers. */
-function isRoute(route: unknown): route is RouteRecord {
-  if (!Array.isArray(route) || route.length !== 3) return false;
-  const [pool, upstream, blocks] = route as unknown[];
-  return typeof pool === 'string' && pool.length > 0 && pool.length <= 256 && typeof upstream === 'string' && upstream.length > 0 && upstream.length <= 256
-    && Array.isArray(blocks) && blocks.length <= MAX_BLOCKS_PER_ROUTE && blocks.every((b) => Number.isSafeInteger(b));
-}
 
 type ToWorker =
   | { readonly type: 'waybill:drain' }

@@ -11,6 +11,7 @@ import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
 import type { BackgroundHoldEnd } from '../proxy/background-holds.js';
 import { GAP_BUCKETS_SECONDS, GAP_CLASSES } from '../routing/sessions.js';
 import type { RestartCause } from '../routing/engine-signals.js';
+import type { RouteShareResult } from '../routing/route-bus.js';
 import { PICK_REASONS, type PickReason } from '../routing/score.js';
 import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, NO_REVISION, OUTPUT_CHECKS, UNKNOWN_REVISION, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
@@ -352,6 +353,12 @@ export const METRICS = {
     labels: ['upstream', 'cause'],
     help: 'Engine restarts seen in the upstream\'s signals (start_time: process_start_time_seconds changed; counter_reset: its prefix-cache counters went down); its prefix index entries are dropped.',
   },
+  routingShared: {
+    name: 'waybill_routing_shared_messages_total',
+    type: 'counter',
+    labels: ['result'],
+    help: 'Messages of route records shared with other replicas through Redis (route_sharing), by result: sent, send_failed (Redis away: dropped, the local index serves alone), received (from another replica), invalid (dropped whole).',
+  },
   routingIndexEntries: {
     name: 'waybill_routing_index_entries',
     type: 'gauge',
@@ -638,6 +645,7 @@ export class GatewayMetrics {
   private readonly queueWait: Histogram<'model'>;
   private readonly upstreamFirstOutput: Histogram<'model' | 'upstream' | 'prompt_len'>;
   private readonly routingDecisions = new CounterPair(this.registries, METRICS.routingDecisions);
+  private readonly routingShared = new CounterPair(this.registries, METRICS.routingShared);
   private readonly routingPromptTokens = new CounterPair(this.registries, METRICS.routingPromptTokens);
   private readonly routingPredictedCachedTokens = new CounterPair(this.registries, METRICS.routingPredictedCachedTokens);
   private readonly routingCachedTokens = new CounterPair(this.registries, METRICS.routingCachedTokens);
@@ -890,6 +898,11 @@ export class GatewayMetrics {
   /** One scrape of an upstream's /metrics for engine signals; `count` 0 declares the series. */
   engineScraped(upstream: string, result: string, count = 1): void {
     this.engineScrapes.inc({ upstream, result }, count);
+  }
+
+  /** A message of route records shared through Redis (route_sharing); `count` 0 declares the series. */
+  routeShared(result: RouteShareResult, count = 1): void {
+    this.routingShared.inc({ result }, count);
   }
 
   /** An engine restart seen in the upstream's signals; `count` 0 declares the series. */

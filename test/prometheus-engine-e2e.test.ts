@@ -4,19 +4,16 @@
  * its vLLM /metrics), evaluates both rule files, and checks what they record against what the clients saw: the
  * engines' `length` share beside Waybill's, each engine's prefix-cache state, and a restart as cache-reset evidence.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { request } from 'undici';
-import { stringify } from 'yaml';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { PrometheusServer } from './helpers/prometheus-server.js';
 import { PROMETHEUS, runTool } from './helpers/promql.js';
 import { describeWithTool } from './helpers/system-tool.js';
 
@@ -27,26 +24,7 @@ const MODEL = 'sim-model';
 const LENGTH_EVERY = 3;
 const REQUESTS = 60;
 
-interface Sample {
-  metric: Record<string, string>;
-  value: [number, string];
-}
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const address = server.address();
-  server.close();
-  if (address === null || typeof address === 'string') throw new Error('no port');
-  return address.port;
-}
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-let prometheusLog = '';
-let prometheus: ChildProcess | undefined;
-let promBase = '';
+let prom: PrometheusServer | undefined;
 let gateway: Gateway | undefined;
 let gatewayBase = '';
 const sims: Simulator[] = [];
@@ -55,37 +33,14 @@ let dir = '';
 let missing: Error | undefined;
 const finishReasons: string[] = [];
 
-async function waitFor<T>(what: string, ms: number, check: () => Promise<T | undefined>): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await check().catch(() => undefined);
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}\n${prometheusLog.slice(-2000)}`);
-    await sleep(200);
-  }
-}
-
-async function query(expr: string): Promise<Sample[]> {
-  const response = await request(`${promBase}/api/v1/query?query=${encodeURIComponent(expr)}`);
-  const body = (await response.body.json()) as { status: string; data: { result: Sample[] } };
-  if (body.status !== 'success') throw new Error(`query failed: ${expr}`);
-  return body.data.result;
-}
-
-/** The raw samples of a range selector (one series): [unix seconds, value]. */
-async function range(selector: string): Promise<Array<[number, number]>> {
-  const response = await request(`${promBase}/api/v1/query?query=${encodeURIComponent(selector)}`);
-  const body = (await response.body.json()) as { status: string; data: { result: Array<{ values: Array<[number, string]> }> } };
-  if (body.status !== 'success' || body.data.result.length !== 1) throw new Error(`range query failed: ${selector}`);
-  return (body.data.result[0]?.values ?? []).map(([at, value]) => [at, Number(value)]);
-}
-
-async function scalar(expr: string): Promise<number | undefined> {
-  const result = await query(expr);
-  if (result.length > 1) throw new Error(`${expr}: ${result.length} series`);
-  const value = result[0]?.value[1];
-  return value === undefined ? undefined : Number(value);
-}
+const server = (): PrometheusServer => {
+  if (prom === undefined) throw new Error('Prometheus did not start');
+  return prom;
+};
+const query = (expr: string) => server().query(expr);
+const range = (selector: string) => server().range(selector);
+const scalar = (expr: string) => server().scalar(expr);
+const waitFor = <T>(what: string, ms: number, check: () => Promise<T | undefined>) => server().waitFor(what, ms, check);
 
 /** One non-streamed chat request; returns the finish_reason the client got. */
 async function send(index: number): Promise<string> {
@@ -128,42 +83,19 @@ beforeAll(async () => {
   await send(1);
 
   dir = mkdtempSync(join(tmpdir(), 'waybill-prometheus-engine-'));
-  const configFile = join(dir, 'prometheus.yml');
-  writeFileSync(
-    configFile,
-    stringify({
-      global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
-      rule_files: RULES,
-      scrape_configs: [
-        { job_name: 'waybill', static_configs: [{ targets: [new URL(gatewayBase).host] }] },
-        { job_name: 'vllm', static_configs: [{ targets: simHosts }] },
-      ],
-    }),
-  );
-  const port = await freePort();
-  promBase = `http://127.0.0.1:${port}`;
-  prometheus = spawn(
-    PROMETHEUS.command,
-    [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--log.level=warn'],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  prometheus.stdout?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
-  prometheus.stderr?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
-  prometheus.on('exit', (code) => (prometheusLog += `\nprometheus exited with ${String(code)}`));
-  await waitFor('Prometheus to be ready', 20_000, async () => {
-    const response = await request(`${promBase}/-/ready`);
-    await response.body.dump();
-    return response.statusCode === 200 ? true : undefined;
+  prom = await PrometheusServer.start(dir, {
+    global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
+    rule_files: RULES,
+    scrape_configs: [
+      { job_name: 'waybill', static_configs: [{ targets: [new URL(gatewayBase).host] }] },
+      { job_name: 'vllm', static_configs: [{ targets: simHosts }] },
+    ],
   });
   await waitFor('the first scrapes', 15_000, async () => ((await scalar('count(up == 1)')) === 3 ? true : undefined));
 }, 45_000);
 
 afterAll(async () => {
-  if (prometheus !== undefined && prometheus.exitCode === null) {
-    const exited = once(prometheus, 'exit');
-    prometheus.kill('SIGTERM');
-    await Promise.race([exited, sleep(5_000).then(() => prometheus?.kill('SIGKILL'))]);
-  }
+  await prom?.stop();
   await gateway?.close();
   await Promise.all(sims.map((sim) => sim.close()));
   if (dir !== '') rmSync(dir, { recursive: true, force: true });
@@ -231,7 +163,7 @@ describeWithTool(PROMETHEUS, 'the engine-side rules on a real Prometheus', () =>
     expect(firing.map((a) => [a.metric['instance'], a.metric['evidence']])).toEqual([[simHosts[1], 'process_restart']]);
 
     // Every rule of both files evaluated without error against real Waybill and simulator series.
-    const rulesResponse = await request(`${promBase}/api/v1/rules`);
+    const rulesResponse = await request(`${server().base}/api/v1/rules`);
     const rules = (await rulesResponse.body.json()) as { data: { groups: Array<{ rules: Array<{ name: string; health: string; lastError?: string }> }> } };
     const evaluated = rules.data.groups.flatMap((g) => g.rules);
     for (const rule of evaluated) expect(`${rule.name}: ${rule.health} ${rule.lastError ?? ''}`.trim()).toBe(`${rule.name}: ok`);

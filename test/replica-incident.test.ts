@@ -19,20 +19,17 @@
  * whose TTFT (the gateway's) is within 300 ms of the threshold is borderline and left unclassified. Without
  * prometheus on PATH the test skips (WAYBILL_REQUIRE_TOOLS=1: fails).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { request } from 'undici';
-import { stringify } from 'yaml';
 import { afterAll, expect, it } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { parseConfig } from '../src/config/load.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { PrometheusServer, waitFor as waitForCheck, type Sample } from './helpers/prometheus-server.js';
 import { PROMETHEUS, withoutGrafanaVariables } from './helpers/promql.js';
 import { describeWithTool } from './helpers/system-tool.js';
 
@@ -50,46 +47,19 @@ const REQUESTS = 60;
 const CONCURRENCY = 8;
 const BUSY = 'sim-3';
 
-interface QueryResult {
-  status: string;
-  data: { result: Array<{ metric: Record<string, string>; value: [number, string] }> };
-}
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const address = server.address();
-  server.close();
-  if (address === null || typeof address === 'string') throw new Error('no port');
-  return address.port;
-}
-
-let prometheus: ChildProcess | undefined;
-let prometheusLog = '';
-let promBase = '';
+let prom: PrometheusServer | undefined;
 let gateway: Gateway | undefined;
 const sims: Simulator[] = [];
 let dir = '';
 
-async function query(expr: string): Promise<QueryResult['data']['result']> {
-  const response = await request(`${promBase}/api/v1/query?query=${encodeURIComponent(expr)}`);
-  const body = (await response.body.json()) as QueryResult;
-  if (body.status !== 'success') throw new Error(`query failed: ${expr}`);
-  return body.data.result;
+async function query(expr: string): Promise<Sample[]> {
+  if (prom === undefined) throw new Error('Prometheus did not start');
+  return prom.query(expr);
 }
 
 /** Polls until `check` returns a value (Prometheus scrapes and evaluates every second), or fails saying what it waited for. */
-async function waitFor<T>(what: string, ms: number, check: () => Promise<T | undefined>): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await check().catch(() => undefined);
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}\n${prometheusLog.slice(-2000)}`);
-    await sleep(200);
-  }
+function waitFor<T>(what: string, ms: number, check: () => Promise<T | undefined>): Promise<T> {
+  return waitForCheck(what, ms, check, () => prom?.log ?? '');
 }
 
 /** A dashboard panel's query by title, with Grafana's variables replaced (every model and upstream, 5m). */
@@ -101,11 +71,7 @@ function panelQuery(title: string, refId = 'A'): string {
 }
 
 afterAll(async () => {
-  if (prometheus !== undefined && prometheus.exitCode === null) {
-    const exited = once(prometheus, 'exit');
-    prometheus.kill('SIGTERM');
-    await Promise.race([exited, sleep(5_000).then(() => prometheus?.kill('SIGKILL'))]);
-  }
+  await prom?.stop();
   await gateway?.close();
   await Promise.all(sims.map((sim) => sim.close()));
   if (dir !== '') rmSync(dir, { recursive: true, force: true });
@@ -152,29 +118,16 @@ describeWithTool(PROMETHEUS, 'incident (1): one engine of four at high KV use', 
     const gatewayBase = await gateway.listen();
 
     dir = mkdtempSync(join(tmpdir(), 'waybill-replica-incident-'));
-    const configFile = join(dir, 'prometheus.yml');
-    writeFileSync(
-      configFile,
-      stringify({
-        global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
-        rule_files: RULES,
-        scrape_configs: [
-          { job_name: 'waybill', static_configs: [{ targets: [new URL(gatewayBase).host] }] },
-          // What deploy/kubernetes/vllm-podmonitor.yaml's relabelling gives: Waybill's upstream name on each
-          // engine's series, and the namespace its pool runs in.
-          { job_name: 'vllm', static_configs: urls.map((url, i) => ({ targets: [new URL(url).host], labels: { upstream: `sim-${i}`, namespace: 'fleet' } })) },
-        ],
-      }),
-    );
-    const port = await freePort();
-    promBase = `http://127.0.0.1:${port}`;
-    prometheus = spawn(
-      PROMETHEUS.command,
-      [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--log.level=warn'],
-      { stdio: ['ignore', 'pipe', 'pipe'] },
-    );
-    prometheus.stdout?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
-    prometheus.stderr?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
+    prom = await PrometheusServer.start(dir, {
+      global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
+      rule_files: RULES,
+      scrape_configs: [
+        { job_name: 'waybill', static_configs: [{ targets: [new URL(gatewayBase).host] }] },
+        // What deploy/kubernetes/vllm-podmonitor.yaml's relabelling gives: Waybill's upstream name on each
+        // engine's series, and the namespace its pool runs in.
+        { job_name: 'vllm', static_configs: urls.map((url, i) => ({ targets: [new URL(url).host], labels: { upstream: `sim-${i}`, namespace: 'fleet' } })) },
+      ],
+    });
     await waitFor('the first scrape of the gateway and the four engines', 20_000, async () =>
       (await query('sum(up{job=~"waybill|vllm"})'))[0]?.value[1] === '5' ? true : undefined,
     );

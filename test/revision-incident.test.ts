@@ -14,19 +14,16 @@
  * Borderline: none of the shares is near a threshold (30% against 2 × 10%; the floor is 200 choices, the canary gets
  * about 300 of 1 200). Runtime about 15 s. Without prometheus on PATH it skips (WAYBILL_REQUIRE_TOOLS=1: fails).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { request } from 'undici';
-import { stringify } from 'yaml';
 import { afterAll, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import { createSimulator, type RequestRecord, type Simulator } from '../src/sim/server.js';
+import { PrometheusServer, sleep } from './helpers/prometheus-server.js';
 import { PROMETHEUS, runTool, withoutGrafanaVariables } from './helpers/promql.js';
 import { describeWithTool } from './helpers/system-tool.js';
 
@@ -54,55 +51,20 @@ interface Answer {
   readonly requestId: string | undefined;
 }
 
-interface Sample {
-  metric: Record<string, string>;
-  value: [number, string];
-}
-
-let prometheus: ChildProcess | undefined;
-let prometheusLog = '';
-let promBase = '';
+let prom: PrometheusServer | undefined;
 let gateway: Gateway | undefined;
 const sims: Simulator[] = [];
 /** Which engine (by index) answered each request id. */
 const engineOf = new Map<string, number>();
 let dir = '';
 
-async function freePort(): Promise<number> {
-  const server = createServer();
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const address = server.address();
-  server.close();
-  if (address === null || typeof address === 'string') throw new Error('no port');
-  return address.port;
-}
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-async function waitFor<T>(what: string, ms: number, check: () => Promise<T | undefined>): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await check().catch(() => undefined);
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}\n${prometheusLog.slice(-2000)}`);
-    await sleep(200);
-  }
-}
-
-async function query(expr: string): Promise<Sample[]> {
-  const response = await request(`${promBase}/api/v1/query?query=${encodeURIComponent(expr)}`);
-  const body = (await response.body.json()) as { status: string; data: { result: Sample[] } };
-  if (body.status !== 'success') throw new Error(`query failed: ${expr}`);
-  return body.data.result;
-}
-
-async function scalar(expr: string): Promise<number | undefined> {
-  const result = await query(expr);
-  if (result.length > 1) throw new Error(`${expr}: ${result.length} series`);
-  const value = result[0]?.value[1];
-  return value === undefined ? undefined : Number(value);
-}
+const server = (): PrometheusServer => {
+  if (prom === undefined) throw new Error('Prometheus did not start');
+  return prom;
+};
+const query = (expr: string) => server().query(expr);
+const scalar = (expr: string) => server().scalar(expr);
+const waitFor = <T>(what: string, ms: number, check: () => Promise<T | undefined>) => server().waitFor(what, ms, check);
 
 async function send(base: string, index: number): Promise<Answer> {
   const response = await request(`${base}/v1/chat/completions`, {
@@ -179,32 +141,13 @@ async function start(): Promise<string> {
   for (let i = 0; i < WARM_UP || (!warmed() && i < 5 * WARM_UP); i++) answers.push(await send(base, -1 - i));
 
   dir = mkdtempSync(join(tmpdir(), 'waybill-revision-incident-'));
-  const configFile = join(dir, 'prometheus.yml');
-  writeFileSync(
-    configFile,
-    stringify({
-      global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
-      rule_files: RULES,
-      scrape_configs: [
-        { job_name: 'waybill', static_configs: [{ targets: [new URL(base).host] }] },
-        { job_name: 'vllm', static_configs: [{ targets: urls.map((url) => new URL(url).host) }] },
-      ],
-    }),
-  );
-  const port = await freePort();
-  promBase = `http://127.0.0.1:${port}`;
-  prometheus = spawn(
-    PROMETHEUS.command,
-    [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--log.level=warn'],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  prometheus.stdout?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
-  prometheus.stderr?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
-  prometheus.on('exit', (code) => (prometheusLog += `\nprometheus exited with ${String(code)}`));
-  await waitFor('Prometheus to be ready', 20_000, async () => {
-    const response = await request(`${promBase}/-/ready`);
-    await response.body.dump();
-    return response.statusCode === 200 ? true : undefined;
+  prom = await PrometheusServer.start(dir, {
+    global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
+    rule_files: RULES,
+    scrape_configs: [
+      { job_name: 'waybill', static_configs: [{ targets: [new URL(base).host] }] },
+      { job_name: 'vllm', static_configs: [{ targets: urls.map((url) => new URL(url).host) }] },
+    ],
   });
   await waitFor('the first scrape of the gateway and the engines', 15_000, async () =>
     (await scalar('count(up == 1)')) === ENGINES + 1 ? true : undefined,
@@ -213,11 +156,7 @@ async function start(): Promise<string> {
 }
 
 afterAll(async () => {
-  if (prometheus !== undefined && prometheus.exitCode === null) {
-    const exited = once(prometheus, 'exit');
-    prometheus.kill('SIGTERM');
-    await Promise.race([exited, sleep(5_000).then(() => prometheus?.kill('SIGKILL'))]);
-  }
+  await prom?.stop();
   await gateway?.close();
   await Promise.all(sims.map((sim) => sim.close()));
   if (dir !== '') rmSync(dir, { recursive: true, force: true });
@@ -301,7 +240,7 @@ describeWithTool(PROMETHEUS, 'incident: one upstream on a new revision answers w
     }
 
     // Every rule evaluated without error on real series.
-    const rulesResponse = await request(`${promBase}/api/v1/rules`);
+    const rulesResponse = await request(`${server().base}/api/v1/rules`);
     const rules = (await rulesResponse.body.json()) as { data: { groups: Array<{ rules: Array<{ name: string; health: string; lastError?: string }> }> } };
     for (const rule of rules.data.groups.flatMap((g) => g.rules)) expect(`${rule.name}: ${rule.health} ${rule.lastError ?? ''}`.trim()).toBe(`${rule.name}: ok`);
 

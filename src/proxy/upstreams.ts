@@ -320,8 +320,8 @@ export class UpstreamRegistry {
     const es = config.engineSignals;
     this.signals = new EngineSignals(es.staleAfterMs, (name, cause) => {
       // A restarted engine's prefix cache is empty: what the index says it holds is gone.
-      for (const upstream of this.upstreams) {
-        if (upstream.name !== name) continue;
+      const upstream = this.byName.get(name);
+      if (upstream !== undefined) {
         this.routerOf(upstream)?.forget(name);
         // A restart is when a new build comes in (a rolled pod behind the same address): read its revision now.
         if (!upstream.revisionConfigured && !this.closed) void this.readVersion(upstream);
@@ -349,11 +349,9 @@ export class UpstreamRegistry {
    * as vLLM evicts. Unknown: no bound of its own.
    */
   private engineCapacity(name: string, tokens: number | undefined): void {
-    for (const upstream of this.upstreams) {
-      if (upstream.name !== name) continue;
-      const router = this.routerOf(upstream);
-      router?.index.setCapacity(name, tokens === undefined ? null : Math.floor(tokens / router.settings.blockTokens));
-    }
+    const upstream = this.byName.get(name);
+    const router = upstream === undefined ? undefined : this.routerOf(upstream);
+    router?.index.setCapacity(name, tokens === undefined ? null : Math.floor(tokens / router.settings.blockTokens));
   }
 
   /** The pool an upstream belongs to, and its router. */
@@ -557,9 +555,9 @@ export class UpstreamRegistry {
    * longer) configured, or the pool does not route by cache.
    */
   learnRoute(pool: string, upstream: string, blocks: readonly number[]): void {
-    const served = this.pools.find((p) => p.config.name === pool);
-    if (served === undefined || served.config.routing.policy !== 'cache_aware') return;
-    if (!served.upstreams.some((u) => u.name === upstream)) return;
+    const known = this.byName.get(upstream);
+    const served = known === undefined ? undefined : this.poolOf.get(known);
+    if (served === undefined || served.config.name !== pool || served.config.routing.policy !== 'cache_aware') return;
     const router = this.routers.get(served);
     const max = router?.settings.maxBlocks ?? 0;
     router?.index.record(upstream, blocks.length > max ? blocks.slice(0, max) : blocks);

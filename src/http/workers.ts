@@ -32,6 +32,7 @@ import { AggregatorRegistry, type Registry } from 'prom-client';
 import { workerCount } from '../config/workers.js';
 import { LimitHost, type LimitCall, type LimitChannel } from '../proxy/cluster-limit-store.js';
 import type { HeldRequest, HeldRequests } from '../proxy/exchange.js';
+import { RouteBatch } from '../routing/route-batch.js';
 import { isRoute, MAX_ROUTES_PER_MESSAGE, type RouteRecord } from '../routing/route-records.js';
 import { METRICS } from '../telemetry/metrics.js';
 
@@ -127,8 +128,7 @@ export class WorkerLink {
   private onOwner: ((id: string, tenant: string) => void) | undefined;
   private onRoutes: ((pool: string, upstream: string, blocks: readonly number[]) => void) | undefined;
   /** This worker's route records not yet sent (flushed once per event-loop turn that had any). */
-  private routeBatch: RouteRecord[] = [];
-  private routeFlush: NodeJS.Immediate | undefined;
+  private readonly routeBatch = new RouteBatch((routes) => this.send({ type: 'waybill:routes', routes }));
   private drainRequested: (() => void) | undefined;
   /** Resolves when the primary asks for a drain, or is gone. */
   readonly drain: Promise<void>;
@@ -196,22 +196,7 @@ export class WorkerLink {
    * relayed by the primary. Lost messages (a worker starting, the primary busy) only make an index less complete.
    */
   readonly routes = {
-    share: (pool: string, upstream: string, blocks: readonly number[]): void => {
-      this.routeBatch.push([pool, upstream, blocks]);
-      // A turn with more picks than one message may carry sends them in several: a receiver drops a larger one.
-      if (this.routeBatch.length >= MAX_ROUTES_PER_MESSAGE) {
-        const routes = this.routeBatch;
-        this.routeBatch = [];
-        this.send({ type: 'waybill:routes', routes });
-        return;
-      }
-      this.routeFlush ??= setImmediate(() => {
-        this.routeFlush = undefined;
-        const routes = this.routeBatch;
-        this.routeBatch = [];
-        if (routes.length > 0) this.send({ type: 'waybill:routes', routes });
-      });
-    },
+    share: (pool: string, upstream: string, blocks: readonly number[]): void => this.routeBatch.push(pool, upstream, blocks),
     onShared: (listener: (pool: string, upstream: string, blocks: readonly number[]) => void): void => {
       this.onRoutes = listener;
     },

@@ -10,6 +10,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { Redis } from 'ioredis';
+import { RouteBatch } from './route-batch.js';
 import { isRoute, MAX_ROUTES_PER_MESSAGE, type RouteRecord } from './route-records.js';
 
 /** What happened to a message: closed, the `result` label of waybill_routing_shared_messages_total. */
@@ -39,8 +40,7 @@ export class RouteBus {
   readonly id = randomUUID();
   private readonly publisher: Redis;
   private readonly subscriber: Redis;
-  private batch: RouteRecord[] = [];
-  private flush: NodeJS.Immediate | undefined;
+  private readonly batch = new RouteBatch((routes) => this.send(routes));
   private closed = false;
 
   constructor(private readonly options: RouteBusOptions) {
@@ -71,31 +71,18 @@ export class RouteBus {
 
   /** This process sent `blocks` to `upstream` of `pool`: published with the turn's other picks. */
   share(pool: string, upstream: string, blocks: readonly number[]): void {
-    if (this.closed) return;
-    this.batch.push([pool, upstream, blocks]);
-    if (this.batch.length >= MAX_ROUTES_PER_MESSAGE) {
-      this.send();
-      return;
-    }
-    this.flush ??= setImmediate(() => {
-      this.flush = undefined;
-      this.send();
-    });
+    if (!this.closed) this.batch.push(pool, upstream, blocks);
   }
 
   async close(): Promise<void> {
     this.closed = true;
-    if (this.flush !== undefined) clearImmediate(this.flush);
-    this.batch = [];
+    this.batch.clear();
     this.publisher.disconnect();
     this.subscriber.disconnect();
     await Promise.resolve();
   }
 
-  private send(): void {
-    const routes = this.batch;
-    this.batch = [];
-    if (routes.length === 0) return;
+  private send(routes: readonly RouteRecord[]): void {
     const message: Message = { from: this.id, routes };
     this.publisher.publish(this.options.channel, JSON.stringify(message)).then(
       () => this.options.onResult?.('sent'),

@@ -4,20 +4,17 @@
  * what it records must agree with what the clients saw. A client counts an answer as delivered when it got 200 and
  * the stream ended with `data: [DONE]`. Without prometheus on PATH it skips (WAYBILL_REQUIRE_TOOLS=1: fails).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
 import { request } from 'undici';
-import { stringify } from 'yaml';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import { createSimulator, type FaultKind, type Simulator } from '../src/sim/server.js';
 import { FAULT_KINDS as ALL_FAULT_KINDS } from '../src/sim/faults.js';
+import { PrometheusServer, sleep } from './helpers/prometheus-server.js';
 import { PROMETHEUS, runTool } from './helpers/promql.js';
 import { describeWithTool } from './helpers/system-tool.js';
 
@@ -72,61 +69,25 @@ interface Observed {
   readonly slow: boolean;
 }
 
-interface QueryResult {
-  status: string;
-  data: { resultType: string; result: Array<{ metric: Record<string, string>; value: [number, string] }> };
-}
-
 interface RulesResult {
   data: { groups: Array<{ name: string; rules: Array<{ name: string; health: string; lastError?: string }> }> };
 }
 
-async function freePort(): Promise<number> {
-  const server = createServer();
-  server.listen(0, '127.0.0.1');
-  await once(server, 'listening');
-  const address = server.address();
-  server.close();
-  if (address === null || typeof address === 'string') throw new Error('no port');
-  return address.port;
-}
-
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/** Polls until `check` returns a value, or fails after `ms` saying what it waited for. */
-async function waitFor<T>(what: string, ms: number, check: () => Promise<T | undefined>): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await check().catch(() => undefined);
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}\n${prometheusLog.slice(-2000)}`);
-    await sleep(200);
-  }
-}
-
-let prometheusLog = '';
-let prometheus: ChildProcess | undefined;
-let promBase = '';
+let prom: PrometheusServer | undefined;
 let gateway: Gateway | undefined;
 let gatewayBase = '';
 const sims: Simulator[] = [];
 let dir = '';
 let warmUp: Observed[] = [];
 
-async function query(expr: string): Promise<QueryResult['data']['result']> {
-  const response = await request(`${promBase}/api/v1/query?query=${encodeURIComponent(expr)}`);
-  const body = (await response.body.json()) as QueryResult;
-  if (body.status !== 'success') throw new Error(`query failed: ${expr}`);
-  return body.data.result;
-}
-
+const server = (): PrometheusServer => {
+  if (prom === undefined) throw new Error('Prometheus did not start');
+  return prom;
+};
 /** The single value of an instant query, or undefined when it has none. */
-async function scalar(expr: string): Promise<number | undefined> {
-  const result = await query(expr);
-  if (result.length > 1) throw new Error(`${expr}: ${result.length} series`);
-  const value = result[0]?.value[1];
-  return value === undefined ? undefined : Number(value);
-}
+const scalar = (expr: string) => server().scalar(expr);
+/** Polls until `check` returns a value, or fails after `ms` saying what it waited for. */
+const waitFor = <T>(what: string, ms: number, check: () => Promise<T | undefined>) => server().waitFor(what, ms, check);
 
 async function send(
   base: string,
@@ -185,40 +146,16 @@ beforeAll(async () => {
   warmUp = await Promise.all(WARM_UP.map((fault, i) => send(gatewayBase, -1 - i, fault)));
 
   dir = mkdtempSync(join(tmpdir(), 'waybill-prometheus-'));
-  const configFile = join(dir, 'prometheus.yml');
-  writeFileSync(
-    configFile,
-    stringify({
-      global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
-      rule_files: [RULES],
-      scrape_configs: [{ job_name: 'waybill', static_configs: [{ targets: [new URL(gatewayBase).host] }] }],
-    }),
-  );
-  const port = await freePort();
-  promBase = `http://127.0.0.1:${port}`;
-  prometheus = spawn(
-    PROMETHEUS.command,
-    [`--config.file=${configFile}`, `--storage.tsdb.path=${join(dir, 'data')}`, `--web.listen-address=127.0.0.1:${port}`, '--log.level=warn'],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  prometheus.stdout?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
-  prometheus.stderr?.on('data', (chunk: Buffer) => (prometheusLog += chunk.toString()));
-  prometheus.on('exit', (code) => (prometheusLog += `\nprometheus exited with ${String(code)}`));
-
-  await waitFor('Prometheus to be ready', 20_000, async () => {
-    const response = await request(`${promBase}/-/ready`);
-    await response.body.dump();
-    return response.statusCode === 200 ? true : undefined;
+  prom = await PrometheusServer.start(dir, {
+    global: { scrape_interval: '1s', scrape_timeout: '1s', evaluation_interval: '1s' },
+    rule_files: [RULES],
+    scrape_configs: [{ job_name: 'waybill', static_configs: [{ targets: [new URL(gatewayBase).host] }] }],
   });
   await waitFor('the first scrape of the gateway', 15_000, async () => ((await scalar('up{job="waybill"}')) === 1 ? true : undefined));
 }, 45_000);
 
 afterAll(async () => {
-  if (prometheus !== undefined && prometheus.exitCode === null) {
-    const exited = once(prometheus, 'exit');
-    prometheus.kill('SIGTERM');
-    await Promise.race([exited, sleep(5_000).then(() => prometheus?.kill('SIGKILL'))]);
-  }
+  await prom?.stop();
   await gateway?.close();
   await Promise.all(sims.map((sim) => sim.close()));
   if (dir !== '') rmSync(dir, { recursive: true, force: true });
@@ -313,7 +250,7 @@ describeWithTool(PROMETHEUS, 'waybill-rules.yaml on a real Prometheus', () => {
     expect(Math.abs((recordedAttainment ?? Number.NaN) - runAttainment)).toBeLessThan(0.02);
 
     // Every rule evaluated without error against real Waybill series (label matching, types).
-    const rulesResponse = await request(`${promBase}/api/v1/rules`);
+    const rulesResponse = await request(`${server().base}/api/v1/rules`);
     const rules = (await rulesResponse.body.json()) as RulesResult;
     const evaluated = rules.data.groups.flatMap((g) => g.rules);
     expect(evaluated.length).toBeGreaterThan(50);

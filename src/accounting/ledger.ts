@@ -20,7 +20,9 @@ import {
   type SloResult,
 } from './outcomes.js';
 import { classifyPromptLen } from './prompt-len.js';
-import { clientStatus, errorShapeOf, type UpstreamSignal } from '../delivery/status-map.js';
+import { failureOf, rejectionOutcome, type Failure, type FailureCause } from '../delivery/failures.js';
+
+export type { Failure, FailureCause } from '../delivery/failures.js';
 import { contractNeedsText, notTruncated, OutputAssembly, type ChoiceChecks, type OutputContract } from './output-contract.js';
 import { ANONYMOUS, OUTPUT_CHECKS, reportsUsage, type CheckVerdict, type OutputCheck } from './outcomes.js';
 
@@ -89,37 +91,8 @@ export type Ending =
   /** Before commit: answer with a status and an error body. */
   | { kind: 'failure'; failure: Failure };
 
-export type FailureCause =
-  | 'upstream_3xx'
-  | 'upstream_4xx'
-  | 'upstream_5xx'
-  | 'error_payload'
-  | 'connect_error'
-  | 'reset'
-  | 'incomplete'
-  | 'timeout'
-  | 'shutdown'
-  /** An event larger than the limit, or more than the gateway holds before the first output. */
-  | 'oversized'
-  /** A 2xx that breaks the protocol: not an event stream where one was asked for, or not a completion body. */
-  | 'not_event_stream'
-  | 'malformed_body'
-  /** A compressed body (Waybill asks for identity encoding: it must read every byte). */
-  | 'compressed'
-  /** Waybill itself failed (a bug, caught): the client gets 500. */
-  | 'internal';
-
 /** A 2xx response Waybill cannot read, seen at its start. */
 export type ProtocolViolation = 'not_event_stream' | 'compressed';
-
-/** A pre-commit failure of an attempt, as the client would be told about it. */
-export interface Failure {
-  readonly status: number;
-  readonly outcome: Outcome;
-  readonly cause: FailureCause;
-  /** The upstream's own error, when it sent one. */
-  readonly upstreamError: UpstreamError | undefined;
-}
 
 export interface AttemptRecord {
   readonly upstream: string;
@@ -429,7 +402,7 @@ export class RequestLedger {
     if (this.unfinishedChoices() > 0) {
       this.anomaly(attempt, 'missing_finish_reason');
       if (this.committed) this.endingValue = { kind: 'gateway_error', cause: 'unfinished_choices' };
-      else this.fail(attempt, 'incomplete', { status: statusOf({ kind: 'incomplete' }), outcome: 'failed', cause: 'incomplete', upstreamError: undefined });
+      else this.fail(attempt, 'incomplete', failureOf('incomplete', this.info.route));
       return committedNow ? 'commit' : 'drop';
     }
     this.endingValue = { kind: 'complete' };
@@ -465,18 +438,14 @@ export class RequestLedger {
       this.endingValue ??= { kind: 'gateway_error', cause: how };
       return;
     }
-    this.fail(attempt, result, failureForEnd(how));
+    this.fail(attempt, result, failureForEnd(how, this.info.route));
   }
 
   /** The current attempt failed before any response (refused, reset, DNS, connect timeout). */
   connectFailed(at: number, result: 'connect_error' | 'reset' | 'timeout'): void {
     const attempt = this.attempt();
     attempt.endedAt = at;
-    const cause: FailureCause = result;
-    const failure: Failure =
-      result === 'timeout'
-        ? { status: statusOf({ kind: 'first_output_timeout' }), outcome: 'timeout', cause, upstreamError: undefined }
-        : { status: statusOf({ kind: result }), outcome: 'failed', cause, upstreamError: undefined };
+    const failure = result === 'timeout' ? failureOf('timeout', this.info.route, { kind: 'first_output_timeout' }) : failureOf(result, this.info.route);
     this.fail(attempt, result, failure);
   }
 
@@ -490,13 +459,12 @@ export class RequestLedger {
       if (status >= 300 && status < 400) {
         // Never followed: a redirect from an inference server is a misconfiguration (a URL missing its path, a
         // login page in front of it), and following it would send the prompt somewhere nobody configured.
-        this.fail(attempt, 'http_3xx', { status: statusOf({ kind: 'http', status }), outcome: 'failed', cause: 'upstream_3xx', upstreamError: undefined });
+        this.fail(attempt, 'http_3xx', failureOf('upstream_3xx', this.info.route, { kind: 'http', status }));
       } else if (status >= 400 && status < 500) {
-        this.fail(attempt, 'http_4xx', { status: statusOf({ kind: 'http', status }), outcome: 'rejected', cause: 'upstream_4xx', upstreamError });
+        this.fail(attempt, 'http_4xx', failureOf('upstream_4xx', this.info.route, { kind: 'http', status }, upstreamError));
       } else {
         // 502 — but on /v1/messages an upstream 529 stays 529 (overloaded_error), as the Anthropic SDK reads it.
-        const answered = clientStatus({ kind: 'http', status }, errorShapeOf(this.info.route));
-        this.fail(attempt, 'http_5xx', { status: answered, outcome: 'failed', cause: 'upstream_5xx', upstreamError });
+        this.fail(attempt, 'http_5xx', failureOf('upstream_5xx', this.info.route, { kind: 'http', status }, upstreamError));
       }
       return;
     }
@@ -509,7 +477,7 @@ export class RequestLedger {
       // Not a completion body, or JSON where an event stream was asked for: the upstream broke the protocol.
       this.anomaly(attempt, 'malformed_event');
       const cause: FailureCause = this.info.stream ? 'not_event_stream' : 'malformed_body';
-      this.fail(attempt, 'incomplete', { status: statusOf({ kind: 'unreadable' }), outcome: 'failed', cause, upstreamError: undefined });
+      this.fail(attempt, 'incomplete', failureOf(cause, this.info.route));
       return;
     }
     this.recordFinishes(attempt, facts);
@@ -537,7 +505,7 @@ export class RequestLedger {
     const attempt = this.attempt();
     attempt.endedAt = at;
     this.anomaly(attempt, 'malformed_event');
-    this.fail(attempt, 'incomplete', { status: statusOf({ kind: 'unreadable' }), outcome: 'failed', cause: violation, upstreamError: undefined });
+    this.fail(attempt, 'incomplete', failureOf(violation, this.info.route));
   }
 
   /**
@@ -552,7 +520,7 @@ export class RequestLedger {
     }
     this.endingValue = this.committed
       ? { kind: 'gateway_error', cause: 'internal' }
-      : { kind: 'failure', failure: { status: 500, outcome: 'failed', cause: 'internal', upstreamError: undefined } };
+      : { kind: 'failure', failure: failureOf('internal', this.info.route) };
   }
 
   /** The failure the client is answered with when no further attempt is made. */
@@ -693,7 +661,7 @@ export class RequestLedger {
   private outcomeAndCode(): { outcome: Outcome; code: number } {
     if (this.rejection !== undefined) {
       const status = this.rejection.status;
-      return { outcome: status >= 500 ? 'failed' : 'rejected', code: status };
+      return { outcome: rejectionOutcome(status), code: status };
     }
     const ending = this.endingValue;
     if (this.cancelledAt !== undefined && (ending === undefined || this.clientEndAt === undefined)) {
@@ -895,20 +863,9 @@ function errorOf(facts: Extract<EventFacts, { kind: 'error' }>): UpstreamError {
   return { code: facts.code, type: facts.type, message: facts.message, param: facts.param };
 }
 
-/** The client's status for a failure whose status does not depend on the route's error shape (delivery/status-map.ts). */
-function statusOf(signal: UpstreamSignal): number {
-  return clientStatus(signal, 'openai');
-}
-
 /** An error event or error body under HTTP 200, before any output: the status its `code` names (else 502). */
 function failureForErrorPayload(facts: Extract<EventFacts, { kind: 'error' }>, route: Route): Failure {
-  const status = clientStatus({ kind: 'event', code: facts.code }, errorShapeOf(route));
-  return {
-    status,
-    outcome: status < 500 ? 'rejected' : 'failed',
-    cause: 'error_payload',
-    upstreamError: errorOf(facts),
-  };
+  return failureOf('error_payload', route, { kind: 'event', code: facts.code }, errorOf(facts));
 }
 
 /** A gateway deadline ended the stream (the drain deadline at shutdown included). */
@@ -931,14 +888,9 @@ function resultForEnd(how: StreamEnd): AttemptResult {
   }
 }
 
-function failureForEnd(how: StreamEnd): Failure {
-  // Shutting down is not the upstream's failure: 503, so clients and load balancers go elsewhere.
-  if (how === 'shutdown') return { status: 503, outcome: 'failed', cause: 'shutdown', upstreamError: undefined };
-  if (how === 'oversized') return { status: statusOf({ kind: 'unreadable' }), outcome: 'failed', cause: 'oversized', upstreamError: undefined };
+function failureForEnd(how: StreamEnd, route: Route): Failure {
+  if (how === 'shutdown' || how === 'oversized') return failureOf(how, route);
   const result = resultForEnd(how);
-  if (result === 'timeout') {
-    return { status: statusOf({ kind: how === 'total_timeout' ? 'total_timeout' : 'first_output_timeout' }), outcome: 'timeout', cause: 'timeout', upstreamError: undefined };
-  }
-  const cause = result === 'reset' ? 'reset' : 'incomplete';
-  return { status: statusOf({ kind: cause }), outcome: 'failed', cause, upstreamError: undefined };
+  if (result === 'timeout') return failureOf('timeout', route, { kind: how === 'total_timeout' ? 'total_timeout' : 'first_output_timeout' });
+  return failureOf(result === 'reset' ? 'reset' : 'incomplete', route);
 }

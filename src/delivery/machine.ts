@@ -30,7 +30,8 @@ import { crashSettlement, RequestLedger, type AttemptRecord, type Failure, type 
 import type { AnomalyKind, RetryReason } from '../accounting/outcomes.js';
 import type { UpstreamError } from '../sse/classify.js';
 import type { SseEvent } from '../sse/framer.js';
-import { errorBody, errorBodyFor, failureResponse, type ErrorBody } from './errors.js';
+import { errorBodyFor, type ErrorBody } from './errors.js';
+import { failureResponse, refusalResponse, type Refusal } from './failures.js';
 import type { RetryBudget } from './retry-budget.js';
 import { retryDelay, retryReason, type RetryRules } from './retry-policy.js';
 import { classifyStreamEvent, classifyWholeBody, coalesce, SSE_HEADERS, streamErrorEvent } from './wire.js';
@@ -137,9 +138,6 @@ export interface MachineDeps {
   /** Per event, on the hot path: a plain call rather than an effect. Must not throw (the shell guards it). */
   readonly onInterTokenGap: (ms: number) => void;
 }
-
-/** Retry-After Waybill sends with its own 429: the queue is a second's worth of work for a healthy pool. */
-const OVERLOADED_RETRY_AFTER_S = '1';
 
 const EMPTY = Buffer.alloc(0);
 
@@ -352,13 +350,7 @@ export class DeliveryMachine {
     if (!event.admitted) {
       // 'cancelled': the client left while queued; its close has been recorded.
       if (event.reason !== 'cancelled' && !this.responseEnded) {
-        this.ledger.reject(429);
-        const model = this.request.info.model;
-        const message =
-          event.reason === 'queue_full'
-            ? `model "${model}" is at capacity and its queue is full; retry later`
-            : `model "${model}" is at capacity; the request waited its queue timeout`;
-        this.writeError(429, errorBody('overloaded', message), { 'retry-after': OVERLOADED_RETRY_AFTER_S });
+        this.refuse(event.reason === 'queue_full' ? 'queue_full' : 'queue_timeout');
       }
       return this.maybeSettle();
     }
@@ -402,8 +394,7 @@ export class DeliveryMachine {
       // A retry found nowhere to go: the client gets what the last attempt said.
       this.respondFailure(failure);
     } else {
-      this.ledger.reject(503);
-      this.writeError(503, errorBody('no_upstream', `every upstream of model "${this.request.info.model}" is at its max_inflight`));
+      this.refuse('no_upstream');
     }
     this.maybeSettle();
   }
@@ -572,6 +563,13 @@ export class DeliveryMachine {
     return notRetried || this.ledger.attemptCount > 1 ? { 'x-should-retry': 'false' } : {};
   }
 
+  /** The gateway answers the request itself (failures.ts REFUSALS), counted by the status it answered with. */
+  private refuse(refusal: Refusal): void {
+    const { status, body, headers } = refusalResponse(refusal, this.request.info.model);
+    this.ledger.reject(status);
+    this.writeError(status, body, headers);
+  }
+
   private writeError(status: number, body: ErrorBody, headers: Record<string, string> = {}): void {
     if (this.responseEnded) return;
     const payload = Buffer.from(JSON.stringify(errorBodyFor(this.request.info.route, status, body)));
@@ -693,9 +691,7 @@ export class DeliveryMachine {
       } else if (timer === 'total' && this.attempt === 0) {
         // Still queued for admission at the deadline.
         this.emit({ kind: 'cancel_admission' });
-        this.ledger.reject(429);
-        const message = `model "${this.request.info.model}" is at capacity; the request reached its time limit in the queue`;
-        this.writeError(429, errorBody('overloaded', message), { 'retry-after': OVERLOADED_RETRY_AFTER_S });
+        this.refuse('queue_deadline');
       }
       this.maybeSettle();
     }
@@ -711,8 +707,7 @@ export class DeliveryMachine {
       this.clear('retry');
       if (this.request.gated && !this.admitted) this.emit({ kind: 'cancel_admission' });
       if (!this.ledger.committed) {
-        this.ledger.reject(503);
-        this.writeError(503, errorBody('shutting_down', 'the gateway is shutting down; retry the request'));
+        this.refuse('shutting_down');
       }
     }
     // A client that does not take even its ended response must not hold the exit.
@@ -769,8 +764,9 @@ export class DeliveryMachine {
       if (committed) {
         this.emit({ kind: 'end', data: streamErrorEvent('internal', this.request.info.route, this.ledger.nextSequence) });
       } else {
-        const payload = Buffer.from(JSON.stringify(errorBodyFor(this.request.info.route, 500, errorBody('internal_error', 'internal error'))));
-        this.emit({ kind: 'write_head', status: 500, headers: { 'content-type': 'application/json', 'content-length': payload.length, 'x-request-id': this.request.requestId } });
+        const { status, body } = refusalResponse('internal', this.request.info.model);
+        const payload = Buffer.from(JSON.stringify(errorBodyFor(this.request.info.route, status, body)));
+        this.emit({ kind: 'write_head', status, headers: { 'content-type': 'application/json', 'content-length': payload.length, 'x-request-id': this.request.requestId } });
         this.emit({ kind: 'end', data: payload });
       }
     }

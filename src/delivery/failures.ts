@@ -174,3 +174,11 @@ export function refusalResponse(refusal: Refusal, model: string): { status: numb
 export function rejectionOutcome(status: number): Outcome {
   return status >= 500 ? 'failed' : 'rejected';
 }
+
+/**
+ * A refusal for want of capacity (429, 503: the queue, no upstream, limits, shutdown) counts against the SLO — the
+ * user was not served; a refused bad request does not.
+ */
+export function isCapacityRefusal(status: number): boolean {
+  return status === ERRORS.overloaded.status || status === ERRORS.no_upstream.status;
+}

@@ -34,7 +34,7 @@ import type { UpstreamError } from '../sse/classify.js';
 import type { SseEvent } from '../sse/framer.js';
 import type { RetryBudget } from './retry-budget.js';
 import type { RetryRules } from './retry-policy.js';
-import { createState, type DeliveryState } from './state.js';
+import { createState, type ClientSide, type DeliveryState, type Phase, type UpstreamSide } from './state.js';
 import { step } from './step.js';
 
 export type TimerName = 'total' | 'first_output' | 'idle' | 'drain' | 'retry' | 'linger';
@@ -142,13 +142,26 @@ export interface MachineDeps {
 
 /**
  * One logical request's delivery machine: its state (state.ts) and its reducer (step.ts) behind the one call the
- * shell makes. The state is the machine's alone; tests and the shell see only events in and effects out.
+ * shell makes. The state is the machine's alone: the shell sees events in and effects out, tests also its sides.
  */
 export class DeliveryMachine {
   private readonly state: DeliveryState;
 
   constructor(request: MachineRequest, deps: MachineDeps) {
     this.state = createState(request, deps);
+  }
+
+  /** Where the request is (read-only: for tests and debugging; the shell acts on effects alone). */
+  get phase(): Phase {
+    return this.state.phase;
+  }
+
+  get client(): ClientSide {
+    return this.state.client;
+  }
+
+  get upstream(): UpstreamSide {
+    return this.state.upstream;
   }
 
   /** One event, at time `at`: the effects to carry out, in order. The array is reused by the next call. */

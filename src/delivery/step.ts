@@ -5,17 +5,21 @@
  * Each event goes to one handler, and each handler decides by the phase (and the client's and the attempt's side) in
  * one place — the table below is its summary; test/delivery-phases.test.ts holds one example of each row.
  *
- * | phase | the events that move it | to |
+ * | phase | event | to |
  * |---|---|---|
- * | idle | start (gated) / start | admitting / attempting |
- * | admitting | admission granted / refused / total deadline / client_close / shutdown | attempting / ending (429) / ending (429) / ending / ending (503) |
- * | attempting | block (first output, or complete) / body (complete) | streaming / ending |
- * | attempting | a failure (body, stream_end, network_failure, protocol_violation): retryable / not | backing_off / ending (its status) |
- * | attempting | no_upstream / client_close / shutdown (attempt aborted, its end answers) | ending (503) / ending / attempting |
- * | streaming | block, chunk_done (written) / [DONE], error event, break (ends the response) | streaming / ending |
- * | backing_off | timer retry (attempt closed) / retry (still closing: retryDue, then attempt_settled) | attempting |
- * | backing_off | total deadline, shutdown, client_close | ending |
- * | ending | attempt_settled, client_finish, client_close (both sides over) | settled |
+ * | idle | start: gated / not | admitting / attempting |
+ * | admitting | admission granted / refused / total deadline / shutdown | attempting / ending (429) / ending (429) / ending (503) |
+ * | admitting | client_close (nothing in flight) | settled |
+ * | attempting | block without output (held) | attempting |
+ * | attempting | block with the first output, chunk_done / a complete body | streaming / ending |
+ * | attempting | a failure (body, stream_end, network_failure, protocol_violation): retried / not (its status) | backing_off / ending |
+ * | attempting | no_upstream / client_close | ending (503) / ending |
+ * | attempting | a deadline or shutdown: the attempt is aborted, and its stream_end is the failure | attempting |
+ * | streaming | block, chunk_done (written); client_blocked, client_drain (pause, resume the attempt) | streaming |
+ * | streaming | `[DONE]`, the upstream's error event, a break, a deadline's stream_end | ending |
+ * | backing_off | timer retry with the failed attempt ended (else retryDue until attempt_settled) | attempting |
+ * | backing_off | total deadline, shutdown (the last failure answers), client_close | ending |
+ * | ending | attempt_settled and client_finish / client_close, in either order: both sides over | settled |
  * | any but settled | internal_error, or a handler throws | settled (500 before commit, an error event after) |
  * | settled | attempt_settled (attempt_over), admission granted (released) | settled |
  *

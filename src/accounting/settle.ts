@@ -5,7 +5,8 @@
  * same way. It judges and decides nothing the client sees: the outcome and code here are those of the answer given.
  */
 import type { Usage } from '../sse/classify.js';
-import { isCapacityRefusal, rejectionOutcome } from '../delivery/failures.js';
+import { ERRORS } from '../delivery/errors.js';
+import { failureOf, isCapacityRefusal, rejectionOutcome } from '../delivery/failures.js';
 import { ANONYMOUS, finishReasonLabel, OUTPUT_CHECKS, reportsUsage, type CancelPhase, type CheckVerdict, type FinishReason, type Outcome, type OutputCheck, type Route, type SloResult } from './outcomes.js';
 import { notTruncated, type ChoiceChecks } from './output-contract.js';
 import { classifyPromptLen } from './prompt-len.js';
@@ -204,11 +205,8 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
   };
 }
 
-/** internal_error's status (delivery/errors.ts), written here to keep the crash path free of any lookup. */
-const CRASH_STATUS = 500;
-
-/** The status of a request that failed before commit without any verdict (an attempt that stopped unexplained). */
-const UNEXPLAINED_STATUS = 502;
+/** internal_error's status: what a client is answered with before commit when the gateway failed (a bug, caught). */
+const CRASH_STATUS = ERRORS.internal_error.status;
 
 function outcomeAndCode(rec: RequestRecord, info: RequestInfo): { outcome: Outcome; code: number } {
   if (rec.rejectedWith !== undefined) return { outcome: rejectionOutcome(rec.rejectedWith), code: rec.rejectedWith };
@@ -218,7 +216,8 @@ function outcomeAndCode(rec: RequestRecord, info: RequestInfo): { outcome: Outco
     // The client left before its response ended (a response already fully sent is not a cancellation).
     return { outcome: 'client_cancelled', code: committed ? 200 : CLIENT_CLOSED };
   }
-  if (ending === undefined) return committed ? { outcome: 'incomplete', code: 200 } : { outcome: 'failed', code: UNEXPLAINED_STATUS };
+  // No verdict (an attempt that stopped unexplained): counted as the table's `end before output`.
+  if (ending === undefined) return committed ? { outcome: 'incomplete', code: 200 } : { outcome: 'failed', code: failureOf('incomplete', info.route).status };
   switch (ending.kind) {
     case 'complete':
       // A stream only completes with every choice finished; a non-stream body may still lack a finish_reason.

@@ -8,7 +8,8 @@ import { once } from 'node:events';
 import { Agent, request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import type { Socket } from 'node:net';
 import { describe, expect, it } from 'vitest';
-import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
+import type { SimOptions } from '../src/sim/server.js';
+import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
@@ -137,10 +138,6 @@ function send(url: string, path: string, options: Send): Promise<Reply> {
 
 async function post(url: string, path: string, fields: Record<string, FieldValue>, options: Omit<Send, 'form'> = {}): Promise<Reply> {
   return send(url, path, { ...options, form: await encode(fields) });
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
 }
 
 /** `data:` payloads of an LF-framed stream. */

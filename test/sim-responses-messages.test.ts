@@ -7,12 +7,12 @@
  */
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { once } from 'node:events';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { describe, expect, it } from 'vitest';
 import { chatErrorValidationMessage } from '../src/sim/messages.js';
-import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
+import type { SimOptions } from '../src/sim/server.js';
 import { choiceText, errorInfo } from '../src/sim/wire.js';
+import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
@@ -83,10 +83,6 @@ function send(url: string, path: string, options: Send): Promise<Reply> {
     req.on('error', (error) => finish(false, error));
     req.end(body);
   });
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
 }
 
 interface Named {

@@ -5,14 +5,14 @@
  * background stream's buffered events (and hangs open when its task died or was cancelled), /cancel stops a queued
  * response; plus `/v1/messages/count_tokens`. Without the option: `store` silently false, `background` a 400.
  */
-import { once } from 'node:events';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseSimArgs } from '../src/sim/main.js';
 import { RESPONSES_STORE_LIMIT, ResponseStore, StoredResponse } from '../src/sim/response-store.js';
 import { readResponsesRequest, type ResponsesAnswer } from '../src/sim/responses.js';
-import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../src/sim/server.js';
+import { createSimulator, type SimOptions, type Simulator } from '../src/sim/server.js';
 import { choiceText } from '../src/sim/wire.js';
+import { endedOf, endOf, nextEnd } from './helpers/sim-records.js';
 
 // ---- harness ----
 
@@ -127,28 +127,6 @@ const postResponses = (url: string, body: Record<string, unknown>, headers: Reco
   call(url, 'POST', '/v1/responses', { model: 'sim-model', input: 'Say hello, world', ...body }, headers);
 const getResponse = (url: string, id: string, query = ''): Promise<Reply> => call(url, 'GET', `/v1/responses/${id}${query}`);
 const cancel = (url: string, id: string): Promise<Reply> => call(url, 'POST', `/v1/responses/${id}/cancel`);
-
-/** The next record whose request matches `match` (records of other requests are skipped). */
-function endOf(sim: Simulator, match: (record: RequestRecord) => boolean): Promise<RequestRecord> {
-  return new Promise((resolve) => {
-    const listener = (record: RequestRecord): void => {
-      if (!match(record)) return;
-      sim.events.off('request-end', listener);
-      resolve(record);
-    };
-    sim.events.on('request-end', listener);
-  });
-}
-
-/** The record of a request that may already have ended (looked up in `recent` first), or the next one that matches. */
-function endedOf(sim: Simulator, match: (record: RequestRecord) => boolean): Promise<RequestRecord> {
-  const done = sim.stats().recent.find(match);
-  return done === undefined ? endOf(sim, match) : Promise.resolve(done);
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
-}
 
 interface Named {
   name: string;

@@ -8,11 +8,12 @@ import { Agent, request as httpRequest, type IncomingHttpHeaders } from 'node:ht
 import type { Socket } from 'node:net';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
+import type { RequestRecord, SimOptions } from '../src/sim/server.js';
 import { ROUTE_NAMES } from '../src/sim/stats.js';
 import { SimTokenizer } from '../src/sim/tokens.js';
 import { minifloatBits, pythonFloat } from '../src/sim/vectors.js';
 import { estimateTokens } from '../src/sim/wire.js';
+import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
@@ -100,10 +101,6 @@ function send(url: string, path: string, options: Send = {}): Promise<Reply> {
 
 function delay(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
 }
 
 function json<T = Record<string, unknown>>(reply: Reply): T {

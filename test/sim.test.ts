@@ -8,9 +8,10 @@ import { createRandom } from '../src/util/prng.js';
 import { resolveSimOptions } from '../src/sim/options.js';
 import { prefillDelayMs, shapeAnswer } from '../src/sim/plan.js';
 import type { GenerationRequest } from '../src/sim/request.js';
-import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
+import type { RequestRecord, SimOptions } from '../src/sim/server.js';
 import { OPERATIONAL_PATHS, ROUTE_NAMES } from '../src/sim/stats.js';
 import { choiceText, estimateTokens, pythonJsonDumps, tokenText } from '../src/sim/wire.js';
+import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
@@ -76,10 +77,6 @@ function send(url: string, path: string, options: Send = {}): Promise<Reply> {
     req.on('error', (error) => finish(false, error));
     req.end(body);
   });
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
 }
 
 /** The data of each event, for LF framing without comments. */

@@ -12,6 +12,7 @@ import { describe, expect, it } from 'vitest';
 import { chatErrorValidationMessage } from '../src/sim/messages.js';
 import type { SimOptions } from '../src/sim/server.js';
 import { choiceText, errorInfo } from '../src/sim/wire.js';
+import { RESPONSES_STREAM_NAMES, responsesUsage } from './fixtures/vllm-responses.js';
 import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
@@ -117,31 +118,6 @@ const RESPONSE_KEYS = [
   'frequency_penalty', 'kv_transfer_params', 'input_messages', 'output_messages',
 ];
 
-function responsesUsage(input: number, output: number, cached = 0): Record<string, unknown> {
-  return {
-    input_tokens: input,
-    input_tokens_details: { cached_tokens: cached, input_tokens_per_turn: [], cached_tokens_per_turn: [] },
-    output_tokens: output,
-    output_tokens_details: { reasoning_tokens: 0, tool_output_tokens: 0, output_tokens_per_turn: [], tool_output_tokens_per_turn: [] },
-    total_tokens: input + output,
-  };
-}
-
-const SUCCESS_NAMES = [
-  'response.created',
-  'response.in_progress',
-  'response.output_item.added',
-  'response.content_part.added',
-  'response.output_text.delta',
-  'response.output_text.delta',
-  'response.output_text.delta',
-  'response.output_text.delta',
-  'response.output_text.done',
-  'response.content_part.done',
-  'response.output_item.done',
-  'response.completed',
-];
-
 /** Every event's `type` is its name and `sequence_number` counts 0, 1, 2… with no gap. */
 function expectNumbered(events: Named[]): void {
   events.forEach((event, i) => {
@@ -165,7 +141,7 @@ describe('POST /v1/responses, streaming', () => {
     expect(reply.text).not.toMatch(/^:/m);
 
     const events = eventsOf(reply.text);
-    expect(names(events)).toEqual(SUCCESS_NAMES);
+    expect(names(events)).toEqual(RESPONSES_STREAM_NAMES);
     expectNumbered(events);
 
     const created = json(events[0] as Named).response as Record<string, unknown>;
@@ -222,7 +198,7 @@ describe('POST /v1/responses, streaming', () => {
     const reply = await send(url, '/v1/responses', { body: RESPONSES, headers: { 'x-sim-fault': 'ttft_ms=400' } });
     expect(reply.firstByteMs).toBeLessThan(300);
     expect(names(eventsOf(reply.firstChunk))).toEqual(['response.created', 'response.in_progress']);
-    expect(names(eventsOf(reply.text))).toEqual(SUCCESS_NAMES);
+    expect(names(eventsOf(reply.text))).toEqual(RESPONSES_STREAM_NAMES);
   });
 
   it('is completed with status incomplete when max_output_tokens caps it', async () => {
@@ -257,7 +233,7 @@ describe('POST /v1/responses, streaming', () => {
     expect(reply.complete).toBe(false);
     expect(reply.error).not.toBeNull();
     const events = eventsOf(reply.text);
-    expect(names(events)).toEqual(SUCCESS_NAMES.slice(0, 6));
+    expect(names(events)).toEqual(RESPONSES_STREAM_NAMES.slice(0, 6));
     expectNumbered(events);
     expect(reply.text).not.toContain('error');
     expect(await ended).toMatchObject({ route: 'responses', fault: 'error_after', end: 'fault', status: 200, outputEventsSent: 2 });
@@ -279,28 +255,28 @@ describe('POST /v1/responses, streaming', () => {
 
     const endAfter = await run('end_after=1');
     expect(endAfter.complete).toBe(true);
-    expect(names(eventsOf(endAfter.text))).toEqual(SUCCESS_NAMES.slice(0, 5));
+    expect(names(eventsOf(endAfter.text))).toEqual(RESPONSES_STREAM_NAMES.slice(0, 5));
 
     const noDone = await run('no_done');
     expect(noDone.complete).toBe(true);
-    expect(names(eventsOf(noDone.text))).toEqual(SUCCESS_NAMES.slice(0, -1));
+    expect(names(eventsOf(noDone.text))).toEqual(RESPONSES_STREAM_NAMES.slice(0, -1));
 
     const dropFinish = eventsOf((await run('drop_finish')).text);
-    expect(names(dropFinish)).toEqual([...SUCCESS_NAMES.slice(0, 8), 'response.completed']);
+    expect(names(dropFinish)).toEqual([...RESPONSES_STREAM_NAMES.slice(0, 8), 'response.completed']);
     expectNumbered(dropFinish);
 
     const late = eventsOf((await run('data_after_done')).text);
-    expect(names(late)).toEqual([...SUCCESS_NAMES, 'response.output_text.delta']);
+    expect(names(late)).toEqual([...RESPONSES_STREAM_NAMES, 'response.output_text.delta']);
     expectNumbered(late);
 
     const malformed = await run('malformed_after=1');
     expect(malformed.text).toContain('event: response.output_text.delta\ndata: {"id":"broken\n\n');
     const wellFormed = eventsOf(malformed.text).filter((e) => e.data !== '{"id":"broken');
-    expect(names(wellFormed)).toEqual(SUCCESS_NAMES);
+    expect(names(wellFormed)).toEqual(RESPONSES_STREAM_NAMES);
     expectNumbered(wellFormed);
 
     const oversized = eventsOf((await run('oversized_after=1; oversized_bytes=4096')).text);
-    expect(names(oversized)).toEqual([...SUCCESS_NAMES.slice(0, 5), 'response.output_text.delta', ...SUCCESS_NAMES.slice(5)]);
+    expect(names(oversized)).toEqual([...RESPONSES_STREAM_NAMES.slice(0, 5), 'response.output_text.delta', ...RESPONSES_STREAM_NAMES.slice(5)]);
     expect(Buffer.byteLength(oversized[5]?.data ?? '')).toBe(4096);
     expectNumbered(oversized);
   });
@@ -570,7 +546,7 @@ describe('the official SDKs read the simulator', () => {
       if (event.type === 'response.output_text.delta') text += event.delta;
       if (event.type === 'response.completed') expect(event.response.usage?.output_tokens).toBe(4);
     }
-    expect(types).toEqual(SUCCESS_NAMES);
+    expect(types).toEqual(RESPONSES_STREAM_NAMES);
     expect(text).toBe(choiceText(0, 0, 4));
   });
 
@@ -582,7 +558,7 @@ describe('the official SDKs read the simulator', () => {
       for await (const event of stream) types.push(event.type);
     };
     await expect(iterate()).rejects.toThrow();
-    expect(types).toEqual(SUCCESS_NAMES.slice(0, 5));
+    expect(types).toEqual(RESPONSES_STREAM_NAMES.slice(0, 5));
   });
 
   it('openai: a non-streaming response', async () => {

@@ -7,12 +7,13 @@
  */
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
+import { request as httpRequest } from 'node:http';
 import { describe, expect, it } from 'vitest';
 import { chatErrorValidationMessage } from '../src/sim/messages.js';
 import type { SimOptions } from '../src/sim/server.js';
 import { choiceText, errorInfo } from '../src/sim/wire.js';
 import { RESPONSES_STREAM_NAMES, responsesUsage } from './fixtures/vllm-responses.js';
+import { sendFresh as send, type Reply } from './helpers/one-request.js';
 import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
@@ -20,71 +21,6 @@ import { useSimulators } from './helpers/simulators.js';
 
 const FAST: Partial<SimOptions> = { ttftMs: 2, itlMs: 1, jitter: 0, outputTokens: 4, prefillMsPer1kTokens: 0 };
 const start = useSimulators(FAST);
-
-interface Reply {
-  status: number;
-  headers: IncomingHttpHeaders;
-  text: string;
-  /** The body ended with its chunked terminator. */
-  complete: boolean;
-  /** A transport error: a reset or a truncated body. */
-  error: Error | null;
-  /** Milliseconds from the request to the first body byte (-1: none). */
-  firstByteMs: number;
-  /** The first body chunk as received. */
-  firstChunk: string;
-}
-
-interface Send {
-  headers?: Record<string, string>;
-  body: unknown;
-  /** Called with the body so far; true destroys the connection there. */
-  onChunk?: (received: string) => boolean;
-}
-
-/** One POST on a fresh connection (agent: false), so keep-alive never hides a cut. */
-function send(url: string, path: string, options: Send): Promise<Reply> {
-  const body = typeof options.body === 'string' ? options.body : JSON.stringify(options.body);
-  const started = performance.now();
-  return new Promise((resolve) => {
-    let status = 0;
-    let headers: IncomingHttpHeaders = {};
-    let text = '';
-    let firstByteMs = -1;
-    let firstChunk = '';
-    let settled = false;
-    const finish = (complete: boolean, error: Error | null): void => {
-      if (settled) return;
-      settled = true;
-      resolve({ status, headers, text, complete, error, firstByteMs, firstChunk });
-    };
-    const req = httpRequest(
-      `${url}${path}`,
-      { method: 'POST', agent: false, headers: { 'content-type': 'application/json', ...options.headers } },
-      (res) => {
-        status = res.statusCode ?? 0;
-        headers = res.headers;
-        res.setEncoding('utf8');
-        res.on('data', (chunk: string) => {
-          if (firstByteMs < 0) {
-            firstByteMs = performance.now() - started;
-            firstChunk = chunk;
-          }
-          text += chunk;
-          if (options.onChunk?.(text) === true) {
-            req.destroy();
-            finish(false, null);
-          }
-        });
-        res.on('end', () => finish(res.complete, null));
-        res.on('error', (error) => finish(false, error));
-        res.on('close', () => finish(res.complete, res.complete ? null : new Error('aborted')));
-      },
-    );
-    req.on('error', (error) => finish(false, error));
-    req.end(body);
-  });
-}
 
 interface Named {
   name: string;

@@ -1,5 +1,5 @@
 import { once } from 'node:events';
-import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
+import { request as httpRequest } from 'node:http';
 import { describe, expect, it } from 'vitest';
 import { drawFault, FAULT_KINDS } from '../src/sim/faults.js';
 import { createRandom } from '../src/util/prng.js';
@@ -9,6 +9,7 @@ import type { GenerationRequest } from '../src/sim/request.js';
 import type { RequestRecord, SimOptions } from '../src/sim/server.js';
 import { OPERATIONAL_PATHS, ROUTE_NAMES } from '../src/sim/stats.js';
 import { choiceText, estimateTokens, tokenText } from '../src/sim/wire.js';
+import { sendFresh as send, type Reply } from './helpers/one-request.js';
 import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
@@ -16,66 +17,6 @@ import { useSimulators } from './helpers/simulators.js';
 
 const FAST: Partial<SimOptions> = { ttftMs: 2, itlMs: 1, jitter: 0, outputTokens: 4 };
 const start = useSimulators(FAST);
-
-interface Reply {
-  status: number;
-  headers: IncomingHttpHeaders;
-  raw: Buffer;
-  text: string;
-  /** The body ended with a proper terminator. */
-  complete: boolean;
-  /** A transport error (reset, truncated body, no response). */
-  error: (Error & { code?: string }) | null;
-}
-
-interface Send {
-  method?: string;
-  headers?: Record<string, string>;
-  body?: unknown;
-  /** Called with each body chunk; return true to destroy the connection right there. */
-  onChunk?: (received: string) => boolean;
-}
-
-/** One request on a fresh connection (agent: false), so keep-alive never hides a reset. */
-function send(url: string, path: string, options: Send = {}): Promise<Reply> {
-  const body = options.body === undefined ? undefined : typeof options.body === 'string' ? options.body : JSON.stringify(options.body);
-  return new Promise((resolve) => {
-    let status = 0;
-    let headers: IncomingHttpHeaders = {};
-    const chunks: Buffer[] = [];
-    let settled = false;
-    const finish = (complete: boolean, error: Reply['error']): void => {
-      if (settled) return;
-      settled = true;
-      const raw = Buffer.concat(chunks);
-      resolve({ status, headers, raw, text: raw.toString('utf8'), complete, error });
-    };
-    const req = httpRequest(
-      `${url}${path}`,
-      {
-        method: options.method ?? (body === undefined ? 'GET' : 'POST'),
-        agent: false,
-        headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...options.headers },
-      },
-      (res) => {
-        status = res.statusCode ?? 0;
-        headers = res.headers;
-        res.on('data', (chunk: Buffer) => {
-          chunks.push(chunk);
-          if (options.onChunk?.(Buffer.concat(chunks).toString('utf8')) === true) {
-            req.destroy();
-            finish(false, null);
-          }
-        });
-        res.on('end', () => finish(res.complete, null));
-        res.on('error', (error) => finish(false, error));
-        res.on('close', () => finish(res.complete, res.complete ? null : new Error('aborted')));
-      },
-    );
-    req.on('error', (error) => finish(false, error));
-    req.end(body);
-  });
-}
 
 /** The data of each event, for LF framing without comments. */
 function dataOf(text: string): string[] {

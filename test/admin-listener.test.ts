@@ -19,6 +19,7 @@ import { ConfigError, parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
 import { createGateway } from '../src/http/server.js';
 import { createSimulator } from '../src/sim/server.js';
+import { useCleanups } from './helpers/cleanups.js';
 import { CHAT, metricValue, post, startStack, type Stack, type StackOptions } from './helpers/stack.js';
 
 const STREAM = { ...CHAT, stream: true };
@@ -27,10 +28,7 @@ const OPERATIONAL = ['/healthz', '/readyz', '/metrics'];
 /** Never served: port 9 (discard) is privileged and refuses, so no test probes a user's `waybill sim` on :8000. */
 const POOLS = [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://127.0.0.1:9' }] }];
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 /** A stack whose gateway has an admin listener on an ephemeral loopback port. */
 async function adminStack(options: StackOptions = {}): Promise<Stack & { admin: string }> {

@@ -10,8 +10,9 @@ import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { readPolled } from '../src/proxy/background-holds.js';
 import { WINDOW_MS } from '../src/proxy/tenant-limits.js';
-import type { RequestRecord } from '../src/sim/server.js';
+import type { Simulator } from '../src/sim/server.js';
 import { startScripted } from './helpers/scripted.js';
+import { endOf } from './helpers/sim-records.js';
 import { post, startStack, type Stack } from './helpers/stack.js';
 
 describe('readPolled', () => {
@@ -64,19 +65,6 @@ async function open(limits: Record<string, number>, background: Record<string, u
   return stack;
 }
 
-/** The next record the simulator ends that matches. */
-function simEnd(s: Stack, match: (record: RequestRecord) => boolean): Promise<RequestRecord> {
-  return new Promise((resolve) => {
-    const sim = s.sims[0];
-    const listener = (record: RequestRecord): void => {
-      if (!match(record)) return;
-      sim?.events.off('request-end', listener);
-      resolve(record);
-    };
-    sim?.events.on('request-end', listener);
-  });
-}
-
 /**
  * Polls `read` until it returns `want`, within `boundMs` (the holds poll every 20 ms here: a hold ends within one
  * interval and a poll's round trip of its generation ending, so 5 s is a margin of over 100 intervals).
@@ -107,7 +95,7 @@ describe('background responses through the gateway', () => {
     // One that never ends on its own (stalled before any output), one that generates 8 tokens 60 ms apart.
     const stalled = await background(s, 'stall_after=0', { max_output_tokens: 500 });
     expect(stalled.status).toBe(200);
-    const generated = simEnd(s, (record) => record.route === 'responses' && record.end === 'completed');
+    const generated = endOf(s.sims[0] as Simulator, (record) => record.route === 'responses' && record.end === 'completed');
     const running = await background(s, 'itl_ms=60', { max_output_tokens: 500 });
     expect(running.status).toBe(200);
     expect(JSON.parse(running.body)).toMatchObject({ status: 'queued' });
@@ -164,7 +152,7 @@ describe('background responses through the gateway', () => {
     // An interval no test waits out: only the read can end the hold in time.
     const s = await open({ max_concurrent: 2, tokens_per_minute: 100_000 }, { background_poll_interval: '1h' });
     await awayFromWindowEnd();
-    const generated = simEnd(s, (record) => record.route === 'responses' && record.end === 'completed');
+    const generated = endOf(s.sims[0] as Simulator, (record) => record.route === 'responses' && record.end === 'completed');
     const ack = await background(s, undefined, { max_output_tokens: 500 });
     expect(ack.status).toBe(200);
     const { id } = JSON.parse(ack.body) as { id: string };

@@ -5,16 +5,14 @@
  */
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { clientRetryOf } from '../src/http/client-retry.js';
 import { requestLogLine } from '../src/telemetry/request-log.js';
+import { useCleanups } from './helpers/cleanups.js';
 import { startScripted } from './helpers/scripted.js';
 import { post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void>> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 /** A gateway whose one upstream answers every generation request 503 (Waybill itself does not retry: 1 attempt). */
 async function failing(): Promise<{ stack: Stack; hits: () => number }> {

@@ -4,7 +4,7 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { request } from 'undici';
 import { parseConfig } from '../src/config/load.js';
 import { ReadStopped, Upstream } from '../src/proxy/upstreams.js';
@@ -24,6 +24,7 @@ import {
   type ScrapeResult,
   type ScrapeTarget,
 } from '../src/routing/engine-signals.js';
+import { useCleanups } from './helpers/cleanups.js';
 
 const MODEL = 'meta-llama/Llama-3.1-8B-Instruct';
 
@@ -299,10 +300,7 @@ interface MetricsServer {
   close(): Promise<void>;
 }
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 async function metricsServer(route: Route): Promise<MetricsServer> {
   const sockets = new Set<Socket>();

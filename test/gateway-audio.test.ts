@@ -6,14 +6,12 @@
  * The forms are encoded by undici's FormData, so the test shares no code with either parser.
  */
 import { FormData, request } from 'undici';
-import { afterEach, describe, expect, it } from 'vitest';
-import type { Settlement } from '../src/accounting/ledger.js';
+import { describe, expect, it } from 'vitest';
+import { useCleanups } from './helpers/cleanups.js';
+import { settledAfter } from './helpers/settle.js';
 import { eventData, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 async function stack(config: Record<string, unknown> = {}): Promise<Stack> {
   const s = await startStack({ config: { retries: { max_attempts: 1 }, timeouts: { idle: '200ms' }, ...config } });
@@ -34,10 +32,6 @@ function form(fields: Record<string, string>, file: Uint8Array | null = AUDIO): 
 async function send(s: Stack, path: string, body: FormData | string, headers: Record<string, string> = {}) {
   const response = await request(`${s.base}${path}`, { method: 'POST', body, headers });
   return { status: response.statusCode, headers: response.headers, body: await response.body.text() };
-}
-
-async function settledAfter(s: Stack, count: number): Promise<Settlement> {
-  return (await s.settled(count))[count - 1] as Settlement;
 }
 
 describe('/v1/audio/transcriptions and /translations', () => {

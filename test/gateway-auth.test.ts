@@ -10,15 +10,13 @@ import { connect } from 'node:net';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { request } from 'undici';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import { createAuthenticator, presentedKey } from '../src/http/auth.js';
+import { useCleanups } from './helpers/cleanups.js';
 import { ADMIN_HEADERS, CHAT, post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 const KEY_A = 'wb-team-a-0123456789';
 const KEY_B = 'wb-team-b-9876543210';

@@ -4,25 +4,17 @@
  */
 import { request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http';
 import { createServer as createTcpServer, type AddressInfo, type Socket } from 'node:net';
-import { afterEach, describe, expect, it } from 'vitest';
-import { startScripted, wire, type Handler } from './helpers/scripted.js';
+import { describe, expect, it } from 'vitest';
+import { useCleanups } from './helpers/cleanups.js';
+import { scriptedUpstream, wire } from './helpers/scripted.js';
 import { CHAT, post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 const { role, content, finish } = wire;
 const errorEvent = wire.errorEvent(500);
 const bigEvent = `data: {"x":"${'a'.repeat(4000)}"}\n\n`;
 const STREAM = { ...CHAT, stream: true };
-
-async function scriptedUpstream(handler: Handler): Promise<string> {
-  const upstream = await startScripted(handler);
-  cleanups.push(() => upstream.close());
-  return upstream.url;
-}
 
 async function gatewayFor(url: string, config: Record<string, unknown> = {}): Promise<Stack> {
   const stack = await startStack({
@@ -38,7 +30,7 @@ const SSE = { 'content-type': 'text/event-stream; charset=utf-8' };
 
 describe('an abort from inside the framer', () => {
   it('still writes the events forwarded from the same read before the error event', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       res.write(role + content('Hel'), () => res.write(content('KEPT') + bigEvent));
     });
@@ -52,7 +44,7 @@ describe('an abort from inside the framer', () => {
   });
 
   it('commits and then fails in one read: the client gets what was committed, then the error event', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       res.write(role + content('FIRST') + bigEvent);
     });
@@ -67,7 +59,7 @@ describe('an abort from inside the framer', () => {
 
 describe('the drain grace running out', () => {
   it('judges the attempt by what it sent: ok after [DONE], error_payload after an error event', async () => {
-    const url = await scriptedUpstream((req, res) => {
+    const url = await scriptedUpstream(cleanups, (req, res) => {
       res.writeHead(200, SSE);
       // Neither response ever ends: the gateway stops reading after the drain grace.
       if (req.headers['x-case'] === 'done') res.write(role + content('hi') + finish + 'data: [DONE]\n\n');
@@ -136,7 +128,7 @@ describe('a client that never takes its response', () => {
       choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }],
       usage: { prompt_tokens: 1, completion_tokens: 1 },
     });
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, { 'content-type': 'application/json' });
       res.end(body);
     });

@@ -6,15 +6,13 @@
  */
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { afterEach, describe, expect, it } from 'vitest';
-import type { Settlement } from '../src/accounting/ledger.js';
+import { describe, expect, it } from 'vitest';
+import { useCleanups } from './helpers/cleanups.js';
 import { startScripted } from './helpers/scripted.js';
+import { settledAfter } from './helpers/settle.js';
 import { eventData, post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 const SSE = { 'content-type': 'text/event-stream; charset=utf-8' };
 const named = (type: string, data: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ ...data, type })}\n\n`;
@@ -137,10 +135,6 @@ async function gateway(config: Record<string, unknown> = {}): Promise<Stack> {
   });
   cleanups.push(() => stack.close());
   return stack;
-}
-
-async function settledAfter(stack: Stack, count: number): Promise<Settlement> {
-  return (await stack.settled(count))[count - 1] as Settlement;
 }
 
 const RESPONSES_BODY = { model: 'sim-model', input: 'Say hello', stream: true };

@@ -6,15 +6,13 @@
  */
 import OpenAI from 'openai';
 import { request } from 'undici';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
-import { startScripted } from './helpers/scripted.js';
+import { useCleanups } from './helpers/cleanups.js';
+import { startScriptedFor, type Handler } from './helpers/scripted.js';
 import { post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 async function simStack(config: Record<string, unknown> = {}): Promise<Stack> {
   const stack = await startStack({ config });
@@ -156,9 +154,8 @@ describe('the official openai SDK', () => {
 });
 
 describe('shapes from a scripted upstream', () => {
-  async function scriptedStack(handler: Parameters<typeof startScripted>[0], config: Record<string, unknown> = {}): Promise<Stack> {
-    const upstream = await startScripted(handler);
-    cleanups.push(() => upstream.close());
+  async function scriptedStack(handler: Handler, config: Record<string, unknown> = {}): Promise<Stack> {
+    const upstream = await startScriptedFor(cleanups, handler);
     const stack = await startStack({ sims: 0, extraUpstreams: [{ name: 'scripted', url: upstream.url }], config: { health: { interval: '1h' }, ...config } });
     cleanups.push(() => stack.close());
     return stack;
@@ -232,8 +229,7 @@ describe('shapes from a scripted upstream', () => {
   });
 
   it('several models served and none named: 400, never a guess', async () => {
-    const upstream = await startScripted((_req, res) => res.end('{}'));
-    cleanups.push(() => upstream.close());
+    const upstream = await startScriptedFor(cleanups, (_req, res) => res.end('{}'));
     const stack = await startStack({
       sims: 0,
       config: {

@@ -21,16 +21,14 @@
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { request } from 'undici';
-import { afterEach, describe, expect, it } from 'vitest';
-import type { Settlement } from '../src/accounting/ledger.js';
+import { describe, expect, it } from 'vitest';
 import { createSimulator, type RequestRecord, type SimStats, type Simulator } from '../src/sim/server.js';
 import { choiceText } from '../src/sim/wire.js';
+import { useCleanups } from './helpers/cleanups.js';
+import { settledAfter } from './helpers/settle.js';
 import { metricValue, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 const OUTPUT_TOKENS = 8;
 /** What the simulator says for 8 tokens: "Hello world, héllo 日本 🙂 the quick". */
@@ -93,10 +91,6 @@ async function simStack(config: Record<string, unknown> = FAST): Promise<SimStac
       return (await response.body.json()) as SimStats;
     },
   };
-}
-
-async function settledAfter(stack: Stack, count: number): Promise<Settlement> {
-  return (await stack.settled(count))[count - 1] as Settlement;
 }
 
 // --- The gateway's ledger, by value, from one scrape ----------------------------------------------------------------

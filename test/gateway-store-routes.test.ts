@@ -6,16 +6,14 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { request } from 'undici';
-import { afterEach, describe, expect, it } from 'vitest';
-import type { Settlement } from '../src/accounting/ledger.js';
+import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
+import { useCleanups } from './helpers/cleanups.js';
 import { startScripted, type Scripted } from './helpers/scripted.js';
+import { settledAfter } from './helpers/settle.js';
 import { eventData, post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 const SSE = { 'content-type': 'text/event-stream; charset=utf-8' };
 const JSON_TYPE = { 'content-type': 'application/json' };
@@ -168,10 +166,6 @@ async function gateway(config: Record<string, unknown> = {}): Promise<Store> {
 async function get(base: string, path: string): Promise<{ status: number; body: string }> {
   const response = await request(`${base}${path}`);
   return { status: response.statusCode, body: await response.body.text() };
-}
-
-async function settledAfter(stack: Stack, count: number): Promise<Settlement> {
-  return (await stack.settled(count))[count - 1] as Settlement;
 }
 
 describe('stored responses: GET /v1/responses/{id} and /cancel', () => {

@@ -7,8 +7,9 @@
  */
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { Settlement } from '../src/accounting/ledger.js';
-import type { RequestRecord, Simulator } from '../src/sim/server.js';
+import type { Simulator } from '../src/sim/server.js';
+import { settledAfter } from './helpers/settle.js';
+import { endOnAny } from './helpers/sim-records.js';
 import { eventData, post, startStack, type Stack } from './helpers/stack.js';
 
 const stacks: Stack[] = [];
@@ -37,26 +38,7 @@ async function get(url: string): Promise<{ status: number; body: string }> {
   return { status: response.statusCode, body: await response.body.text() };
 }
 
-/** The next record any simulator of `stack` ends that matches, with the index of that simulator. */
-function simEnd(stack: Stack, match: (record: RequestRecord) => boolean): Promise<{ index: number; record: RequestRecord }> {
-  return new Promise((resolve) => {
-    const listeners = stack.sims.map((sim, index) => {
-      const listener = (record: RequestRecord): void => {
-        if (!match(record)) return;
-        stack.sims.forEach((s, i) => s.events.off('request-end', listeners[i] as (record: RequestRecord) => void));
-        resolve({ index, record });
-      };
-      sim.events.on('request-end', listener);
-      return listener;
-    });
-  });
-}
-
 const retrieves = (sim: Simulator | undefined): number => sim?.stats().byRoute.responses_retrieve ?? -1;
-
-async function settledAfter(stack: Stack, count: number): Promise<Settlement> {
-  return (await stack.settled(count))[count - 1] as Settlement;
-}
 
 /** waybill_requests_total for `route` with these labels, summed over the rest. */
 function requests(stack: Stack, route: string, labels: Record<string, string> = {}): Promise<number> {
@@ -66,7 +48,7 @@ function requests(stack: Stack, route: string, labels: Record<string, string> = 
 describe('gateway + two simulators with a Responses store', () => {
   it('a background request is answered queued; its id is then read from the simulator that generated it, the only one asked', async () => {
     const stack = await twoSims();
-    const generated = simEnd(stack, (r) => r.route === 'responses');
+    const generated = endOnAny(stack.sims, (r) => r.route === 'responses');
     const ack = await post(stack.base, '/v1/responses', { model: MODEL, input: INPUT, background: true });
     expect(ack.status).toBe(200);
     const queued = JSON.parse(ack.body) as { id: string; status: string; background: boolean };
@@ -125,7 +107,7 @@ describe('gateway + two simulators with a Responses store', () => {
 
   it('?stream=true replays a background stream: delivered at response.completed, counted responses_retrieve, its usage not counted again', async () => {
     const stack = await twoSims();
-    const generated = simEnd(stack, (r) => r.route === 'responses');
+    const generated = endOnAny(stack.sims, (r) => r.route === 'responses');
     const streamed = await post(stack.base, '/v1/responses', { model: MODEL, input: INPUT, background: true, stream: true });
     expect(streamed.status).toBe(200);
     const events = eventData(streamed.body).map((data) => JSON.parse(data) as { type: string; sequence_number: number; response?: { id: string } });
@@ -152,7 +134,7 @@ describe('gateway + two simulators with a Responses store', () => {
 
   it('a background stream whose task died hangs open; the gateway\'s idle timeout ends it (and its replay), counted timeout', async () => {
     const stack = await twoSims({ timeouts: { idle: '150ms' } });
-    const died = simEnd(stack, (r) => r.route === 'responses');
+    const died = endOnAny(stack.sims, (r) => r.route === 'responses');
     const streamed = await post(stack.base, '/v1/responses', { model: MODEL, input: INPUT, background: true, stream: true }, { 'x-sim-fault': 'error_after=2' });
     const { index, record } = await died;
     expect(record).toMatchObject({ end: 'fault', fault: 'error_after', outputEventsSent: 2 });
@@ -164,7 +146,7 @@ describe('gateway + two simulators with a Responses store', () => {
 
     // The simulator's record of the replay ends when the gateway leaves it.
     const id = String(record.responseId);
-    const replayLeft = simEnd(stack, (r) => r.route === 'responses_retrieve' && r.stream);
+    const replayLeft = endOnAny(stack.sims, (r) => r.route === 'responses_retrieve' && r.stream);
     const replay = await get(`${stack.base}/v1/responses/${id}?stream=true`);
     expect(replay.status).toBe(200);
     expect(JSON.parse(eventData(replay.body).at(-1) ?? '{}')).toMatchObject({ type: 'error', error: { code: 'stream_timeout' } });
@@ -181,7 +163,7 @@ describe('gateway + two simulators with a Responses store', () => {
     const stack = await twoSims();
     const ack = await post(stack.base, '/v1/responses', { model: MODEL, input: INPUT, background: true }, { 'x-sim-fault': 'stall_after=0' });
     const { id } = JSON.parse(ack.body) as { id: string };
-    const stopped = simEnd(stack, (r) => r.route === 'responses');
+    const stopped = endOnAny(stack.sims, (r) => r.route === 'responses');
     const cancelled = await post(stack.base, `/v1/responses/${id}/cancel`, '');
     expect(cancelled.status).toBe(200);
     expect(JSON.parse(cancelled.body)).toMatchObject({ id, status: 'cancelled', output: [], usage: null });

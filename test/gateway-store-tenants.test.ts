@@ -10,19 +10,17 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { pino } from 'pino';
 import { request } from 'undici';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
 import { ResponseOwners } from '../src/proxy/response-owners.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import type { Simulator } from '../src/sim/server.js';
+import { useCleanups } from './helpers/cleanups.js';
 import { startScripted } from './helpers/scripted.js';
 import { ADMIN_HEADERS, adminKey, metricValue, post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 const SECRET_ENV = 'WAYBILL_TEST_RESPONSE_ID_SECRET';
 const SECRET = 'test secret shared by every replica';

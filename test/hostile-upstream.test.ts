@@ -5,25 +5,17 @@
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { pino } from 'pino';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import { createGateway } from '../src/http/server.js';
-import { startScripted, wire, type Handler } from './helpers/scripted.js';
+import { useCleanups } from './helpers/cleanups.js';
+import { scriptedUpstream, wire, type Handler } from './helpers/scripted.js';
 import { CHAT, metricValue, post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 const { role, content, finish, done, sse: SSE } = wire;
 const STREAM = { ...CHAT, stream: true };
-
-async function scriptedUpstream(handler: Handler): Promise<string> {
-  const upstream = await startScripted(handler);
-  cleanups.push(() => upstream.close());
-  return upstream.url;
-}
 
 async function gatewayFor(urls: string | string[], config: Record<string, unknown> = {}): Promise<Stack> {
   const list = Array.isArray(urls) ? urls : [urls];
@@ -46,7 +38,7 @@ describe('usage numbers', () => {
     ['a string', { prompt_tokens: '5', completion_tokens: 3 }],
     ['cached above prompt', { prompt_tokens: 5, completion_tokens: 3, prompt_tokens_details: { cached_tokens: 6 } }],
   ])('%s: counted as missing usage plus invalid_usage, never added to a token counter', async (_name, usage) => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       res.end(role + content('hi') + finish + chunk({ choices: [], usage }) + done);
     });
@@ -65,7 +57,7 @@ describe('usage numbers', () => {
   });
 
   it('valid usage is still counted exactly', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       res.end(role + content('hi') + finish + chunk({ choices: [], usage: { prompt_tokens: 7, completion_tokens: 2, prompt_tokens_details: { cached_tokens: 7 } } }) + done);
     });
@@ -80,7 +72,7 @@ describe('usage numbers', () => {
 
 describe('choice indices', () => {
   it('an n=1 stream naming indices 1..5000: one unexpected_choice, and exactly one finish reason counted', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       let extra = '';
       for (let index = 1; index <= 5000; index++) extra += chunk({ choices: [{ index, delta: {}, finish_reason: 'stop' }] });
@@ -97,7 +89,7 @@ describe('choice indices', () => {
   });
 
   it('a finish for a non-integer or negative index does not finish choice 0', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       res.end(role + content('hi') + chunk({ choices: [{ index: -1, delta: {}, finish_reason: 'stop' }] }) + chunk({ choices: [{ index: 0.5, delta: {}, finish_reason: 'stop' }] }) + done);
     });
@@ -111,7 +103,7 @@ describe('choice indices', () => {
 
 describe('the idle clock', () => {
   it('runs on whole events: an upstream dripping bytes with no event boundary times out at timeouts.idle', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       res.write(role + content('hi'));
       const timer = setInterval(() => res.write('x'), 50);
@@ -127,7 +119,7 @@ describe('the idle clock', () => {
   });
 
   it('comments are events for the idle clock: keep-alives hold a slow stream open', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       res.write(role + content('hi'));
       let beats = 0;
@@ -147,7 +139,7 @@ describe('the idle clock', () => {
 
 describe('what is held before the first output', () => {
   it('3 MB of blank lines before the first token are not held: the stream is delivered', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       res.write(role);
       res.write('\n'.repeat(3 * 1024 * 1024), () => res.end(content('hi') + finish + done));
@@ -172,7 +164,7 @@ describe('what is held before the first output', () => {
   });
 
   it('more comments than streaming.max_held_events before any output: 502 naming the cause, oversized_event', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(200, SSE);
       res.end(': ping\n\n'.repeat(20) + role + content('late') + finish + done);
     });
@@ -194,7 +186,7 @@ describe('pre-commit failures name their cause', () => {
     ['a gzip body', (res: ServerResponse) => res.writeHead(200, { ...SSE, 'content-encoding': 'gzip' }).end(Buffer.from([0x1f, 0x8b, 8, 0])), /compressed/, 'incomplete', 'malformed_event'],
     ['an oversized event', (res: ServerResponse) => res.writeHead(200, SSE).end(`data: {"x":"${'a'.repeat(5000)}"}\n\n`), /oversized event/, 'incomplete', 'oversized_event'],
   ])('%s', async (_name, answer, message, result, anomaly) => {
-    const url = await scriptedUpstream((_req, res) => answer(res));
+    const url = await scriptedUpstream(cleanups, (_req, res) => answer(res));
     const s = await gatewayFor(url, { streaming: { max_event_bytes: 1024 }, retries: { max_attempts: 1 } });
     const client = await post(s.base, '/v1/chat/completions', STREAM);
     expect(client.status).toBe(502);
@@ -208,7 +200,7 @@ describe('pre-commit failures name their cause', () => {
   });
 
   it('a huge upstream error body is read up to streaming.max_error_body_bytes and its message relayed cut short', async () => {
-    const url = await scriptedUpstream((_req, res) => {
+    const url = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(400, { 'content-type': 'application/json' });
       res.end(JSON.stringify({ error: { message: 'm'.repeat(50_000), type: 'BadRequestError', code: 400 } }));
     });
@@ -219,7 +211,7 @@ describe('pre-commit failures name their cause', () => {
     expect(body.error.type).toBe('BadRequestError');
     expect(body.error.message.length).toBe(4097);
 
-    const capped = await scriptedUpstream((_req, res) => {
+    const capped = await scriptedUpstream(cleanups, (_req, res) => {
       res.writeHead(400, { 'content-type': 'application/json' });
       res.end(JSON.stringify({ error: { message: 'm'.repeat(50_000), code: 400 } }));
     });
@@ -235,7 +227,7 @@ describe('retries go to upstreams not yet tried', () => {
   it('with 2 sick replicas of 3 and 3 attempts, every request reaches the healthy one', async () => {
     const sick: Handler = (_req, res) => res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":{"message":"sick","code":503}}');
     const healthy: Handler = (_req, res) => res.writeHead(200, SSE).end(role + content('ok') + finish + done);
-    const urls = [await scriptedUpstream(sick), await scriptedUpstream(sick), await scriptedUpstream(healthy)];
+    const urls = [await scriptedUpstream(cleanups, sick), await scriptedUpstream(cleanups, sick), await scriptedUpstream(cleanups, healthy)];
     // No ejection and no budget limit: only the choice of upstream decides.
     const s = await gatewayFor(urls, {
       health: { interval: '1h', timeout: '200ms', eject_after_failures: 1000 },

@@ -5,19 +5,17 @@
  */
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { GatewayMetrics } from '../src/telemetry/metrics.js';
 import { ObserverGuard } from '../src/telemetry/guard.js';
 import { NO_TRACE } from '../src/telemetry/request-trace.js';
 import { createSettlementRecorder } from '../src/telemetry/settlement.js';
+import { useCleanups } from './helpers/cleanups.js';
 import { startScripted, wire } from './helpers/scripted.js';
 import { CHAT, post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 const chunk = (choice: Record<string, unknown>) =>
   `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', created: 1, model: 'sim-model', choices: [{ index: 0, logprobs: null, finish_reason: null, ...choice }] })}\n\n`;

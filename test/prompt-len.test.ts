@@ -2,19 +2,16 @@
  * The prompt-length class is known before dispatch, so the requests of a long-prompt incident — the ones that time
  * out or fail before any usage arrives — are counted in their class, not as `unknown`.
  */
-import { afterEach, describe, expect, it } from 'vitest';
-import { startScripted } from './helpers/scripted.js';
+import { describe, expect, it } from 'vitest';
+import { useCleanups } from './helpers/cleanups.js';
+import { startScriptedFor } from './helpers/scripted.js';
 import { post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 async function silentGateway(): Promise<Stack> {
   // An upstream that takes the request and never answers: a prefill that outlasts the first-output deadline.
-  const upstream = await startScripted(() => undefined);
-  cleanups.push(() => upstream.close());
+  const upstream = await startScriptedFor(cleanups, () => undefined);
   const stack = await startStack({
     sims: 0,
     extraUpstreams: [{ name: 'slow', url: upstream.url }],

@@ -4,13 +4,11 @@
  * to 0 once the queue drains.
  */
 import { once } from 'node:events';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
+import { useCleanups } from './helpers/cleanups.js';
 import { CHAT, post, startStack, type Stack } from './helpers/stack.js';
 
-const cleanups: Array<() => Promise<void>> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 const labels = { model: 'sim-model' };
 

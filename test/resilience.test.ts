@@ -7,17 +7,15 @@ import { once } from 'node:events';
 import { request as httpRequest } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Agent, request } from 'undici';
-import { afterEach, describe, expect, it } from 'vitest';
-import { startScripted, wire, type Handler, type Scripted } from './helpers/scripted.js';
+import { describe, expect, it } from 'vitest';
+import { useCleanups } from './helpers/cleanups.js';
+import { startScripted, startScriptedFor, wire } from './helpers/scripted.js';
 import { CHAT, post, startStack, type Stack, type StackOptions } from './helpers/stack.js';
 
 const STREAM = { ...CHAT, stream: true };
 const DONE = 'data: [DONE]\n\n';
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 async function stack(options: StackOptions): Promise<Stack> {
   const s = await startStack(options);
@@ -25,18 +23,12 @@ async function stack(options: StackOptions): Promise<Stack> {
   return s;
 }
 
-async function scripted(handler: Handler): Promise<Scripted> {
-  const upstream = await startScripted(handler);
-  cleanups.push(() => upstream.close());
-  return upstream;
-}
-
 /** Sum of a counter over all its series. */
 const total = (s: Stack, name: string, labels: Record<string, string> = {}) => s.metric(name, labels);
 
 describe('retries before commit', () => {
   it('retries an upstream that answers 503 on another one, invisibly, and ejects it', async () => {
-    const bad = await scripted((_req, res) => res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":"Service Unavailable"}'));
+    const bad = await startScriptedFor(cleanups, (_req, res) => res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":"Service Unavailable"}'));
     const s = await stack({ extraUpstreams: [{ name: 'bad', url: bad.url }], config: { health: { interval: '1h', eject_after_failures: 3, ejection_base: '1h', ejection_max: '1h' } } });
     // Picking is random (two choices, equal load): with 12 requests 'bad' was drawn fewer than 3 times in ~2% of
     // runs (79/4096) and the test failed; with 40 that chance is below 1e-9.
@@ -63,7 +55,7 @@ describe('retries before commit', () => {
   });
 
   it('retries an error event before any output on another upstream; the client never sees it', async () => {
-    const bad = await scripted((_req, res) => {
+    const bad = await startScriptedFor(cleanups, (_req, res) => {
       res.writeHead(200, wire.sse);
       res.end(wire.errorEvent(503) + wire.done);
     });
@@ -109,7 +101,7 @@ describe('retries before commit', () => {
     // Answers the first request on each connection, resets the connection on its second: what a reused socket
     // meets when the upstream closed it at its keep-alive timeout just as the request went out.
     const perSocket = new WeakMap<object, number>();
-    const upstream = await scripted((req, res) => {
+    const upstream = await startScriptedFor(cleanups, (req, res) => {
       const count = (perSocket.get(req.socket) ?? 0) + 1;
       perSocket.set(req.socket, count);
       if (count === 2) {
@@ -161,7 +153,7 @@ describe('retries before commit', () => {
   });
 
   it('fails with what the last attempt said when the retry budget is spent', async () => {
-    const bad = await scripted((_req, res) => res.writeHead(503).end());
+    const bad = await startScriptedFor(cleanups, (_req, res) => res.writeHead(503).end());
     const s = await stack({
       sims: 0,
       extraUpstreams: [{ name: 'bad', url: bad.url }],
@@ -299,7 +291,7 @@ describe('graceful drain', () => {
   });
 
   it('answers a request without output at the drain deadline with 503, and does not retry it', async () => {
-    const hanging = await scripted(() => undefined);
+    const hanging = await startScriptedFor(cleanups, () => undefined);
     const s = await stack({ sims: 0, extraUpstreams: [{ name: 'hanging', url: hanging.url }], config: { health: { interval: '1h' }, shutdown: { grace: 0, drain_timeout: '200ms' } } });
     const pending = post(s.base, '/v1/chat/completions', STREAM);
     for (let i = 0; i < 200 && hanging.requests() === 0; i++) await new Promise((r) => setTimeout(r, 5));
@@ -330,7 +322,7 @@ describe('graceful drain', () => {
 describe('upstream credentials', () => {
   it('sends the configured API key upstream and never the client\'s', async () => {
     const seen: Array<string | undefined> = [];
-    const upstream = await scripted((req, res) => {
+    const upstream = await startScriptedFor(cleanups, (req, res) => {
       seen.push(req.headers.authorization);
       res.writeHead(200, wire.sse);
       res.end(wire.role + wire.content('hi') + wire.finish + wire.done);

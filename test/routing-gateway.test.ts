@@ -12,6 +12,7 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
+import { until } from './helpers/poll.js';
 import { metricValue, startStack, type Stack } from './helpers/stack.js';
 
 let stacks: Stack[] = [];
@@ -45,14 +46,6 @@ async function chat(base: string, system: string, question: string, headers: Rec
   const line = text.split('\n').find((l) => l.startsWith('data: {') && l.includes('"usage":{'));
   const parsed = line === undefined ? undefined : (JSON.parse(line.slice(6)) as { usage: { prompt_tokens_details?: { cached_tokens: number } } }).usage;
   return { status: response.statusCode, cached: parsed?.prompt_tokens_details?.cached_tokens, text };
-}
-
-async function until(what: string, check: () => Promise<boolean>, ms = 10_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
 }
 
 /** A vLLM-shaped upstream whose /metrics says what the test wants; it answers chat with a two-token stream. */

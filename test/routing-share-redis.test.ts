@@ -16,6 +16,7 @@ import type { ConfigInput } from '../src/config/schema.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import { prefixBlocks } from '../src/routing/prefix-key.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { until } from './helpers/poll.js';
 import { metricValue } from './helpers/stack.js';
 import { REDIS, RedisServer } from './helpers/redis-server.js';
 import { describeWithTool } from './helpers/system-tool.js';
@@ -75,14 +76,6 @@ async function replica(urls: string[], sharing: ConfigInput['route_sharing']): P
       return response.statusCode;
     },
   };
-}
-
-async function until(what: string, check: () => Promise<boolean>, ms = 10_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
 }
 
 /** Until both replicas are subscribed: a message published before would reach nobody. */

@@ -4,11 +4,10 @@
  * stream that always ends with [DONE], every refusal's status, body and connection handling, and the fault header.
  * The multipart bodies are built by undici's own FormData encoder (a Request's body), never by the simulator's parser.
  */
-import { once } from 'node:events';
-import { Agent, request as httpRequest, type IncomingHttpHeaders } from 'node:http';
-import type { Socket } from 'node:net';
 import { describe, expect, it } from 'vitest';
-import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
+import type { SimOptions } from '../src/sim/server.js';
+import { sendKeptAlive as send, type Reply, type Send } from './helpers/one-request.js';
+import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
@@ -39,108 +38,8 @@ function audio(bytes: number): Blob {
   return new Blob([new Uint8Array(bytes)], { type: 'audio/wav' });
 }
 
-interface Reply {
-  status: number;
-  headers: IncomingHttpHeaders;
-  text: string;
-  /** The body ended with its terminator. */
-  complete: boolean;
-  /** A transport error (reset, no response). */
-  error: Error | null;
-  /** With `watchClose`: the server closed the kept-alive connection within 150 ms of the answer. */
-  closed: boolean;
-  /** Milliseconds to the first body byte (-1: none). */
-  firstByteMs: number;
-}
-
-interface Send {
-  form?: Form;
-  /** A raw body instead of a form. */
-  raw?: { body: string; contentType: string };
-  method?: string;
-  headers?: Record<string, string>;
-  /** Called with the body so far; true makes the client leave there. */
-  onChunk?: (received: string) => boolean;
-  /** The client leaves (destroys the request) after this many ms. */
-  leaveAfterMs?: number;
-  watchClose?: boolean;
-}
-
-function delay(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
-/** One request on its own keep-alive connection, then (watchClose) a look at whether the server closed it. */
-function send(url: string, path: string, options: Send): Promise<Reply> {
-  const body = options.form?.body ?? (options.raw === undefined ? undefined : Buffer.from(options.raw.body));
-  const contentType = options.form?.contentType ?? options.raw?.contentType;
-  const agent = new Agent({ keepAlive: true, maxSockets: 1 });
-  const started = performance.now();
-  return new Promise((resolve) => {
-    let status = 0;
-    let headers: IncomingHttpHeaders = {};
-    let text = '';
-    let firstByteMs = -1;
-    let socket: Socket | undefined;
-    let settled = false;
-    const finish = async (complete: boolean, error: Error | null): Promise<void> => {
-      if (settled) return;
-      settled = true;
-      let closed = error !== null;
-      if (error === null && socket !== undefined) {
-        const target = socket;
-        closed = target.destroyed;
-        if (!closed && options.watchClose === true) {
-          closed = await Promise.race([once(target, 'close').then(() => true), delay(150).then(() => false)]);
-        }
-      }
-      agent.destroy();
-      resolve({ status, headers, text, complete, error, closed, firstByteMs });
-    };
-    const req = httpRequest(
-      `${url}${path}`,
-      {
-        agent,
-        method: options.method ?? 'POST',
-        headers: { ...(contentType === undefined ? {} : { 'content-type': contentType }), ...options.headers },
-      },
-      (res) => {
-        status = res.statusCode ?? 0;
-        headers = res.headers;
-        res.setEncoding('utf8');
-        res.on('data', (chunk: string) => {
-          if (firstByteMs < 0) firstByteMs = performance.now() - started;
-          text += chunk;
-          if (options.onChunk?.(text) === true) {
-            req.destroy();
-            void finish(false, null);
-          }
-        });
-        res.on('end', () => void finish(res.complete, null));
-        res.on('error', (error) => void finish(false, error));
-        res.on('close', () => void finish(res.complete, res.complete ? null : new Error('aborted')));
-      },
-    );
-    req.on('socket', (s) => {
-      socket = s;
-    });
-    req.on('error', (error) => void finish(false, error));
-    if (options.leaveAfterMs !== undefined) {
-      setTimeout(() => {
-        req.destroy();
-        void finish(false, new Error('left'));
-      }, options.leaveAfterMs);
-    }
-    req.end(body);
-  });
-}
-
 async function post(url: string, path: string, fields: Record<string, FieldValue>, options: Omit<Send, 'form'> = {}): Promise<Reply> {
   return send(url, path, { ...options, form: await encode(fields) });
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
 }
 
 /** `data:` payloads of an LF-framed stream. */

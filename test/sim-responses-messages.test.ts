@@ -7,87 +7,20 @@
  */
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { once } from 'node:events';
-import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
+import { request as httpRequest } from 'node:http';
 import { describe, expect, it } from 'vitest';
 import { chatErrorValidationMessage } from '../src/sim/messages.js';
-import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
+import type { SimOptions } from '../src/sim/server.js';
 import { choiceText, errorInfo } from '../src/sim/wire.js';
+import { RESPONSES_STREAM_NAMES, responsesUsage } from './fixtures/vllm-responses.js';
+import { sendFresh as send, type Reply } from './helpers/one-request.js';
+import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
 
 const FAST: Partial<SimOptions> = { ttftMs: 2, itlMs: 1, jitter: 0, outputTokens: 4, prefillMsPer1kTokens: 0 };
 const start = useSimulators(FAST);
-
-interface Reply {
-  status: number;
-  headers: IncomingHttpHeaders;
-  text: string;
-  /** The body ended with its chunked terminator. */
-  complete: boolean;
-  /** A transport error: a reset or a truncated body. */
-  error: Error | null;
-  /** Milliseconds from the request to the first body byte (-1: none). */
-  firstByteMs: number;
-  /** The first body chunk as received. */
-  firstChunk: string;
-}
-
-interface Send {
-  headers?: Record<string, string>;
-  body: unknown;
-  /** Called with the body so far; true destroys the connection there. */
-  onChunk?: (received: string) => boolean;
-}
-
-/** One POST on a fresh connection (agent: false), so keep-alive never hides a cut. */
-function send(url: string, path: string, options: Send): Promise<Reply> {
-  const body = typeof options.body === 'string' ? options.body : JSON.stringify(options.body);
-  const started = performance.now();
-  return new Promise((resolve) => {
-    let status = 0;
-    let headers: IncomingHttpHeaders = {};
-    let text = '';
-    let firstByteMs = -1;
-    let firstChunk = '';
-    let settled = false;
-    const finish = (complete: boolean, error: Error | null): void => {
-      if (settled) return;
-      settled = true;
-      resolve({ status, headers, text, complete, error, firstByteMs, firstChunk });
-    };
-    const req = httpRequest(
-      `${url}${path}`,
-      { method: 'POST', agent: false, headers: { 'content-type': 'application/json', ...options.headers } },
-      (res) => {
-        status = res.statusCode ?? 0;
-        headers = res.headers;
-        res.setEncoding('utf8');
-        res.on('data', (chunk: string) => {
-          if (firstByteMs < 0) {
-            firstByteMs = performance.now() - started;
-            firstChunk = chunk;
-          }
-          text += chunk;
-          if (options.onChunk?.(text) === true) {
-            req.destroy();
-            finish(false, null);
-          }
-        });
-        res.on('end', () => finish(res.complete, null));
-        res.on('error', (error) => finish(false, error));
-        res.on('close', () => finish(res.complete, res.complete ? null : new Error('aborted')));
-      },
-    );
-    req.on('error', (error) => finish(false, error));
-    req.end(body);
-  });
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
-}
 
 interface Named {
   name: string;
@@ -121,31 +54,6 @@ const RESPONSE_KEYS = [
   'frequency_penalty', 'kv_transfer_params', 'input_messages', 'output_messages',
 ];
 
-function responsesUsage(input: number, output: number, cached = 0): Record<string, unknown> {
-  return {
-    input_tokens: input,
-    input_tokens_details: { cached_tokens: cached, input_tokens_per_turn: [], cached_tokens_per_turn: [] },
-    output_tokens: output,
-    output_tokens_details: { reasoning_tokens: 0, tool_output_tokens: 0, output_tokens_per_turn: [], tool_output_tokens_per_turn: [] },
-    total_tokens: input + output,
-  };
-}
-
-const SUCCESS_NAMES = [
-  'response.created',
-  'response.in_progress',
-  'response.output_item.added',
-  'response.content_part.added',
-  'response.output_text.delta',
-  'response.output_text.delta',
-  'response.output_text.delta',
-  'response.output_text.delta',
-  'response.output_text.done',
-  'response.content_part.done',
-  'response.output_item.done',
-  'response.completed',
-];
-
 /** Every event's `type` is its name and `sequence_number` counts 0, 1, 2… with no gap. */
 function expectNumbered(events: Named[]): void {
   events.forEach((event, i) => {
@@ -169,7 +77,7 @@ describe('POST /v1/responses, streaming', () => {
     expect(reply.text).not.toMatch(/^:/m);
 
     const events = eventsOf(reply.text);
-    expect(names(events)).toEqual(SUCCESS_NAMES);
+    expect(names(events)).toEqual(RESPONSES_STREAM_NAMES);
     expectNumbered(events);
 
     const created = json(events[0] as Named).response as Record<string, unknown>;
@@ -226,7 +134,7 @@ describe('POST /v1/responses, streaming', () => {
     const reply = await send(url, '/v1/responses', { body: RESPONSES, headers: { 'x-sim-fault': 'ttft_ms=400' } });
     expect(reply.firstByteMs).toBeLessThan(300);
     expect(names(eventsOf(reply.firstChunk))).toEqual(['response.created', 'response.in_progress']);
-    expect(names(eventsOf(reply.text))).toEqual(SUCCESS_NAMES);
+    expect(names(eventsOf(reply.text))).toEqual(RESPONSES_STREAM_NAMES);
   });
 
   it('is completed with status incomplete when max_output_tokens caps it', async () => {
@@ -261,7 +169,7 @@ describe('POST /v1/responses, streaming', () => {
     expect(reply.complete).toBe(false);
     expect(reply.error).not.toBeNull();
     const events = eventsOf(reply.text);
-    expect(names(events)).toEqual(SUCCESS_NAMES.slice(0, 6));
+    expect(names(events)).toEqual(RESPONSES_STREAM_NAMES.slice(0, 6));
     expectNumbered(events);
     expect(reply.text).not.toContain('error');
     expect(await ended).toMatchObject({ route: 'responses', fault: 'error_after', end: 'fault', status: 200, outputEventsSent: 2 });
@@ -283,28 +191,28 @@ describe('POST /v1/responses, streaming', () => {
 
     const endAfter = await run('end_after=1');
     expect(endAfter.complete).toBe(true);
-    expect(names(eventsOf(endAfter.text))).toEqual(SUCCESS_NAMES.slice(0, 5));
+    expect(names(eventsOf(endAfter.text))).toEqual(RESPONSES_STREAM_NAMES.slice(0, 5));
 
     const noDone = await run('no_done');
     expect(noDone.complete).toBe(true);
-    expect(names(eventsOf(noDone.text))).toEqual(SUCCESS_NAMES.slice(0, -1));
+    expect(names(eventsOf(noDone.text))).toEqual(RESPONSES_STREAM_NAMES.slice(0, -1));
 
     const dropFinish = eventsOf((await run('drop_finish')).text);
-    expect(names(dropFinish)).toEqual([...SUCCESS_NAMES.slice(0, 8), 'response.completed']);
+    expect(names(dropFinish)).toEqual([...RESPONSES_STREAM_NAMES.slice(0, 8), 'response.completed']);
     expectNumbered(dropFinish);
 
     const late = eventsOf((await run('data_after_done')).text);
-    expect(names(late)).toEqual([...SUCCESS_NAMES, 'response.output_text.delta']);
+    expect(names(late)).toEqual([...RESPONSES_STREAM_NAMES, 'response.output_text.delta']);
     expectNumbered(late);
 
     const malformed = await run('malformed_after=1');
     expect(malformed.text).toContain('event: response.output_text.delta\ndata: {"id":"broken\n\n');
     const wellFormed = eventsOf(malformed.text).filter((e) => e.data !== '{"id":"broken');
-    expect(names(wellFormed)).toEqual(SUCCESS_NAMES);
+    expect(names(wellFormed)).toEqual(RESPONSES_STREAM_NAMES);
     expectNumbered(wellFormed);
 
     const oversized = eventsOf((await run('oversized_after=1; oversized_bytes=4096')).text);
-    expect(names(oversized)).toEqual([...SUCCESS_NAMES.slice(0, 5), 'response.output_text.delta', ...SUCCESS_NAMES.slice(5)]);
+    expect(names(oversized)).toEqual([...RESPONSES_STREAM_NAMES.slice(0, 5), 'response.output_text.delta', ...RESPONSES_STREAM_NAMES.slice(5)]);
     expect(Buffer.byteLength(oversized[5]?.data ?? '')).toBe(4096);
     expectNumbered(oversized);
   });
@@ -574,7 +482,7 @@ describe('the official SDKs read the simulator', () => {
       if (event.type === 'response.output_text.delta') text += event.delta;
       if (event.type === 'response.completed') expect(event.response.usage?.output_tokens).toBe(4);
     }
-    expect(types).toEqual(SUCCESS_NAMES);
+    expect(types).toEqual(RESPONSES_STREAM_NAMES);
     expect(text).toBe(choiceText(0, 0, 4));
   });
 
@@ -586,7 +494,7 @@ describe('the official SDKs read the simulator', () => {
       for await (const event of stream) types.push(event.type);
     };
     await expect(iterate()).rejects.toThrow();
-    expect(types).toEqual(SUCCESS_NAMES.slice(0, 5));
+    expect(types).toEqual(RESPONSES_STREAM_NAMES.slice(0, 5));
   });
 
   it('openai: a non-streaming response', async () => {

@@ -5,14 +5,15 @@
  * background stream's buffered events (and hangs open when its task died or was cancelled), /cancel stops a queued
  * response; plus `/v1/messages/count_tokens`. Without the option: `store` silently false, `background` a 400.
  */
-import { once } from 'node:events';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseSimArgs } from '../src/sim/main.js';
 import { RESPONSES_STORE_LIMIT, ResponseStore, StoredResponse } from '../src/sim/response-store.js';
 import { readResponsesRequest, type ResponsesAnswer } from '../src/sim/responses.js';
-import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../src/sim/server.js';
+import { createSimulator, type SimOptions, type Simulator } from '../src/sim/server.js';
 import { choiceText } from '../src/sim/wire.js';
+import { RESPONSES_STREAM_NAMES, responsesUsage } from './fixtures/vllm-responses.js';
+import { endedOf, endOf, nextEnd } from './helpers/sim-records.js';
 
 // ---- harness ----
 
@@ -128,28 +129,6 @@ const postResponses = (url: string, body: Record<string, unknown>, headers: Reco
 const getResponse = (url: string, id: string, query = ''): Promise<Reply> => call(url, 'GET', `/v1/responses/${id}${query}`);
 const cancel = (url: string, id: string): Promise<Reply> => call(url, 'POST', `/v1/responses/${id}/cancel`);
 
-/** The next record whose request matches `match` (records of other requests are skipped). */
-function endOf(sim: Simulator, match: (record: RequestRecord) => boolean): Promise<RequestRecord> {
-  return new Promise((resolve) => {
-    const listener = (record: RequestRecord): void => {
-      if (!match(record)) return;
-      sim.events.off('request-end', listener);
-      resolve(record);
-    };
-    sim.events.on('request-end', listener);
-  });
-}
-
-/** The record of a request that may already have ended (looked up in `recent` first), or the next one that matches. */
-function endedOf(sim: Simulator, match: (record: RequestRecord) => boolean): Promise<RequestRecord> {
-  const done = sim.stats().recent.find(match);
-  return done === undefined ? endOf(sim, match) : Promise.resolve(done);
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
-}
-
 interface Named {
   name: string;
   data: Record<string, unknown>;
@@ -177,32 +156,8 @@ const range = (from: number, to: number): number[] => Array.from({ length: to - 
 
 /** ceil(16 chars / 4) */
 const PROMPT_TOKENS = 4;
-const BACKGROUND_STREAM_NAMES = [
-  'response.created',
-  'response.in_progress',
-  'response.output_item.added',
-  'response.content_part.added',
-  'response.output_text.delta',
-  'response.output_text.delta',
-  'response.output_text.delta',
-  'response.output_text.delta',
-  'response.output_text.done',
-  'response.content_part.done',
-  'response.output_item.done',
-  'response.completed',
-];
 const NOT_FOUND = (id: string) => ({ error: { message: `Response with id '${id}' not found.`, type: 'invalid_request_error', param: 'response_id', code: 404 } });
 const CANNOT_CANCEL = { error: { message: 'Cannot cancel a synchronous response.', type: 'invalid_request_error', param: 'response_id', code: 400 } };
-
-function responsesUsage(input: number, output: number): Record<string, unknown> {
-  return {
-    input_tokens: input,
-    input_tokens_details: { cached_tokens: 0, input_tokens_per_turn: [], cached_tokens_per_turn: [] },
-    output_tokens: output,
-    output_tokens_details: { reasoning_tokens: 0, tool_output_tokens: 0, output_tokens_per_turn: [], tool_output_tokens_per_turn: [] },
-    total_tokens: input + output,
-  };
-}
 
 function metricValue(text: string, series: string): number {
   const line = text.split('\n').find((l) => l.startsWith(series));
@@ -370,7 +325,7 @@ describe('background: true', () => {
     const end = await live.ended;
     expect(end).toEqual({ complete: true, error: null });
     const events = eventsOf(live.text());
-    expect(names(events)).toEqual(BACKGROUND_STREAM_NAMES);
+    expect(names(events)).toEqual(RESPONSES_STREAM_NAMES);
     expect(sequence(events)).toEqual(range(0, 12));
     const completed = events.at(-1)?.data.response as Record<string, unknown>;
     expect(completed).toMatchObject({ id, status: 'completed', background: true, usage: responsesUsage(PROMPT_TOKENS, 4) });
@@ -416,7 +371,7 @@ describe('background: true', () => {
     expect(sim.stats().clientDisconnects).toBe(0);
     expect(JSON.parse((await getResponse(url, id)).text)).toMatchObject({ status: 'completed' });
     // The whole stream is still there to replay.
-    expect(names(eventsOf((await getResponse(url, id, '?stream=true')).text))).toEqual(BACKGROUND_STREAM_NAMES);
+    expect(names(eventsOf((await getResponse(url, id, '?stream=true')).text))).toEqual(RESPONSES_STREAM_NAMES);
   });
 
   it('an engine error kills the task: the status stays queued for ever, and every stream of it stays open and idle until its client leaves', async () => {
@@ -427,7 +382,7 @@ describe('background: true', () => {
     expect(record).toMatchObject({ end: 'fault', fault: 'error_after', status: 200, outputEventsSent: 2 });
     const id = String(record.responseId);
     const buffered = await live.until((text) => deltas(text) === 2);
-    expect(names(eventsOf(buffered))).toEqual(BACKGROUND_STREAM_NAMES.slice(0, 6));
+    expect(names(eventsOf(buffered))).toEqual(RESPONSES_STREAM_NAMES.slice(0, 6));
 
     expect(JSON.parse((await getResponse(url, id)).text)).toMatchObject({ id, status: 'queued', output: [], usage: null });
     // A replay of it hangs the same way: its request does not end until the client leaves.
@@ -495,7 +450,7 @@ describe('background: true', () => {
     const framed = await postResponses(url, { background: true, stream: true }, { 'x-sim-fault': 'framing=crlf' });
     expect(framed.text.endsWith('\r\n\r\n')).toBe(true);
     const id = /"id":"(resp_[0-9a-f]{16})"/.exec(framed.text)?.[1] ?? '';
-    expect(names(eventsOf((await getResponse(url, id, '?stream=true')).text))).toEqual(BACKGROUND_STREAM_NAMES);
+    expect(names(eventsOf((await getResponse(url, id, '?stream=true')).text))).toEqual(RESPONSES_STREAM_NAMES);
   });
 });
 

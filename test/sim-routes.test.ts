@@ -3,16 +3,15 @@
  * rerank, tokenize and detokenize — each answer's shape by value, each refusal's status, body and connection
  * handling, the fault header, the binary encodings decoded back to the floats, and the stats and /metrics they feed.
  */
-import { once } from 'node:events';
-import { Agent, request as httpRequest, type IncomingHttpHeaders } from 'node:http';
-import type { Socket } from 'node:net';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
+import type { RequestRecord, SimOptions } from '../src/sim/server.js';
 import { ROUTE_NAMES } from '../src/sim/stats.js';
 import { SimTokenizer } from '../src/sim/tokens.js';
 import { minifloatBits, pythonFloat } from '../src/sim/vectors.js';
 import { estimateTokens } from '../src/sim/wire.js';
+import { sendKeptAlive as send, type Reply, type Send } from './helpers/one-request.js';
+import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
@@ -20,90 +19,8 @@ import { useSimulators } from './helpers/simulators.js';
 const FAST: Partial<SimOptions> = { ttftMs: 2, itlMs: 1, jitter: 0, prefillMsPer1kTokens: 0 };
 const start = useSimulators(FAST);
 
-interface Reply {
-  status: number;
-  headers: IncomingHttpHeaders;
-  raw: Buffer;
-  text: string;
-  /** A transport error (reset, no response). */
-  error: (Error & { code?: string }) | null;
-  /** With `watchClose`: the server closed the connection within 150 ms of the answer (keep-alive was asked). */
-  closed: boolean;
-  ms: number;
-}
-
-interface Send {
-  method?: string;
-  headers?: Record<string, string>;
-  body?: unknown;
-  /** Destroy the request after this many ms (a client that leaves). */
-  leaveAfterMs?: number;
-  /** Wait a little after the answer to see whether the server closes the connection. */
-  watchClose?: boolean;
-}
-
-/** One request on its own keep-alive connection, then a look at whether the server closed it. */
-function send(url: string, path: string, options: Send = {}): Promise<Reply> {
-  const body = options.body === undefined ? undefined : typeof options.body === 'string' ? options.body : JSON.stringify(options.body);
-  const agent = new Agent({ keepAlive: true, maxSockets: 1 });
-  const startedAt = performance.now();
-  return new Promise((resolve) => {
-    let status = 0;
-    let headers: IncomingHttpHeaders = {};
-    const chunks: Buffer[] = [];
-    let socket: Socket | undefined;
-    let settled = false;
-    const finish = async (error: Reply['error']): Promise<void> => {
-      if (settled) return;
-      settled = true;
-      const ms = performance.now() - startedAt;
-      let closed = error !== null;
-      if (error === null && socket !== undefined) {
-        const target = socket;
-        closed = target.destroyed;
-        if (!closed && options.watchClose === true) {
-          closed = await Promise.race([once(target, 'close').then(() => true), delay(150).then(() => false)]);
-        }
-      }
-      agent.destroy();
-      const raw = Buffer.concat(chunks);
-      resolve({ status, headers, raw, text: raw.toString('utf8'), error, closed, ms });
-    };
-    const req = httpRequest(
-      `${url}${path}`,
-      {
-        agent,
-        method: options.method ?? (body === undefined ? 'GET' : 'POST'),
-        headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...options.headers },
-      },
-      (res) => {
-        status = res.statusCode ?? 0;
-        headers = res.headers;
-        res.on('data', (chunk: Buffer) => chunks.push(chunk));
-        res.on('end', () => void finish(null));
-        res.on('error', (error) => void finish(error));
-      },
-    );
-    req.on('socket', (s) => {
-      socket = s;
-    });
-    req.on('error', (error) => void finish(error));
-    if (options.leaveAfterMs !== undefined) {
-      setTimeout(() => {
-        req.destroy();
-        void finish(new Error('left'));
-      }, options.leaveAfterMs);
-    }
-    req.end(body);
-  });
-}
-
 function delay(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
 }
 
 function json<T = Record<string, unknown>>(reply: Reply): T {

@@ -1,86 +1,22 @@
 import { once } from 'node:events';
-import { readFileSync } from 'node:fs';
-import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
+import { request as httpRequest } from 'node:http';
 import { describe, expect, it } from 'vitest';
-import { drawFault, FAULT_KINDS, FAULT_PARAMETERS, MODIFIER_NAMES, parseFaultHeader } from '../src/sim/faults.js';
-import { FLAG_OF, parseSimArgs, runSim } from '../src/sim/main.js';
+import { drawFault, FAULT_KINDS } from '../src/sim/faults.js';
 import { createRandom } from '../src/util/prng.js';
 import { resolveSimOptions } from '../src/sim/options.js';
 import { prefillDelayMs, shapeAnswer } from '../src/sim/plan.js';
 import type { GenerationRequest } from '../src/sim/request.js';
-import type { RequestRecord, SimOptions, Simulator } from '../src/sim/server.js';
+import type { RequestRecord, SimOptions } from '../src/sim/server.js';
 import { OPERATIONAL_PATHS, ROUTE_NAMES } from '../src/sim/stats.js';
-import { choiceText, estimateTokens, pythonJsonDumps, tokenText } from '../src/sim/wire.js';
+import { choiceText, estimateTokens, tokenText } from '../src/sim/wire.js';
+import { sendFresh as send, type Reply } from './helpers/one-request.js';
+import { nextEnd } from './helpers/sim-records.js';
 import { useSimulators } from './helpers/simulators.js';
 
 // ---- harness ----
 
 const FAST: Partial<SimOptions> = { ttftMs: 2, itlMs: 1, jitter: 0, outputTokens: 4 };
 const start = useSimulators(FAST);
-
-interface Reply {
-  status: number;
-  headers: IncomingHttpHeaders;
-  raw: Buffer;
-  text: string;
-  /** The body ended with a proper terminator. */
-  complete: boolean;
-  /** A transport error (reset, truncated body, no response). */
-  error: (Error & { code?: string }) | null;
-}
-
-interface Send {
-  method?: string;
-  headers?: Record<string, string>;
-  body?: unknown;
-  /** Called with each body chunk; return true to destroy the connection right there. */
-  onChunk?: (received: string) => boolean;
-}
-
-/** One request on a fresh connection (agent: false), so keep-alive never hides a reset. */
-function send(url: string, path: string, options: Send = {}): Promise<Reply> {
-  const body = options.body === undefined ? undefined : typeof options.body === 'string' ? options.body : JSON.stringify(options.body);
-  return new Promise((resolve) => {
-    let status = 0;
-    let headers: IncomingHttpHeaders = {};
-    const chunks: Buffer[] = [];
-    let settled = false;
-    const finish = (complete: boolean, error: Reply['error']): void => {
-      if (settled) return;
-      settled = true;
-      const raw = Buffer.concat(chunks);
-      resolve({ status, headers, raw, text: raw.toString('utf8'), complete, error });
-    };
-    const req = httpRequest(
-      `${url}${path}`,
-      {
-        method: options.method ?? (body === undefined ? 'GET' : 'POST'),
-        agent: false,
-        headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...options.headers },
-      },
-      (res) => {
-        status = res.statusCode ?? 0;
-        headers = res.headers;
-        res.on('data', (chunk: Buffer) => {
-          chunks.push(chunk);
-          if (options.onChunk?.(Buffer.concat(chunks).toString('utf8')) === true) {
-            req.destroy();
-            finish(false, null);
-          }
-        });
-        res.on('end', () => finish(res.complete, null));
-        res.on('error', (error) => finish(false, error));
-        res.on('close', () => finish(res.complete, res.complete ? null : new Error('aborted')));
-      },
-    );
-    req.on('error', (error) => finish(false, error));
-    req.end(body);
-  });
-}
-
-function nextEnd(sim: Simulator): Promise<RequestRecord> {
-  return once(sim.events, 'request-end').then(([record]) => record as RequestRecord);
-}
 
 /** The data of each event, for LF framing without comments. */
 function dataOf(text: string): string[] {
@@ -795,44 +731,6 @@ describe('x-sim-fault', () => {
   });
 });
 
-describe('fault header grammar', () => {
-  it('documents every fault, parameter, modifier and flag in docs/simulator.md', () => {
-    const doc = readFileSync(new URL('../docs/simulator.md', import.meta.url), 'utf8');
-    for (const name of [...FAULT_KINDS, ...FAULT_PARAMETERS, ...MODIFIER_NAMES]) expect(doc).toContain(`| \`${name}`);
-    for (const flag of Object.values(FLAG_OF)) expect(doc).toContain(`| \`${flag}`);
-  });
-
-  it('accepts every modifier it documents', () => {
-    const samples: Record<(typeof MODIFIER_NAMES)[number], string> = {
-      finish_reason: 'finish_reason=abort',
-      tokens: 'tokens=3',
-      ttft_ms: 'ttft_ms=0',
-      prefill_ms_per_1k_tokens: 'prefill_ms_per_1k_tokens=250',
-      itl_ms: 'itl_ms=0',
-      tokens_per_event: 'tokens_per_event=4',
-      cached_tokens: 'cached_tokens=0',
-      no_usage: 'no_usage',
-      framing: 'framing=cr',
-      comments: 'comments',
-      multiline_data: 'multiline_data',
-    };
-    for (const directive of Object.values(samples)) {
-      expect(parseFaultHeader(directive)).toMatchObject({ ok: true, directives: { fault: null } });
-    }
-  });
-
-  it('parses faults with parameters and modifiers together', () => {
-    expect(parseFaultHeader(' error_after=3 ; error_code=503;framing=crlf; comments ')).toEqual({
-      ok: true,
-      directives: {
-        fault: { kind: 'error_after', after: 3, code: 503 },
-        modifiers: { noUsage: false, framing: 'crlf', comments: true, multilineData: false },
-      },
-    });
-    expect(parseFaultHeader('oversized_after=0')).toMatchObject({ ok: true, directives: { fault: { bytes: 2097152 } } });
-  });
-});
-
 // ---- disconnects, health, models, metrics, stats ----
 
 describe('client disconnects and the control endpoints', () => {
@@ -991,73 +889,5 @@ describe('random faults', () => {
       if (fault !== null && 'after' in fault) expect(fault.after).toBeGreaterThanOrEqual(0);
       if (fault !== null && 'after' in fault) expect(fault.after).toBeLessThan(5);
     }
-  });
-});
-
-// ---- wire helpers and CLI ----
-
-describe('json.dumps and the CLI', () => {
-  it('formats like Python json.dumps with ensure_ascii', () => {
-    expect(pythonJsonDumps({ error: { message: 'héllo 🙂\n', param: null, code: 500, ok: true, list: [1, 'a'] } })).toBe(
-      '{"error": {"message": "h\\u00e9llo \\ud83d\\ude42\\n", "param": null, "code": 500, "ok": true, "list": [1, "a"]}}',
-    );
-  });
-
-  it('parses flags into options and names the flag on bad input', async () => {
-    const good = parseSimArgs([
-      '--port', '0', '--engine-model', 'off', '--model', 'a', '--model', 'b', '--ttft-ms', '5', '--fault-rate', '0.25',
-      '--fault-kinds', 'no_done,status', '--prompt-tokens-details', '--api-key', 'k', '--prefill-ms-per-1k-tokens', '12.5',
-    ]);
-    expect(good).toMatchObject({
-      ok: true,
-      args: { port: 0, host: '127.0.0.1', options: { models: ['a', 'b'], ttftMs: 5, prefillMsPer1kTokens: 12.5, faultRate: 0.25, faultKinds: ['no_done', 'status'], promptTokensDetails: true, apiKey: 'k', itlMs: 10 } },
-    });
-    expect(parseSimArgs([])).toMatchObject({ ok: true, args: { port: 8000, options: { engineModel: true } } });
-    // The timer's flags with the engine model on would be ignored: refused, naming the way out.
-    const timerWithEngine = parseSimArgs(['--itl-ms', '5']);
-    expect(timerWithEngine).toMatchObject({ ok: false });
-    if (!timerWithEngine.ok) expect(timerWithEngine.message).toContain('--itl-ms: a timer setting, not used by the engine model; add --engine-model off');
-    const fleet = parseSimArgs(['--port', '0', '--engines', '3', '--engine', '1:kv-blocks=64,revision=canary', '--seed', '5']);
-    expect(fleet).toMatchObject({ ok: true });
-    if (fleet.ok) {
-      expect(fleet.args.engines.map((e) => [e.port, e.options.kvBlocks, e.options.revision, e.options.seed])).toEqual([
-        [0, 8192, 'waybill-sim', 5],
-        [0, 64, 'canary', 6],
-        [0, 8192, 'waybill-sim', 7],
-      ]);
-    }
-    // One port per engine when listed: as many as there are engines.
-    const listed = parseSimArgs(['--ports', '0,0', '--engines', '3']);
-    expect(listed.ok === false && listed.message).toBe('--ports lists 2 ports for --engines 3');
-    for (const [argv, flag] of [
-      [['--engines', '0'], '--engines'],
-      [['--engines', '2', '--engine', '2:kv-blocks=4'], '--engine'],
-      [['--engine', '0:colour=red'], 'unknown key "colour"'],
-      [['--restart-every', 'soon'], '--restart-every'],
-      [['--metrics-compat', 'older'], '--metrics-compat'],
-      [['--restart-every', '0.5ms'], '--restart-every'],
-      [['--restart-every', '30d'], '--restart-every'],
-      [['--kv-blocks', '32', '--external-load', '5'], '--external-prompt-tokens'],
-      [['--ttft-ms', 'soon'], '--ttft-ms'],
-      [['--prefill-ms-per-1k-tokens', '-5'], '--prefill-ms-per-1k-tokens'],
-      [['--jitter', '3'], '--jitter'],
-      [['--fault-kinds', 'boom'], '--fault-kinds'],
-      [['--port', '70000'], '--port'],
-      [['--output-tokens', '0'], '--output-tokens'],
-      [['--colour'], '--colour'],
-    ] as const) {
-      const result = parseSimArgs([...argv]);
-      expect(result.ok).toBe(false);
-      if (!result.ok) expect(result.message).toContain(flag);
-    }
-    const errors: unknown[] = [];
-    const original = console.error;
-    console.error = (...args: unknown[]) => errors.push(...args);
-    try {
-      expect(await runSim(['--seed', 'x'])).toBe(2);
-    } finally {
-      console.error = original;
-    }
-    expect(String(errors[0])).toContain('--seed');
   });
 });

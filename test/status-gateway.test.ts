@@ -6,22 +6,20 @@
 import type { AddressInfo } from 'node:net';
 import { pino } from 'pino';
 import { Agent, request } from 'undici';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { parseConfig, type Config } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
 import { createGateway, type Gateway } from '../src/http/server.js';
 import type { StatusSnapshot } from '../src/http/status-page.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { useCleanups } from './helpers/cleanups.js';
 import { CHAT, metricValue, post, startStack, type Stack, type StackOptions } from './helpers/stack.js';
 
 const STREAM = { ...CHAT, stream: true };
 /** Never served: port 9 (discard) is privileged and refuses, so no test probes a user's `waybill sim` on :8000. */
 const POOLS = [{ name: 'p', models: ['m'], upstreams: [{ url: 'http://127.0.0.1:9' }] }];
 
-const cleanups: Array<() => Promise<void> | void> = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = useCleanups();
 
 async function stack(options: StackOptions = {}): Promise<Stack> {
   const s = await startStack(options);

@@ -6,6 +6,7 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Cleanups } from './cleanups.js';
 
 export type Handler = (req: IncomingMessage, res: ServerResponse) => void;
 
@@ -43,6 +44,18 @@ export async function startScripted(handler: Handler): Promise<Scripted> {
         server.close(() => resolve());
       }),
   };
+}
+
+/** Starts a scripted upstream that `cleanups` closes after the test (after the gateway pushed later). */
+export async function startScriptedFor(cleanups: Cleanups, handler: Handler): Promise<Scripted> {
+  const upstream = await startScripted(handler);
+  cleanups.push(() => upstream.close());
+  return upstream;
+}
+
+/** The same, for a test that needs only the upstream's URL. */
+export async function scriptedUpstream(cleanups: Cleanups, handler: Handler): Promise<string> {
+  return (await startScriptedFor(cleanups, handler)).url;
 }
 
 const chunk = (choice: Record<string, unknown>) =>

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { RequestLedger, type RequestInfo, type Verdict } from '../src/accounting/ledger.js';
+import { cancelledRecord, rejectedRecord, settle } from '../src/accounting/settle.js';
 import { requestInfo } from './helpers/ledger-info.js';
 import { classifyEventData, type EventFacts } from '../src/sse/classify.js';
 
@@ -346,5 +347,27 @@ describe('relayed output, the estimate for a request without usage', () => {
     feed(replay, [[3, delta('abcdefgh')]]);
     replay.clientCancelled(4);
     expect(replay.settle(5)).toMatchObject({ relayed: { outputEvents: 1 }, estimatedCompletionTokens: undefined });
+  });
+});
+
+describe('settle: a request the gateway answered itself (http/answers.ts), from a record without attempts', () => {
+  it('a refusal is counted by its status: rejected below 500 (429 failing the SLO), failed from 500', () => {
+    const settleWith = (status: number) => settle(rejectedRecord(info(), 0, status), info(), 5);
+    expect(settleWith(400)).toMatchObject({ outcome: 'rejected', code: 400, attempts: [], slo: 'excluded', durationMs: 5 });
+    expect(settleWith(429)).toMatchObject({ outcome: 'rejected', code: 429, slo: 'failed' });
+    expect(settleWith(503)).toMatchObject({ outcome: 'failed', code: 503, slo: 'failed' });
+  });
+
+  it('a client that left before the answer: client_cancelled, 499, at the time it left', () => {
+    expect(settle(cancelledRecord(info(), 0, 3), info(), 9)).toMatchObject({ outcome: 'client_cancelled', code: 499, cancelPhase: 'before_first_token', durationMs: 3 });
+  });
+
+  it('is what the ledger settles to for the same facts, and leaves the record as it was', () => {
+    const ledger = new RequestLedger(info(), 0);
+    ledger.reject(413);
+    const record = rejectedRecord(info(), 0, 413);
+    const before = structuredClone(record);
+    expect(settle(record, info(), 4)).toEqual(ledger.settle(4));
+    expect(record).toEqual(before);
   });
 });

@@ -3,7 +3,8 @@
  * fail in every way, timers firing early or late (any armed timer may fire at any step), the client leaving in every
  * phase, a slow client, admission, drain. A small model of the shell carries out the effects the way the real one
  * does (only what is armed can fire, only a started attempt can report, an abort ends the attempt later) and checks
- * the machine's invariants on every step. No sockets: thousands of interleavings run in a second or two.
+ * the machine's invariants on every step, and that its phase moves only along the arrows of the phase table
+ * (test/delivery-phases.test.ts has one example of each). No sockets: thousands of interleavings run in a second or two.
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
@@ -11,6 +12,7 @@ import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import type { Settlement, StreamEnd } from '../src/accounting/ledger.js';
 import { DeliveryMachine, type AbortReason, type Effect, type MachineEvent, type TimerName } from '../src/delivery/machine.js';
 import { RetryBudget } from '../src/delivery/retry-budget.js';
+import type { Phase } from '../src/delivery/state.js';
 import type { SseEvent } from '../src/sse/framer.js';
 
 const UPSTREAMS = ['a', 'b', 'c'];
@@ -37,6 +39,17 @@ const BLOCKS: Array<string | null> = [
 ];
 
 const ENDS: StreamEnd[] = ['eof', 'reset', 'oversized'];
+
+/** Where each phase may go in one step (itself included): never back before commit, never on from the end. */
+const NEXT_PHASES: Record<Phase, readonly Phase[]> = {
+  idle: ['idle', 'admitting', 'attempting', 'ending', 'settled'],
+  admitting: ['admitting', 'attempting', 'ending', 'settled'],
+  attempting: ['attempting', 'streaming', 'backing_off', 'ending', 'settled'],
+  streaming: ['streaming', 'ending', 'settled'],
+  backing_off: ['backing_off', 'attempting', 'ending', 'settled'],
+  ending: ['ending', 'settled'],
+  settled: ['settled'],
+};
 const STATUSES = [200, 200, 200, 302, 400, 429, 500, 503];
 
 interface Run {
@@ -176,8 +189,19 @@ function drive(choices: number[], options: { gated: boolean; stream: boolean; n:
     queue.push(event);
     for (let next = queue.shift(); next !== undefined; next = queue.shift()) {
       run.log.push(`${next.type}${'timer' in next ? `:${next.timer}` : ''}${'status' in next ? `:${next.status}` : ''}${'how' in next ? `:${next.how}` : ''}`);
+      const from = machine.phase;
       for (const effect of machine.handle(next, now)) execute(effect);
+      checkPhase(from, machine.phase);
     }
+  };
+
+  /** The phase moves only along the arrows of test/delivery-phases.test.ts's table, and agrees with what was written. */
+  const checkPhase = (from: Phase, to: Phase) => {
+    if (!NEXT_PHASES[from].includes(to)) violate(`phase ${from} → ${to}`);
+    if ((to === 'settled') !== settled) violate(`phase ${to} with the request ${settled ? '' : 'not '}settled`);
+    if (to === 'streaming' && (!headSent || ended)) violate('streaming without a head, or after the end');
+    if (to === 'ending' && !ended && !clientGone) violate('ending with the response neither ended nor left');
+    if ((to === 'attempting' || to === 'admitting' || to === 'backing_off') && ended) violate(`${to} after the end`);
   };
 
   /**

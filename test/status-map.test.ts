@@ -3,12 +3,16 @@
  * the doc, checked against the module the code consults (src/delivery/status-map.ts), and driven through a real
  * gateway on a socket against a scripted upstream, on each route of its column — the status and error type the client
  * receives, and how many times the upstream was asked (retried: twice under `max_attempts: 2`; else once).
+ * One test holds the whole table against the failure table (src/delivery/failures.ts) the ledger and the machine
+ * build their answers from: per row and shape, the status, the error code or type, and whether it is retried.
  */
 import { readFileSync } from 'node:fs';
 import { createServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import Anthropic from '@anthropic-ai/sdk';
 import { afterAll, describe, expect, it } from 'vitest';
+import { errorBodyFor } from '../src/delivery/errors.js';
+import { failureOf, failureResponse, FAILURES, type FailureCause } from '../src/delivery/failures.js';
 import { clientStatus, retryRule, type ErrorShape, type RetryRule, type UpstreamSignal } from '../src/delivery/status-map.js';
 import { classifyMessagesEvent } from '../src/sse/route-events.js';
 import { chatErrorValidationMessage } from '../src/sim/messages.js';
@@ -92,6 +96,59 @@ describe('docs/errors.md: the status table and src/delivery/status-map.ts agree,
     expect(clientStatus(signal, 'openai')).toBe(row.openai.status);
     expect(clientStatus(signal, 'anthropic')).toBe(row.anthropic.status);
     expect(retryRule(signal)).toBe(row.retried);
+  });
+});
+
+/** The failure table's cause for each row of the doc (the `unreadable 2xx` row stands for four causes). */
+function causesOf(key: string): FailureCause[] {
+  const http = /^HTTP (\d)\d\d$/.exec(key);
+  if (http !== null) return [http[1] === '3' ? 'upstream_3xx' : http[1] === '4' ? 'upstream_4xx' : 'upstream_5xx'];
+  if (key.startsWith('event ')) return ['error_payload'];
+  const named: Record<string, FailureCause[]> = {
+    'unreadable 2xx': ['not_event_stream', 'compressed', 'oversized', 'malformed_body'],
+    'connection refused': ['connect_error'],
+    'reset before output': ['reset'],
+    'end before output': ['incomplete'],
+    'first-output deadline': ['timeout'],
+    'total deadline': ['timeout'],
+  };
+  const causes = named[key];
+  if (causes === undefined) throw new Error(`docs/errors.md row "${key}" has no cause in this test`);
+  return causes;
+}
+
+describe('docs/errors.md: the status table and the failure table (src/delivery/failures.ts) agree', () => {
+  it('every row: status per shape, the code or type answered, retried', () => {
+    const checked: string[] = [];
+    for (const row of ROWS) {
+      const signal = signalOf(row.key);
+      expect(retryRule(signal), row.key).toBe(row.retried);
+      const code = signal.kind === 'event' ? signal.code : signal.kind === 'http' ? signal.status : undefined;
+      // The upstream's own error, as an upstream that sends one would (relayed where the doc says so).
+      const upstreamError = signal.kind === 'event' || signal.kind === 'http' ? { code, type: 'BadRequestError', message: 'boom', param: undefined } : undefined;
+      for (const cause of causesOf(row.key)) {
+        for (const [route, cell] of [['chat_completions', row.openai], ['responses', row.openai], ['messages', row.anthropic]] as const) {
+          const failure = failureOf(cause, route, signal, upstreamError);
+          const where = `${row.key} (${cause}) on ${route}`;
+          expect(failure.status, where).toBe(cell.status);
+          const { status, body } = failureResponse(failure);
+          expect(status, where).toBe(cell.status);
+          const answered = errorBodyFor(route, status, body);
+          if (route === 'messages') {
+            expect('type' in answered && answered.error.type, where).toBe(cell.type);
+          } else if (cell.relayed) {
+            expect(body.error, where).toMatchObject({ message: 'boom', type: 'BadRequestError', code: code ?? status });
+          } else {
+            expect(body.error.code, where).toBe(cell.type);
+            expect(body.error.code, where).toBe(FAILURES[cause].code);
+          }
+        }
+        checked.push(cause);
+      }
+    }
+    // Every attempt failure the table knows is some row of the doc (shutdown and internal are the gateway's own).
+    const attemptCauses = (Object.keys(FAILURES) as FailureCause[]).filter((c) => c !== 'shutdown' && c !== 'internal');
+    expect(new Set(checked)).toEqual(new Set(attemptCauses));
   });
 });
 

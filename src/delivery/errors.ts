@@ -1,10 +1,9 @@
 /**
  * Every error Waybill itself answers with, in one table with stable codes. Bodies are OpenAI-shaped:
  * `{"error":{"message","type","param","code"}}`. docs/errors.md lists the same codes (test/errors.test.ts).
- * Errors passed through from an upstream keep the upstream's message, type, param and code.
+ * Errors passed through from an upstream keep the upstream's message, type, param and code; which code answers which
+ * failure is the failure table's (failures.ts).
  */
-import type { Failure } from '../accounting/ledger.js';
-
 export interface ErrorSpec {
   readonly status: number;
   readonly type: string;
@@ -67,78 +66,6 @@ export interface ErrorBody {
 
 export function errorBody(code: ErrorCode, message: string, param: string | null = null): ErrorBody {
   return { error: { message, type: ERRORS[code].type, param, code } };
-}
-
-/** Longest upstream error message relayed to a client; the rest is cut (an upstream's body is not ours to amplify). */
-const MAX_RELAYED_MESSAGE = 4096;
-
-function relayed(message: string | undefined): string | undefined {
-  return message !== undefined && message.length > MAX_RELAYED_MESSAGE ? `${message.slice(0, MAX_RELAYED_MESSAGE)}…` : message;
-}
-
-function relayedField(value: string | undefined): string | undefined {
-  return value !== undefined && value.length > 256 ? value.slice(0, 256) : value;
-}
-
-/** The status and body a client gets for a pre-commit failure. */
-export function failureResponse(failure: Failure): { status: number; body: ErrorBody } {
-  const upstream = failure.upstreamError && {
-    ...failure.upstreamError,
-    message: relayed(failure.upstreamError.message),
-    type: relayedField(failure.upstreamError.type),
-    param: relayedField(failure.upstreamError.param),
-  };
-  switch (failure.cause) {
-    case 'upstream_3xx':
-      return { status: failure.status, body: errorBody('upstream_protocol_error', 'the upstream answered with a redirect, which Waybill does not follow') };
-    case 'oversized':
-      return {
-        status: failure.status,
-        body: errorBody('upstream_protocol_error', 'the upstream sent more than the gateway holds before the first output (an oversized event, or too many bytes or events)'),
-      };
-    case 'not_event_stream':
-      return { status: failure.status, body: errorBody('upstream_protocol_error', 'the upstream answered a streaming request without an event stream') };
-    case 'malformed_body':
-      return { status: failure.status, body: errorBody('upstream_protocol_error', 'the upstream answered with a body that is not a completion') };
-    case 'internal':
-      return { status: 500, body: errorBody('internal_error', 'internal error') };
-    case 'compressed':
-      return { status: failure.status, body: errorBody('upstream_protocol_error', 'the upstream answered with a compressed body, which Waybill cannot account') };
-    case 'upstream_4xx':
-    case 'error_payload':
-      if (failure.status < 500 || upstream !== undefined) {
-        return {
-          status: failure.status,
-          body: {
-            error: {
-              message: upstream?.message || `upstream answered ${failure.status}`,
-              type: upstream?.type ?? (failure.status < 500 ? 'invalid_request_error' : 'upstream_error'),
-              param: upstream?.param ?? null,
-              code: upstream?.code ?? failure.status,
-            },
-          },
-        };
-      }
-      return { status: failure.status, body: errorBody('upstream_error', `upstream error (${failure.status})`) };
-    case 'upstream_5xx':
-      return {
-        status: failure.status,
-        body: errorBody('upstream_error', `upstream failed: ${upstream?.message || 'server error'}`),
-      };
-    case 'connect_error':
-      return { status: failure.status, body: errorBody('upstream_unreachable', 'could not connect to an upstream') };
-    case 'reset':
-      return { status: failure.status, body: errorBody('upstream_reset', 'the upstream connection was reset before any output') };
-    case 'incomplete':
-      return {
-        status: failure.status,
-        body: errorBody('upstream_incomplete', 'the upstream ended its response before any output'),
-      };
-    case 'timeout':
-      return { status: failure.status, body: errorBody('upstream_timeout', 'the upstream did not produce output in time') };
-    case 'shutdown':
-      return { status: failure.status, body: errorBody('shutting_down', 'the gateway is shutting down; retry the request') };
-  }
 }
 
 /** Anthropic's error type for a status, as its SDK maps them (api_error for what has no type of its own). */

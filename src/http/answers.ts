@@ -7,8 +7,8 @@ import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Tracer } from '@opentelemetry/api';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { RequestLedger } from '../accounting/ledger.js';
 import { ANONYMOUS, OTHER, UNAUTHENTICATED, type ProxiedRoute, type Route } from '../accounting/outcomes.js';
+import { cancelledRecord, rejectedRecord, settle } from '../accounting/settle.js';
 import { requestInfo, type Config } from '../config/load.js';
 import { ERRORS, errorBody, errorBodyFor, type ErrorBody, type ErrorCode } from '../delivery/errors.js';
 import type { UpstreamRegistry } from '../proxy/upstreams.js';
@@ -133,14 +133,11 @@ export function createAnswers(deps: AnswersDeps): Answers {
       trace = guard.trace(started);
     }
     // A rejection's SLO result (excluded, or failed for 429/503) does not depend on thresholds.
-    const ledger = new RequestLedger(
-      requestInfo(deps.config, { model, tenant: start.tenant, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false, clientRetry: clientRetryOf(start.headers) }),
-      start.arrivalAt,
-    );
+    const info = requestInfo(deps.config, { model, tenant: start.tenant, route, stream: start.stream, expectedChoices: 1, dropUsageChunk: false, clientRetry: clientRetryOf(start.headers) });
     const at = now();
-    if (status === 'cancelled') ledger.clientCancelled(at);
-    else ledger.reject(status);
-    publish(ledger.settle(at), start.requestId, trace, undefined, at);
+    // Settled by the same function as a proxied request, from a record without attempts.
+    const record = status === 'cancelled' ? cancelledRecord(info, start.arrivalAt, at) : rejectedRecord(info, start.arrivalAt, status);
+    publish(settle(record, info, at), start.requestId, trace, undefined, at);
   };
 
   const startOf = (request: FastifyRequest, route: Route, stream: boolean, model?: unknown): AnsweredStart => ({

@@ -1,0 +1,172 @@
+/**
+ * What the current attempt reports, in `attempting` (nothing sent: events are held, the first output commits) and in
+ * `streaming` (committed: events are forwarded and written at the end of each upstream read), and after the response
+ * is over (`ending`: the drain grace reads on, for accounting only). The record rules on each event (hold, commit,
+ * forward, drop) and on how the response ends; `decide` (ending.ts) carries that out.
+ */
+import type { SseEvent } from '../../sse/framer.js';
+import type { MachineEvent } from '../machine.js';
+import { arm, clear, dropOut, emit, endClient, flush, forward, observe, reportAnomalies, responseEnded, writeHead, type DeliveryState } from '../state.js';
+import { classifyStreamEvent, classifyWholeBody, SSE_HEADERS } from '../wire.js';
+import { decide, retryNow, settleIfDone } from './ending.js';
+
+export function attemptStarted(s: DeliveryState, attempt: number, upstream: string): void {
+  if (attempt !== s.attempt) return;
+  s.tried.add(upstream);
+  s.held = [];
+  s.heldBytes = 0;
+  dropOut(s);
+  s.upstream = 'reading';
+  s.retryAfterMs = undefined;
+  s.contentType = undefined;
+  s.metadata = undefined;
+  s.ledger.startAttempt(s.at, upstream);
+  // Counted when the retry is made, not when scheduled: retries_total = attempts - requests, exactly.
+  if (s.retriedFor !== undefined) observe(s, { type: 'retry_made', reason: s.retriedFor });
+  arm(s, 'first_output', s.deps.settings.firstOutputMs);
+}
+
+export function upstreamFact(s: DeliveryState, event: Exclude<Extract<MachineEvent, { attempt: number }>, { type: 'attempt_started' | 'attempt_settled' }>): void {
+  const ledger = s.ledger;
+  switch (event.type) {
+    case 'response_start':
+      s.retryAfterMs = event.retryAfterMs;
+      s.contentType = event.contentType;
+      s.metadata = event.metadata;
+      ledger.responseStarted(s.at, event.status);
+      return;
+    case 'protocol_violation':
+      ledger.protocolViolation(s.at, event.violation);
+      reportAnomalies(s);
+      return decide(s);
+    case 'block':
+      return block(s, event.raw, event.event);
+    case 'chunk_done':
+      flush(s);
+      return decide(s);
+    case 'body':
+      ledger.bodyReceived(s.at, event.status, classifyWholeBody(s.request.info.route, event.body, s.contentType, ledger.wantsParts));
+      reportAnomalies(s);
+      if (ledger.ending?.kind === 'complete' && !responseEnded(s)) {
+        writeHead(s, 200, {
+          'content-type': s.contentType ?? 'application/json',
+          'content-length': event.body.length,
+          ...(s.metadata !== undefined ? { metadata: s.metadata } : {}),
+        });
+        return endClient(s, event.body);
+      }
+      return decide(s);
+    case 'stream_end':
+      ledger.streamEnded(s.at, event.how);
+      reportAnomalies(s);
+      return decide(s);
+    case 'network_failure':
+      observe(s, { type: 'connect_failed', attempt: event.attempt, message: event.message });
+      ledger.connectFailed(s.at, event.failure);
+      return decide(s);
+  }
+}
+
+function block(s: DeliveryState, raw: Buffer, event: SseEvent | null): void {
+  const ledger = s.ledger;
+  if (event === null) {
+    // Blank lines alone are not events: never held (one Buffer per blank line is how a drip of them filled memory),
+    // and they do not keep the idle clock going. Comments do: they are the upstream's keep-alives.
+    if (isBlankLines(raw)) {
+      if (ledger.committed && ledger.ending === undefined) forward(s, raw);
+      return;
+    }
+    refreshIdle(s);
+    // Comments: keep them with their neighbours (a keep-alive means something to the client).
+    if (ledger.ending !== undefined) return;
+    if (ledger.committed) forward(s, raw);
+    else hold(s, raw);
+    return;
+  }
+  // The idle clock runs on whole events, not bytes: an upstream dripping bytes without an event boundary is idle.
+  refreshIdle(s);
+  const facts = classifyStreamEvent(s.request.info.route, event, ledger.wantsParts);
+  if (facts.kind === 'error') observe(s, { type: 'upstream_error', attempt: s.attempt, error: facts });
+  const verdict = ledger.streamEvent(s.at, facts);
+  const gap = ledger.record.outputGapMs;
+  if (gap !== undefined) s.deps.onInterTokenGap(gap);
+  if (s.anomaliesSeen !== ledger.record.anomalies.length) reportAnomalies(s);
+  switch (verdict) {
+    case 'hold':
+      return hold(s, raw);
+    case 'commit':
+      commit(s);
+      if (ledger.firstOutputWrittenAt !== undefined) observe(s, { type: 'first_output' });
+      for (const piece of s.held) forward(s, piece);
+      s.held = [];
+      s.heldBytes = 0;
+      forward(s, raw);
+      return;
+    case 'forward':
+      if (!responseEnded(s)) forward(s, raw);
+      return;
+    case 'drop':
+      return;
+  }
+}
+
+/**
+ * Bytes before the first output are bounded in bytes and in pieces: one role chunk per expected choice (vLLM sends
+ * them before any content), plus maxHeldEvents more (comments, empty deltas).
+ */
+function hold(s: DeliveryState, raw: Buffer): void {
+  s.held.push(raw);
+  s.heldBytes += raw.length;
+  const settings = s.deps.settings;
+  if (s.heldBytes > settings.maxEventBytes || s.held.length > settings.maxHeldEvents + s.request.info.expectedChoices) {
+    emit(s, { kind: 'abort_attempt', reason: 'oversized' });
+  }
+}
+
+/** attempting → streaming: the head goes out, and the idle clock starts. */
+function commit(s: DeliveryState): void {
+  clear(s, 'first_output');
+  if (!responseEnded(s)) s.phase = 'streaming';
+  writeHead(s, 200, { 'content-type': s.contentType ?? 'text/event-stream; charset=utf-8', ...SSE_HEADERS });
+  armIdle(s);
+}
+
+export function armIdle(s: DeliveryState): void {
+  s.idleFrom = s.at;
+  arm(s, 'idle', s.deps.settings.idleMs);
+}
+
+function refreshIdle(s: DeliveryState): void {
+  if (s.armed.has('idle')) s.idleFrom = s.at;
+}
+
+export function attemptSettled(s: DeliveryState, attempt: number): void {
+  emit(s, { kind: 'attempt_over', attempt, record: s.ledger.attemptAt(attempt - 1) });
+  if (attempt !== s.attempt) return;
+  s.upstream = 'closed';
+  // The attempt's clocks stop; the request's total deadline keeps running.
+  clear(s, 'first_output');
+  clear(s, 'idle');
+  clear(s, 'drain');
+  if (s.retryDue) {
+    s.retryDue = false;
+    retryNow(s);
+  }
+  if (!responseEnded(s) && s.ledger.ending === undefined) {
+    // The attempt stopped without the record deciding how the client's response ends (cannot happen with the
+    // attempt's reporting; kept so a future gap shows up as a counted incomplete request, not a hang).
+    s.ledger.streamEnded(s.at, 'eof');
+    reportAnomalies(s);
+    decide(s);
+  }
+  settleIfDone(s);
+}
+
+/** CR and LF only: a block of blank lines, which dispatches nothing and carries nothing. */
+function isBlankLines(raw: Buffer): boolean {
+  for (let i = 0; i < raw.length; i++) {
+    const c = raw[i];
+    if (c !== 0x0a && c !== 0x0d) return false;
+  }
+  return true;
+}

@@ -7,10 +7,9 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { audioBody, audioResponseId, createAudioSerializer, FORM_PARSE_ERROR_BODY, readAudioForm, readAudioRequest, type AudioRoute } from '../audio.js';
 import type { Exchange, SimContext } from '../context.js';
-import { startNonStream } from '../nonstream.js';
 import { sendBody } from '../respond.js';
 import { startStream } from '../stream.js';
-import { shapeAsChat } from './event-route.js';
+import { answerWholeBody, shapeAsChat } from './event-route.js';
 import { answerFaultAtOnce, checkPost, chooseFault, faultHeaderError } from './read.js';
 
 export async function serveAudio(ctx: SimContext, ex: Exchange, req: IncomingMessage, res: ServerResponse, route: AudioRoute, path: string): Promise<void> {
@@ -67,20 +66,7 @@ export async function serveAudio(ctx: SimContext, ex: Exchange, req: IncomingMes
     };
     ex.control = startStream(res, plan, ctx.streamHooks(ex, finishReasons, (tokens) => { sent += tokens; }));
   } else {
-    ex.control = startNonStream(
-      res,
-      {
-        outputEvents: Math.ceil(shape.tokensPerChoice / shape.tokensPerEvent),
-        completionTokens: shape.tokensPerChoice,
-        ttftMs: shape.ttftMs,
-        itlMs: shape.itlMs,
-        jitter: shape.jitter,
-        random,
-        fault,
-        send: () => sendBody(res, 200, audioBody(request, shape.tokensPerChoice, !modifiers.noUsage)),
-      },
-      ctx.nonStreamHooks(ex, finishReasons),
-    );
+    ex.control = answerWholeBody(ctx, ex, res, shape, fault, random, () => sendBody(res, 200, audioBody(request, shape.tokensPerChoice, !modifiers.noUsage)));
   }
   ctx.emitStart(ex);
 }

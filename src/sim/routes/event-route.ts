@@ -1,7 +1,8 @@
 /**
- * What /v1/responses and /v1/messages share once their request is read: the answer's shape (they run as a chat
- * completion: its timing, token count and finish reason), and the answer itself — the route's named events through the
- * stream engine (event-stream.ts), or its whole body after the stream's time (nonstream.ts).
+ * What the one-choice routes — /v1/responses, /v1/messages, and audio — share once their request is read: the answer's
+ * shape (they run as a chat completion: its timing, token count and finish reason), and the answer itself — the
+ * route's named events through the stream engine (event-stream.ts), or its whole body after the stream's time
+ * (nonstream.ts).
  */
 import type { ServerResponse } from 'node:http';
 import type { Exchange, SimContext } from '../context.js';
@@ -12,6 +13,8 @@ import type { SimOptions } from '../options.js';
 import { shapeAnswer, type AnswerShape } from '../plan.js';
 import type { GenerationRequest } from '../request.js';
 import { sendBody } from '../respond.js';
+import type { StreamControl } from '../stream-engine.js';
+import type { Random } from '../../util/prng.js';
 
 /** The fields of a non-chat request that decide its answer's shape as a chat completion would have it. */
 export interface ChatLike {
@@ -40,12 +43,8 @@ export function shapeAsChat(ex: Exchange, request: ChatLike, modifiers: Modifier
   return shapeAnswer(chat, modifiers, opts, ex.record.requestId, createdSeconds);
 }
 
+/** The answer of an event route: its named events, or its whole body. */
 export interface EventAnswer {
-  readonly stream: boolean;
-  readonly promptTokens: number;
-  readonly shape: AnswerShape;
-  readonly fault: Fault | null;
-  readonly modifiers: Modifiers;
   /** The stream's events. */
   writer(): EventWriter;
   /** The whole-body answer. */
@@ -53,13 +52,19 @@ export interface EventAnswer {
   readonly failure?: NonStreamPlan['failure'];
 }
 
-export function answerEventRoute(ctx: SimContext, ex: Exchange, res: ServerResponse, answer: EventAnswer): void {
-  const { shape, fault } = answer;
+/** What the answer of a one-choice generation is made of, once its request is read and its fault chosen. */
+export interface OneChoice {
+  readonly request: { readonly stream: boolean; readonly promptTokens: number };
+  readonly shape: AnswerShape;
+  readonly fault: Fault | null;
+  readonly modifiers: Modifiers;
+}
+
+export function answerEventRoute(ctx: SimContext, ex: Exchange, res: ServerResponse, { request, shape, fault, modifiers }: OneChoice, answer: EventAnswer): void {
   const random = ctx.randomOf(ex);
-  const finishReasons = (): string[] => [shape.finishReason];
-  ctx.store.addPromptTokens(answer.promptTokens);
+  ctx.store.addPromptTokens(request.promptTokens);
   ctx.setPhase(ex, 'waiting');
-  if (answer.stream) {
+  if (request.stream) {
     ex.control = startEventStream(
       res,
       {
@@ -70,27 +75,41 @@ export function answerEventRoute(ctx: SimContext, ex: Exchange, res: ServerRespo
         jitter: shape.jitter,
         random,
         fault,
-        framing: answer.modifiers,
+        framing: modifiers,
         writer: answer.writer(),
       },
-      ctx.streamHooks(ex, finishReasons),
+      ctx.streamHooks(ex, () => [shape.finishReason]),
     );
   } else {
-    ex.control = startNonStream(
-      res,
-      {
-        outputEvents: Math.ceil(shape.tokensPerChoice / shape.tokensPerEvent),
-        completionTokens: shape.tokensPerChoice,
-        ttftMs: shape.ttftMs,
-        itlMs: shape.itlMs,
-        jitter: shape.jitter,
-        random,
-        fault,
-        send: () => sendBody(res, 200, answer.body()),
-        failure: answer.failure,
-      },
-      ctx.nonStreamHooks(ex, finishReasons),
-    );
+    ex.control = answerWholeBody(ctx, ex, res, shape, fault, random, () => sendBody(res, 200, answer.body()), answer.failure);
   }
   ctx.emitStart(ex);
+}
+
+/** A one-choice generation's whole body (`send`), after the time its stream would have taken. */
+export function answerWholeBody(
+  ctx: SimContext,
+  ex: Exchange,
+  res: ServerResponse,
+  shape: AnswerShape,
+  fault: Fault | null,
+  random: Random,
+  send: () => void,
+  failure?: NonStreamPlan['failure'],
+): StreamControl {
+  return startNonStream(
+    res,
+    {
+      outputEvents: Math.ceil(shape.tokensPerChoice / shape.tokensPerEvent),
+      completionTokens: shape.tokensPerChoice,
+      ttftMs: shape.ttftMs,
+      itlMs: shape.itlMs,
+      jitter: shape.jitter,
+      random,
+      fault,
+      send,
+      failure,
+    },
+    ctx.nonStreamHooks(ex, () => [shape.finishReason]),
+  );
 }

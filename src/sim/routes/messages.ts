@@ -37,12 +37,7 @@ export async function serveMessages(ctx: SimContext, ex: Exchange, req: Incoming
     id: shape.identity.id,
     model: request.model,
   };
-  answerEventRoute(ctx, ex, res, {
-    stream: request.stream,
-    promptTokens: request.promptTokens,
-    shape,
-    fault,
-    modifiers,
+  answerEventRoute(ctx, ex, res, { request, shape, fault, modifiers }, {
     writer: () => createMessagesWriter(answer),
     body: () => messagesBody(answer),
     failure: (code, beforeOutput) => messagesFailure(engineErrorInfo(code, beforeOutput)),

@@ -63,12 +63,7 @@ export async function serveResponses(ctx: SimContext, ex: Exchange, req: Incomin
         ctx.responses.put(entry);
       }
     : undefined;
-  answerEventRoute(ctx, ex, res, {
-    stream: request.stream,
-    promptTokens: request.promptTokens,
-    shape,
-    fault,
-    modifiers,
+  answerEventRoute(ctx, ex, res, { request, shape, fault, modifiers }, {
     writer: () => createResponsesWriter(answer, onFinal),
     body: () => responsesBody(answer, onFinal),
   });

@@ -5,7 +5,8 @@
  * `translation.chunk` stream or one JSON body.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { audioBody, audioResponseId, createAudioSerializer, FORM_PARSE_ERROR_BODY, readAudioForm, readAudioRequest, type AudioRoute } from '../audio.js';
+import { audioBody, audioResponseId, createAudioSerializer, FORM_PARSE_ERROR_BODY, readAudioRequest, type AudioRoute } from '../audio.js';
+import { readAudioForm } from '../audio-form.js';
 import type { Exchange, SimContext } from '../context.js';
 import { sendBody } from '../respond.js';
 import { startStream } from '../stream.js';

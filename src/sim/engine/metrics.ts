@@ -30,21 +30,7 @@ import {
 } from './exposition.js';
 
 /** The exposition's pieces, for the tests and callers that read them from here. */
-export {
-  FixedHistogram,
-  ITL_BUCKETS,
-  KV_RESIDENCY_BUCKETS,
-  type Labels,
-  type MetricFamily,
-  REQUEST_LATENCY_BUCKETS,
-  type Sample,
-  TTFT_BUCKETS,
-  build125Buckets,
-  buildBuckets,
-  formatValue,
-  pythonFloatRepr,
-  renderFamilies,
-} from './exposition.js';
+export * from './exposition.js';
 
 /**
  * vLLM's FinishReason, in enum order (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS). PrometheusStatLogger

@@ -1,17 +1,16 @@
 /**
  * vLLM's speech-to-text routes, `POST /v1/audio/transcriptions` and `POST /v1/audio/translations`, as vLLM@52a31cce
  * serves them (`vllm/entrypoints/speech_to_text/`; the facts in docs/simulator.md): the multipart form read with
- * @fastify/busboy (the file part counted, never kept), the refusals in vLLM's order, the answer's numbers, the stream
+ * @fastify/busboy (audio-form.ts: the file part counted, never kept), the refusals in vLLM's order, the answer's numbers, the stream
  * chunks' serializer and the non-streaming bodies. The timing, faults and stream writing are the chat route's
- * (stream.ts, nonstream.ts), driven by server.ts.
+ * (stream.ts, nonstream.ts), driven by routes/audio.ts.
  *
  * The simulated model is a Whisper: `audio seconds = file bytes / 32 000` (16 kHz, 16-bit, mono PCM), an empty file
  * part is the one thing it cannot decode, and the prompt its usage reports is Whisper's decoder prompt plus one audio
  * token per 10 ms (the log-mel frames).
  */
-import type { IncomingMessage } from 'node:http';
 import { deflateSync } from 'node:zlib';
-import { Busboy, type BusboyInstance } from '@fastify/busboy';
+import type { FormValue } from './audio-form.js';
 import type { RequestRecord } from './stats.js';
 import { pythonFloat } from './vectors.js';
 import {
@@ -45,9 +44,6 @@ export const AUDIO_BYTES_PER_SECOND = 32_000;
 const AUDIO_TOKENS_PER_SECOND = 100;
 /** `<|startoftranscript|><|lang|><|transcribe or translate|><|notimestamps|>`: Whisper's decoder prompt. */
 const DECODER_PROMPT_TOKENS = 4;
-/** Starlette's multipart limits (MultiPartParser): 1 000 files, 1 000 fields, 1 MiB per non-file part. */
-const MAX_FORM_PARTS = 1000;
-const MAX_FIELD_BYTES = 1024 * 1024;
 /** A segment's average log-probability: vLLM sums the sampled tokens'; the simulator has none to sum. */
 const SEGMENT_AVG_LOGPROB = -0.25;
 /** Whisper's timestamp tokens step by 20 ms. */
@@ -55,91 +51,6 @@ const TIMESTAMP_STEP_S = 0.02;
 
 const RESPONSE_FORMATS = ['json', 'text', 'srt', 'verbose_json', 'vtt'] as const;
 type ResponseFormat = (typeof RESPONSE_FORMATS)[number];
-
-// ---- the form ----
-
-/** One form value: a plain field, or a file part (its bytes counted, not kept). */
-export type FormValue = { readonly kind: 'field'; readonly value: string } | { readonly kind: 'file'; bytes: number; readonly filename: string };
-
-/**
- * `form`: the parsed form (last value wins per name, as Starlette's FormData.get); a body that is neither multipart nor
- * urlencoded is an empty form, as Starlette reads it. `malformed`: the parser failed. `gone`: the client left first.
- */
-export type FormRead =
-  | { readonly kind: 'form'; readonly values: ReadonlyMap<string, FormValue> }
-  | { readonly kind: 'malformed' }
-  | { readonly kind: 'gone' };
-
-function mediaTypeOf(req: IncomingMessage): string {
-  return (req.headers['content-type'] ?? '').split(';', 1)[0]?.trim().toLowerCase() ?? '';
-}
-
-/**
- * Read the request's form with busboy. A file part's bytes are counted as they pass and dropped, so a 25 MB upload
- * costs no memory; plain fields are kept (Starlette's limits bound them).
- */
-export function readAudioForm(req: IncomingMessage): Promise<FormRead> {
-  return new Promise((resolve) => {
-    let settled = false;
-    const settle = (result: FormRead): void => {
-      if (settled) return;
-      settled = true;
-      resolve(result);
-    };
-    req.once('close', () => {
-      if (!req.complete) settle({ kind: 'gone' });
-    });
-
-    const values = new Map<string, FormValue>();
-    const mediaType = mediaTypeOf(req);
-    if (mediaType !== 'multipart/form-data' && mediaType !== 'application/x-www-form-urlencoded') {
-      // Starlette's request.form() reads no body for other content types: an empty form. Drain it all the same.
-      req.once('end', () => settle({ kind: 'form', values }));
-      req.resume();
-      return;
-    }
-
-    let parser: BusboyInstance;
-    try {
-      parser = new Busboy({
-        headers: { ...req.headers, 'content-type': req.headers['content-type'] ?? '' },
-        // Starlette's rule: a part is a file when its Content-Disposition has a filename.
-        isPartAFile: (_name, _contentType, filename) => filename !== undefined,
-        limits: { files: MAX_FORM_PARTS, fields: MAX_FORM_PARTS, fieldSize: MAX_FIELD_BYTES, fieldNameSize: MAX_FIELD_BYTES },
-      });
-    } catch {
-      // e.g. a multipart content type without a boundary.
-      req.resume();
-      settle({ kind: 'malformed' });
-      return;
-    }
-    const malformed = (): void => {
-      req.unpipe(parser);
-      req.resume();
-      settle({ kind: 'malformed' });
-    };
-    parser.on('file', (name, stream, filename) => {
-      const value: FormValue = { kind: 'file', bytes: 0, filename };
-      if (name !== '') values.set(name, value);
-      stream.on('data', (chunk: Buffer) => {
-        value.bytes += chunk.length;
-      });
-      stream.on('error', malformed);
-    });
-    parser.on('field', (name, value, nameTruncated, valueTruncated) => {
-      if (nameTruncated || valueTruncated) {
-        malformed();
-        return;
-      }
-      if (name !== '') values.set(name, { kind: 'field', value });
-    });
-    parser.on('filesLimit', malformed);
-    parser.on('fieldsLimit', malformed);
-    parser.on('error', malformed);
-    parser.on('finish', () => settle({ kind: 'form', values }));
-    req.pipe(parser);
-  });
-}
 
 // ---- the request ----
 

@@ -3,36 +3,25 @@
  * events go to the store (vLLM's `event_store`), and any number of HTTP streams replay them —
  * `responses_background_stream_generator`, `vllm/entrypoints/openai/responses/serving.py`. Two pieces:
  *
- * - startBackground(): the engine side. The same clock, output-event boundaries and engine faults as a stream
- *   (event-stream.ts), but its events are handed over, not written. An engine error kills the task (vLLM's
+ * - startBackground(): the engine side. The stream engine (stream-engine.ts) with the Responses writer, as a stream,
+ *   but its events are handed over, not written. An engine error kills the task (vLLM's
  *   GenerationError escapes the task: no event, no final response); `stall_after` freezes it.
  * - startReplay(): one HTTP stream over the buffered events, from an index on. It ends only after writing
  *   `response.completed`; when the task died or was cancelled it stays open and idle until the client leaves.
  */
 import type { ServerResponse } from 'node:http';
-import type { EventWriter, NamedEvent } from './event-stream.js';
+import { eventRenderer, type EventWriter, type NamedEvent } from './event-stream.js';
 import type { Fault } from './faults.js';
-import type { Random } from '../util/prng.js';
-import { timerPacer, type Pacer } from './pacer.js';
 import type { StoredResponse } from './response-store.js';
-import { faultBoundary, type StreamControl } from './stream.js';
-import type { CancelTimer } from './timer.js';
+import { cutConnection } from './http-sink.js';
+import { runStream, type SequencePlan, type StreamControl, type StreamSink } from './stream-engine.js';
 import { createNamedEventFramer, type FramingStyle } from './wire.js';
 
 // ---- the task ----
 
-export interface BackgroundPlan {
-  readonly tokens: number;
-  readonly tokensPerEvent: number;
-  readonly ttftMs: number;
-  readonly itlMs: number;
-  readonly jitter: number;
-  readonly random: Random;
-  /** `error_before_output`, `error_after`, `stall_after` or null (others are ignored). */
-  readonly fault: Fault | null;
+/** `fault`: `error_before_output`, `error_after`, `stall_after` or null (others are ignored). */
+export interface BackgroundPlan extends SequencePlan {
   readonly writer: EventWriter;
-  /** When events are due; absent: the timer of ttftMs, itlMs and jitter. */
-  readonly pacer?: Pacer | undefined;
 }
 
 export interface BackgroundHooks {
@@ -56,92 +45,41 @@ export function appliesToBackground(kind: Fault['kind']): boolean {
   return kind === 'error_before_output' || kind === 'error_after' || kind === 'stall_after' || kind === 'status' || kind === 'reset_before_response';
 }
 
-export function startBackground(plan: BackgroundPlan, hooks: BackgroundHooks): StreamControl {
-  const run = new BackgroundRun(plan, hooks);
-  run.start();
-  return run;
+/** The faults a background task itself honours; `status` and `reset_before_response` were answered before it. */
+function appliesToTask(fault: Fault | null): Fault | null {
+  const kind = fault?.kind;
+  return kind === 'error_before_output' || kind === 'error_after' || kind === 'stall_after' ? fault : null;
 }
 
-class BackgroundRun implements StreamControl {
-  private cancelTimer: CancelTimer | undefined;
-  private stopped = false;
-  private firstTokenSent = false;
-  private faultFired = false;
-  private outputEvents = 0;
-  private produced = 0;
-  private readonly boundary: number | null;
-
-  constructor(
-    private readonly plan: BackgroundPlan,
-    private readonly hooks: BackgroundHooks,
-  ) {
-    this.boundary = faultBoundary(plan.fault);
-    this.pacer = plan.pacer ?? timerPacer(plan);
-  }
-
-  private readonly pacer: Pacer;
-
-  start(): void {
-    this.hooks.onEvents(this.plan.writer.opening());
-    this.cancelTimer = this.pacer.first(this.tick);
-  }
-
-  abort(): void {
-    this.stopped = true;
-    this.cancelTimer?.();
-    this.cancelTimer = undefined;
-    this.pacer.release();
-  }
-
-  private get remaining(): number {
-    return this.plan.tokens - this.produced;
-  }
-
-  private readonly tick = (): void => {
-    this.cancelTimer = undefined;
-    if (this.stopped) return;
-    const out: NamedEvent[] = [];
-    if (this.isAtBoundary() && this.fireFault(out)) return;
-    if (this.remaining > 0) {
-      if (!this.firstTokenSent) {
-        this.firstTokenSent = true;
-        this.hooks.onFirstToken();
-        out.push(...this.plan.writer.first());
-      }
-      const count = Math.min(this.plan.tokensPerEvent, this.remaining);
-      out.push(this.plan.writer.output(this.produced, count));
-      this.produced += count;
-      this.outputEvents += 1;
-      this.hooks.onOutput(count);
-    }
-    if (this.remaining === 0) {
-      if (this.isAtBoundary() && this.fireFault(out)) return;
-      out.push(...this.plan.writer.finish({ dropFinish: false, noTerminal: false }));
-      this.stopped = true;
-      this.pacer.release();
-      this.hooks.onEvents(out);
-      this.hooks.onEnd('completed');
-      return;
-    }
-    this.hooks.onEvents(out);
-    this.cancelTimer = this.pacer.next(1, this.tick);
+/**
+ * The task's sink: events are handed over, not written, and nothing is ever held back. An engine error kills the task
+ * with no event of its own (the writer's failure is the cut, which has no connection to cut here).
+ */
+function taskSink(hooks: BackgroundHooks): StreamSink<NamedEvent> {
+  return {
+    open: (events) => hooks.onEvents(events),
+    write: (events) => {
+      hooks.onEvents(events);
+      return true;
+    },
+    onDrain: () => undefined,
+    end: () => undefined,
+    reset: () => undefined,
+    cut: () => undefined,
   };
+}
 
-  private isAtBoundary(): boolean {
-    return !this.faultFired && this.boundary !== null && (this.outputEvents >= this.boundary || this.remaining === 0);
-  }
-
-  /** Apply the boundary fault: true when it ended (or froze) the task. */
-  private fireFault(out: NamedEvent[]): boolean {
-    this.faultFired = true;
-    const kind = this.plan.fault?.kind;
-    if (kind !== 'error_before_output' && kind !== 'error_after' && kind !== 'stall_after') return false;
-    this.stopped = true;
-    if (kind !== 'stall_after') this.pacer.release();
-    this.hooks.onEvents(out);
-    if (kind !== 'stall_after') this.hooks.onEnd('died');
-    return true;
-  }
+export function startBackground(plan: BackgroundPlan, hooks: BackgroundHooks): StreamControl {
+  return runStream(
+    { ...plan, choiceCount: 1, tokensPerChoice: plan.tokens, fault: appliesToTask(plan.fault) },
+    eventRenderer(plan.writer),
+    taskSink(hooks),
+    {
+      onFirstToken: () => hooks.onFirstToken(),
+      onOutput: (tokens) => hooks.onOutput(tokens),
+      onEnd: ({ generationComplete }) => hooks.onEnd(generationComplete ? 'completed' : 'died'),
+    },
+  );
 }
 
 // ---- the replay ----
@@ -166,7 +104,7 @@ export function startReplay(res: ServerResponse, entry: StoredResponse, start: n
   res.flushHeaders();
   const events = entry.events;
   if (events === null) {
-    cut(res);
+    cutConnection(res);
     hooks.onEnd('refused');
     return;
   }
@@ -187,7 +125,7 @@ export function startReplay(res: ServerResponse, entry: StoredResponse, start: n
       if (event === undefined) {
         // deque[i] for i < -len: IndexError escapes the generator after the 200.
         finish();
-        cut(res);
+        cutConnection(res);
         hooks.onEnd('refused');
         return;
       }
@@ -215,10 +153,3 @@ export function startReplay(res: ServerResponse, entry: StoredResponse, start: n
   pump();
 }
 
-/** What uvicorn does when the generator raises after the response started: flush, then FIN, no chunked terminator. */
-function cut(res: ServerResponse): void {
-  const socket = res.socket;
-  if (socket === null) return;
-  socket.once('finish', () => socket.destroy());
-  socket.end();
-}

@@ -4,15 +4,13 @@
  * legacy completion, or one of the non-generation routes' answers, which have no decode (`outputEvents: 0`).
  */
 import type { ServerResponse } from 'node:http';
-import type { Fault } from './faults.js';
-import type { Random } from '../util/prng.js';
-import { timerPacer, type Pacer } from './pacer.js';
+import { timerPacer } from './pacer.js';
 import { after, type CancelTimer } from './timer.js';
 import { sendBody } from './respond.js';
-import type { StreamControl } from './stream.js';
+import type { PacedPlan, StreamControl } from './stream-engine.js';
 import { errorBody, errorInfo } from './wire.js';
 
-export interface NonStreamPlan {
+export interface NonStreamPlan extends PacedPlan {
   /**
    * Output events a stream of the same answer would carry: the body goes out `itlMs` × (events − 1) after the
    * first token. 0 when there is no decode: the body goes out at the first-token time.
@@ -20,14 +18,7 @@ export interface NonStreamPlan {
   readonly outputEvents: number;
   /** Completion tokens the 200 body carries. */
   readonly completionTokens: number;
-  readonly ttftMs: number;
-  readonly itlMs: number;
-  readonly jitter: number;
-  readonly random: Random;
-  /** Only kinds for which appliesToNonStream() holds; the server drops the others. */
-  readonly fault: Fault | null;
-  /** When events are due; absent: the timer of ttftMs, itlMs and jitter. */
-  readonly pacer?: Pacer | undefined;
+  /** `fault`: only kinds for which appliesToNonStream() holds; the server drops the others. */
   /** Write the 200 answer. */
   send(): void;
   /**

@@ -2,7 +2,7 @@
  * When a generation's output events are due. Two sources: the timer (a fixed TTFT and inter-token delay, jittered —
  * the simulator without its engine model, and every request whose x-sim-fault header sets a timing) and the engine
  * model (src/sim/engine/runtime.ts: events are due when the engine's steps have produced their tokens). The writers
- * (stream.ts, event-stream.ts, nonstream.ts, background.ts) ask only "call me when the next events are due", so faults,
+ * (the stream engine, stream-engine.ts, and nonstream.ts) ask only "call me when the next events are due", so faults,
  * framing and backpressure are the same under both.
  */
 import { jittered, type Random } from '../util/prng.js';

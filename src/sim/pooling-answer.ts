@@ -4,7 +4,7 @@
  * floats as Python's repr — and the raw-bytes answers as its StreamingResponse (chunked, one chunk per item).
  */
 import type { PoolingRequest, PoolingRoute, Prompt } from './pooling-request.js';
-import { scorePairs, type PoolingWork } from './pooling-request.js';
+import { scorePairs, type PoolingWork } from './pooling-work.js';
 import { MAX_MODEL_LEN } from './request.js';
 import type { SimTokenizer } from './tokens.js';
 import { argmax, classProbs, CLASS_LABELS, cosine, embedding, encodeValues, pythonFloat, pythonFloatArray } from './vectors.js';

@@ -7,6 +7,9 @@
  * The simulated model is a chimera that offers every route at once (a real vLLM model is an embedding model or a
  * classifier, and gets 404 on the other routes): an embedding model whose scores are bi-encoder cosines, with a
  * two-label classifier beside it.
+ *
+ * Over 400 lines on purpose: seven routes' pydantic models and handler checks, each in vLLM's order, sharing the field
+ * readers above them; what a request costs is pooling-work.ts, its answer pooling-answer.ts.
  */
 import { MAX_MODEL_LEN, messageText, type RequestSummary } from './request.js';
 import { MAX_TOKEN_ID } from './tokens.js';
@@ -444,49 +447,5 @@ export function readPoolingRequest(route: PoolingRoute, body: unknown, models: r
   } catch (error) {
     if (error instanceof Refused) return { ok: false, refusal: error.refusal };
     throw error;
-  }
-}
-
-/** What one request costs, for usage and the engine's counters. */
-export interface PoolingWork {
-  /** usage.prompt_tokens; null for tokenize and detokenize, which carry no usage. */
-  readonly promptTokens: number | null;
-  /** Tokens the engine computes: each text once (a score query is encoded once, however many documents). */
-  readonly engineTokens: number;
-  /** Engine requests: one per text (a score is one per query and one per document). */
-  readonly engineRequests: number;
-}
-
-const sum = (prompts: readonly Prompt[]): number => prompts.reduce((total, p) => total + p.tokens, 0);
-
-/**
- * The bi-encoder's usage counts each pair as query + padding token + document (`BiEncoderIOProcessor._post_process`),
- * so a 1:N query is counted N times.
- */
-export function scorePairs(queries: readonly Prompt[], documents: readonly Prompt[]): ScorePair[] {
-  return documents.map((document, i) => ({ query: (queries.length === 1 ? queries[0] : queries[i]) ?? document, document }));
-}
-
-export function poolingWork(request: PoolingRequest): PoolingWork {
-  switch (request.route) {
-    case 'embeddings':
-    case 'pooling':
-    case 'classify': {
-      const tokens = sum(request.prompts);
-      return { promptTokens: tokens, engineTokens: tokens, engineRequests: request.prompts.length };
-    }
-    case 'score':
-    case 'rerank': {
-      const queries = request.route === 'score' ? request.queries : [request.query];
-      const pairs = scorePairs(queries, request.documents);
-      return {
-        promptTokens: pairs.reduce((total, p) => total + p.query.tokens + 1 + p.document.tokens, 0),
-        engineTokens: sum(queries) + sum(request.documents),
-        engineRequests: queries.length + request.documents.length,
-      };
-    }
-    case 'tokenize':
-    case 'detokenize':
-      return { promptTokens: null, engineTokens: 0, engineRequests: 0 };
   }
 }

@@ -9,7 +9,7 @@
  * RESPONSES_STORE_LIMIT entries the oldest one whose generation is not running is forgotten.
  */
 import type { NamedEvent } from './event-stream.js';
-import { pendingResponseBody, type ResponsesAnswer, type ResponseStatus } from './responses.js';
+import { pendingResponseBody, type ResponsesAnswer, type ResponseStatus } from './responses-answer.js';
 
 /** Responses kept at most (vLLM: unbounded). */
 export const RESPONSES_STORE_LIMIT = 10_000;

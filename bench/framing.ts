@@ -11,7 +11,10 @@
  * they run inside the timed loop, so their cost shows up in ns/event.
  */
 import { pathToFileURL } from 'node:url';
-import { RequestLedger, type RequestInfo } from '../src/accounting/ledger.js';
+import type { RequestInfo } from '../src/accounting/ledger.js';
+import { createRecord, currentAttempt, recordAttemptStart, recordClientEnd } from '../src/accounting/record.js';
+import { recordStreamEnd, recordStreamEvent } from '../src/accounting/record-upstream.js';
+import { settleRequest } from '../src/accounting/settle.js';
 import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import { classifyEventData } from '../src/sse/classify.js';
 import { createFramer, type SseEvent } from '../src/sse/framer.js';
@@ -127,25 +130,25 @@ const LEDGER_INFO: RequestInfo = {
   promptLenClasses: promptLenClasses([1024, 4096, 16384, 65536]),
 };
 
-/** The gateway's per-event work beside framing: classify each event and rule on it in the stream's ledger. */
+/** The gateway's per-event work beside framing: classify each event and rule on it in the stream's record of facts. */
 export function ledgerObserver(): Pick<FramingBenchOptions, 'onEvent' | 'onStreamEnd'> {
   let current = -1;
   let clock = 0;
-  let ledger = new RequestLedger(LEDGER_INFO, 0);
+  let record = createRecord(LEDGER_INFO, 0);
   return {
     onEvent(streamIndex, _raw, event) {
       if (streamIndex !== current) {
         current = streamIndex;
-        ledger = new RequestLedger(LEDGER_INFO, clock);
-        ledger.startAttempt(clock, 'u0');
-        ledger.responseStarted(clock, 200);
+        record = createRecord(LEDGER_INFO, clock);
+        recordAttemptStart(record, clock, 'u0');
+        currentAttempt(record).status = 200;
       }
-      if (event !== null) ledger.streamEvent(++clock, classifyEventData(event.data));
+      if (event !== null) recordStreamEvent(record, LEDGER_INFO, ++clock, classifyEventData(event.data));
     },
     onStreamEnd() {
-      ledger.streamEnded(clock, 'eof');
-      ledger.clientEnded(clock);
-      const settlement = ledger.settle(clock);
+      recordStreamEnd(record, LEDGER_INFO, clock, 'eof');
+      recordClientEnd(record, clock);
+      const settlement = settleRequest(record, LEDGER_INFO, clock);
       if (settlement.outcome !== 'delivered') throw new Error(`stream ${current} settled ${settlement.outcome}`);
     },
   };

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { RequestLedger, type RequestInfo, type Verdict } from '../src/accounting/ledger.js';
+import type { RequestInfo, Verdict } from '../src/accounting/ledger.js';
+import { RequestLedger } from './helpers/ledger-driver.js';
 import { cancelledRecord, rejectedRecord, settle } from '../src/accounting/settle.js';
 import { requestInfo } from './helpers/ledger-info.js';
 import { classifyEventData, type EventFacts } from '../src/sse/classify.js';

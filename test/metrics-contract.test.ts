@@ -1,7 +1,7 @@
 import { ROUTE_SHARE_RESULTS } from '../src/routing/route-bus.js';
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { RequestLedger } from '../src/accounting/ledger.js';
+import { RequestLedger } from './helpers/ledger-driver.js';
 import {
   ANOMALY_KINDS,
   ATTEMPT_RESULTS,

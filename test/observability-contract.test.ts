@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { RequestLedger } from '../src/accounting/ledger.js';
+import { RequestLedger } from './helpers/ledger-driver.js';
 import { prettyLine } from '../src/telemetry/logger.js';
 import { requestLogLine } from '../src/telemetry/request-log.js';
 import { EVENTS, GEN_AI, WAYBILL } from '../src/telemetry/request-trace.js';

@@ -1,20 +1,55 @@
 /**
  * Observers cannot break delivery, and a bug inside the exchange still ends in an answer and one count. Each test
- * makes one observer (or the ledger) throw for real, over real sockets, and checks the client's bytes, the count,
- * and waybill_internal_errors_total.
+ * makes one observer (or the core's record of facts) throw for real, over real sockets, and checks the client's bytes,
+ * the count, and waybill_internal_errors_total.
+ *
+ * The core's faults are injected by mocking the two record modules' functions the reducer calls: recording an
+ * upstream event (accounting/record-upstream.ts `recordStreamEvent`) and the settlement (accounting/settle.ts
+ * `settleRequest`). Each mock calls through to the real function unless the test arms a fault for a given call.
  */
 import type { Tracer } from '@opentelemetry/api';
 import { pino } from 'pino';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { RequestLedger, type Settlement } from '../src/accounting/ledger.js';
+import type { Settlement } from '../src/accounting/ledger.js';
 import { parseConfig } from '../src/config/load.js';
 import { createGateway, type GatewayOptions } from '../src/http/server.js';
 import { createSimulator } from '../src/sim/server.js';
 import { CHAT, metricValue, post } from './helpers/stack.js';
 
+/** Which call of each core function throws (1-based, counted since the fault was armed); undefined: none. */
+const faults = vi.hoisted(() => ({ streamEventCall: undefined as number | undefined, settleCall: undefined as number | undefined, streamEvents: 0, settles: 0 }));
+
+vi.mock('../src/accounting/record-upstream.js', async (importOriginal) => {
+  const real = await importOriginal<typeof import('../src/accounting/record-upstream.js')>();
+  return {
+    ...real,
+    recordStreamEvent: (...args: Parameters<typeof real.recordStreamEvent>) => {
+      if (faults.streamEventCall !== undefined && ++faults.streamEvents === faults.streamEventCall) throw new Error('ledger bug');
+      return real.recordStreamEvent(...args);
+    },
+  };
+});
+
+vi.mock('../src/accounting/settle.js', async (importOriginal) => {
+  const real = await importOriginal<typeof import('../src/accounting/settle.js')>();
+  return {
+    ...real,
+    settleRequest: (...args: Parameters<typeof real.settleRequest>) => {
+      if (faults.settleCall !== undefined && ++faults.settles === faults.settleCall) throw new Error('settle bug');
+      return real.settleRequest(...args);
+    },
+  };
+});
+
+function armFault(which: 'streamEvent' | 'settle', call: number): void {
+  if (which === 'streamEvent') faults.streamEventCall = call;
+  else faults.settleCall = call;
+}
+
 const cleanups: Array<() => Promise<void> | void> = [];
 afterEach(async () => {
   vi.restoreAllMocks();
+  Object.assign(faults, { streamEventCall: undefined, settleCall: undefined, streamEvents: 0, settles: 0 });
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });
 
@@ -85,11 +120,8 @@ describe('a throwing observer', () => {
 
 describe('an error inside the exchange', () => {
   it('before commit: the client gets a 500 internal_error, the request counts once as failed, the upstream is let go', async () => {
-    const spy = vi.spyOn(RequestLedger.prototype, 'streamEvent');
-    spy.mockImplementationOnce(() => {
-      throw new Error('ledger bug');
-    });
     const g = await start({});
+    armFault('streamEvent', 1);
     const client = await post(g.base, '/v1/chat/completions', STREAM);
     expect(client.status).toBe(500);
     expect(JSON.parse(client.body)).toMatchObject({ error: { code: 'internal_error', type: 'internal_error' } });
@@ -104,13 +136,8 @@ describe('an error inside the exchange', () => {
 
   it('after commit: the stream ends with an internal_error event and no [DONE], counted once as incomplete', async () => {
     // The 4th event (after the role chunk and two content chunks committed the stream) throws; the rest pass through.
-    const original = Object.getOwnPropertyDescriptor(RequestLedger.prototype, 'streamEvent')?.value as RequestLedger['streamEvent'];
-    let calls = 0;
-    vi.spyOn(RequestLedger.prototype, 'streamEvent').mockImplementation(function (this: RequestLedger, ...args) {
-      if (++calls === 4) throw new Error('ledger bug');
-      return original.apply(this, args);
-    });
     const g = await start({});
+    armFault('streamEvent', 4);
     const client = await post(g.base, '/v1/chat/completions', STREAM);
     expect(client.status).toBe(200);
     expect(client.body).not.toContain('[DONE]');
@@ -122,10 +149,8 @@ describe('an error inside the exchange', () => {
   });
 
   it('the ledger failing to settle: the request still counts once, from what the shell was told', async () => {
-    vi.spyOn(RequestLedger.prototype, 'settle').mockImplementationOnce(() => {
-      throw new Error('settle bug');
-    });
     const g = await start({});
+    armFault('settle', 1);
     const client = await post(g.base, '/v1/chat/completions', STREAM);
     // The answer had already gone out whole when the settlement failed.
     expect(client.body.endsWith('data: [DONE]\n\n')).toBe(true);

@@ -10,7 +10,7 @@ import { failureOf, isCapacityRefusal, rejectionOutcome } from '../delivery/fail
 import { ANONYMOUS, finishReasonLabel, OUTPUT_CHECKS, reportsUsage, type CancelPhase, type CheckVerdict, type FinishReason, type Outcome, type OutputCheck, type Route, type SloResult } from './outcomes.js';
 import { notTruncated, type ChoiceChecks } from './output-contract.js';
 import { classifyPromptLen } from './prompt-len.js';
-import { createRecord, judgedResult, unfinishedChoices, type Anomaly, type AttemptFacts, type AttemptRecord, type GatewayErrorCause, type RequestInfo, type RequestRecord } from './record.js';
+import { createRecord, judgedResult, recordJudged, unfinishedChoices, type Anomaly, type AttemptFacts, type AttemptRecord, type GatewayErrorCause, type RequestInfo, type RequestRecord } from './record.js';
 
 export interface Settlement {
   readonly model: string;
@@ -98,6 +98,15 @@ export function estimateCompletionTokens(relayed: RelayedOutput, charsPerToken: 
 
 /** The status a client that left before any response is counted with (nginx's convention; no client sees it). */
 export const CLIENT_CLOSED = 499;
+
+/**
+ * The request's one settlement, by the delivery machine: the attempts' judged results are written into the record
+ * first (an attempt reported after settlement carries its verdict), then the settlement is read off it.
+ */
+export function settleRequest(rec: RequestRecord, info: RequestInfo, at: number): Settlement {
+  recordJudged(rec, info, at);
+  return settle(rec, info, at);
+}
 
 /**
  * Closes the record: the request's one settlement at `at`. Pure: the record is not changed (an attempt the shell

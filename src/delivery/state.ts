@@ -1,7 +1,7 @@
 /**
  * The delivery machine's one state value (step.ts is its reducer): where the request is (`phase`), where the client's
  * side is (`client`), where the current attempt is (`upstream`), whether it holds an admission slot, and the record of
- * facts (accounting/record.ts, behind the ledger). Each fact lives once: whether the response is committed is the
+ * facts (accounting/record.ts: plain data the handlers update through its functions, no hooks). Each fact lives once: whether the response is committed is the
  * record's `committedAt`; the client's end is `client` here (its time is the record's); the attempt's end is
  * `upstream` here (its time and result are the record's).
  *
@@ -9,7 +9,7 @@
  * keep the state in step with what the shell was told. The state is updated in place and its arrays are reused: a
  * step for a streamed event must not allocate more than the machine of one class did (bench/step-alloc.ts).
  */
-import { RequestLedger } from '../accounting/ledger.js';
+import { createRecord, type RequestRecord } from '../accounting/record.js';
 import { errorBodyFor, type ErrorBody } from './errors.js';
 import { refusalResponse, type Refusal } from './failures.js';
 import type { Effect, MachineDeps, MachineRequest, Observation, TimerName } from './machine.js';
@@ -39,7 +39,8 @@ export type AdmissionSide = 'ungated' | 'pending' | 'held';
 export interface DeliveryState {
   readonly request: MachineRequest;
   readonly deps: MachineDeps;
-  readonly ledger: RequestLedger;
+  /** The record of facts: attempts, finishes, usage, anomalies, the assembled answer; settled by accounting/settle.ts. */
+  readonly record: RequestRecord;
   phase: Phase;
   client: ClientSide;
   upstream: UpstreamSide;
@@ -95,7 +96,7 @@ export function createState(request: MachineRequest, deps: MachineDeps): Deliver
     request,
     deps,
     // No hooks: anomalies are read off the record after each step of it (reportAnomalies), the output gap likewise.
-    ledger: new RequestLedger(request.info, request.arrivalAt),
+    record: createRecord(request.info, request.arrivalAt),
     phase: 'idle',
     client: 'open',
     upstream: 'none',
@@ -158,7 +159,7 @@ export function clear(s: DeliveryState, timer: TimerName): void {
 
 /** The anomalies the record saw in this step, as observations of the current attempt (in the order seen). */
 export function reportAnomalies(s: DeliveryState): void {
-  const anomalies = s.ledger.record.anomalies;
+  const anomalies = s.record.anomalies;
   while (s.anomaliesSeen < anomalies.length) observe(s, { type: 'anomaly', attempt: s.attempt, kind: anomalies[s.anomaliesSeen++]!.kind });
 }
 
@@ -211,6 +212,6 @@ export function writeError(s: DeliveryState, status: number, body: ErrorBody, he
 /** The gateway answers the request itself (failures.ts REFUSALS), counted by the status it answered with. */
 export function refuse(s: DeliveryState, refusal: Refusal): void {
   const { status, body, headers } = refusalResponse(refusal, s.request.info.model);
-  s.ledger.reject(status);
+  s.record.rejectedWith = status;
   writeError(s, status, body, headers);
 }

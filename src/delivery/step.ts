@@ -27,7 +27,8 @@
  * phases/ending.ts `decide`, with `retry`; delivered — the record's verdict (accounting/record-upstream.ts) carried
  * out by `decide`; when it is counted — `settleIfDone`.
  */
-import { crashSettlement, type Settlement } from '../accounting/ledger.js';
+import { nextSequence, recordInternalError } from '../accounting/record.js';
+import { crashSettlement, settleRequest, type Settlement } from '../accounting/settle.js';
 import { errorBodyFor } from './errors.js';
 import { refusalResponse } from './failures.js';
 import type { Effect, MachineEvent } from './machine.js';
@@ -52,7 +53,7 @@ export function step(s: DeliveryState, event: MachineEvent, at: number): readonl
   if (s.phase === 'settled') {
     // After settlement only what keeps shared state balanced: an attempt's end (upstream in-flight, health) and an
     // admission slot granted too late (given back).
-    if (event.type === 'attempt_settled') emit(s, { kind: 'attempt_over', attempt: event.attempt, record: s.ledger.attemptAt(event.attempt - 1) });
+    if (event.type === 'attempt_settled') emit(s, { kind: 'attempt_over', attempt: event.attempt, record: s.record.attempts[event.attempt - 1] });
     if (event.type === 'admission' && event.admitted) emit(s, { kind: 'release_admission' });
     return stepEffects(s);
   }
@@ -84,7 +85,7 @@ function dispatch(s: DeliveryState, event: MachineEvent): void {
     case 'start':
       return start(s);
     case 'queued':
-      s.ledger.queued(s.at);
+      s.record.waiting = true;
       return;
     case 'admission':
       return admission(s, event);
@@ -128,7 +129,7 @@ function dispatch(s: DeliveryState, event: MachineEvent): void {
  * request is counted once, as failed (or incomplete once committed), with the error reported.
  */
 function crash(s: DeliveryState, error: unknown): void {
-  const { request, ledger } = s;
+  const { request } = s;
   observe(s, { type: 'internal_error', error });
   // Every timer, not only those armed by the machine's count: the discarded step may have cleared some the shell
   // still holds.
@@ -141,7 +142,7 @@ function crash(s: DeliveryState, error: unknown): void {
   const committed = s.headSent;
   if (!responseEnded(s)) {
     if (committed) {
-      emit(s, { kind: 'end', data: streamErrorEvent('internal', request.info.route, ledger.nextSequence) });
+      emit(s, { kind: 'end', data: streamErrorEvent('internal', request.info.route, nextSequence(s.record)) });
     } else {
       const { status, body } = refusalResponse('internal', request.info.model);
       const payload = Buffer.from(JSON.stringify(errorBodyFor(request.info.route, status, body)));
@@ -153,8 +154,8 @@ function crash(s: DeliveryState, error: unknown): void {
   if (s.admission === 'held') emit(s, { kind: 'release_admission' });
   let settlement: Settlement;
   try {
-    ledger.internalError(s.at);
-    settlement = ledger.settle(s.at);
+    recordInternalError(s.record, request.info, s.at);
+    settlement = settleRequest(s.record, s.request.info, s.at);
   } catch {
     settlement = crashSettlement(request.info, request.arrivalAt, committed, s.at);
   }

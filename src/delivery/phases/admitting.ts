@@ -2,6 +2,7 @@
  * idle → admitting → attempting: the request starts, waits for the model's admission gate if it has one, and asks the
  * shell for attempts; a refusal of the gate or of every upstream ends it with the gateway's own status.
  */
+import { finalFailure } from '../../accounting/record.js';
 import type { MachineEvent } from '../machine.js';
 import { arm, clientDone, emit, observe, refuse, responseEnded, type DeliveryState } from '../state.js';
 import { respondFailure, settleIfDone } from './ending.js';
@@ -33,7 +34,7 @@ export function admission(s: DeliveryState, event: Extract<MachineEvent, { type:
     return settleIfDone(s);
   }
   s.admission = 'held';
-  s.ledger.admitted(s.at);
+  s.record.waiting = false;
   startAttempt(s);
 }
 
@@ -44,7 +45,7 @@ export function admission(s: DeliveryState, event: Extract<MachineEvent, { type:
  */
 export function startAttempt(s: DeliveryState): void {
   s.phase = 'attempting';
-  s.attempt = s.ledger.attemptCount + 1;
+  s.attempt = s.record.attempts.length + 1;
   s.upstream = 'reading';
   emit(s, { kind: 'start_attempt', attempt: s.attempt, avoid: s.tried, retriedFor: s.retriedFor });
 }
@@ -52,7 +53,7 @@ export function startAttempt(s: DeliveryState): void {
 export function noUpstream(s: DeliveryState): void {
   s.upstream = 'closed';
   if (responseEnded(s)) return settleIfDone(s);
-  const failure = s.ledger.finalFailure();
+  const failure = finalFailure(s.record);
   // A retry found nowhere to go: the client gets what the last attempt said.
   if (failure !== undefined) respondFailure(s, failure);
   else refuse(s, 'no_upstream');

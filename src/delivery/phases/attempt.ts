@@ -4,6 +4,8 @@
  * is over (`ending`: the drain grace reads on, for accounting only). The record rules on each event (hold, commit,
  * forward, drop) and on how the response ends; `decide` (ending.ts) carries that out.
  */
+import { currentAttempt, recordAttemptStart, wantsParts } from '../../accounting/record.js';
+import { recordBody, recordConnectFailure, recordProtocolViolation, recordStreamEnd, recordStreamEvent } from '../../accounting/record-upstream.js';
 import type { SseEvent } from '../../sse/framer.js';
 import type { MachineEvent } from '../machine.js';
 import { arm, clear, dropOut, emit, endClient, flush, forward, observe, reportAnomalies, responseEnded, writeHead, type DeliveryState } from '../state.js';
@@ -20,23 +22,22 @@ export function attemptStarted(s: DeliveryState, attempt: number, upstream: stri
   s.retryAfterMs = undefined;
   s.contentType = undefined;
   s.metadata = undefined;
-  s.ledger.startAttempt(s.at, upstream);
+  recordAttemptStart(s.record, s.at, upstream);
   // Counted when the retry is made, not when scheduled: retries_total = attempts - requests, exactly.
   if (s.retriedFor !== undefined) observe(s, { type: 'retry_made', reason: s.retriedFor });
   arm(s, 'first_output', s.deps.settings.firstOutputMs);
 }
 
 export function upstreamFact(s: DeliveryState, event: Exclude<Extract<MachineEvent, { attempt: number }>, { type: 'attempt_started' | 'attempt_settled' }>): void {
-  const ledger = s.ledger;
   switch (event.type) {
     case 'response_start':
       s.retryAfterMs = event.retryAfterMs;
       s.contentType = event.contentType;
       s.metadata = event.metadata;
-      ledger.responseStarted(s.at, event.status);
+      currentAttempt(s.record).status = event.status;
       return;
     case 'protocol_violation':
-      ledger.protocolViolation(s.at, event.violation);
+      recordProtocolViolation(s.record, s.request.info, s.at, event.violation);
       reportAnomalies(s);
       return decide(s);
     case 'block':
@@ -45,9 +46,9 @@ export function upstreamFact(s: DeliveryState, event: Exclude<Extract<MachineEve
       flush(s);
       return decide(s);
     case 'body':
-      ledger.bodyReceived(s.at, event.status, classifyWholeBody(s.request.info.route, event.body, s.contentType, ledger.wantsParts));
+      recordBody(s.record, s.request.info, s.at, event.status, classifyWholeBody(s.request.info.route, event.body, s.contentType, wantsParts(s.record)));
       reportAnomalies(s);
-      if (ledger.ending?.kind === 'complete' && !responseEnded(s)) {
+      if (s.record.ending?.kind === 'complete' && !responseEnded(s)) {
         writeHead(s, 200, {
           'content-type': s.contentType ?? 'application/json',
           'content-length': event.body.length,
@@ -57,46 +58,45 @@ export function upstreamFact(s: DeliveryState, event: Exclude<Extract<MachineEve
       }
       return decide(s);
     case 'stream_end':
-      ledger.streamEnded(s.at, event.how);
+      recordStreamEnd(s.record, s.request.info, s.at, event.how);
       reportAnomalies(s);
       return decide(s);
     case 'network_failure':
       observe(s, { type: 'connect_failed', attempt: event.attempt, message: event.message });
-      ledger.connectFailed(s.at, event.failure);
+      recordConnectFailure(s.record, s.request.info, s.at, event.failure);
       return decide(s);
   }
 }
 
 function block(s: DeliveryState, raw: Buffer, event: SseEvent | null): void {
-  const ledger = s.ledger;
   if (event === null) {
     // Blank lines alone are not events: never held (one Buffer per blank line is how a drip of them filled memory),
     // and they do not keep the idle clock going. Comments do: they are the upstream's keep-alives.
     if (isBlankLines(raw)) {
-      if (ledger.committed && ledger.ending === undefined) forward(s, raw);
+      if ((s.record.committedAt !== undefined) && s.record.ending === undefined) forward(s, raw);
       return;
     }
     refreshIdle(s);
     // Comments: keep them with their neighbours (a keep-alive means something to the client).
-    if (ledger.ending !== undefined) return;
-    if (ledger.committed) forward(s, raw);
+    if (s.record.ending !== undefined) return;
+    if ((s.record.committedAt !== undefined)) forward(s, raw);
     else hold(s, raw);
     return;
   }
   // The idle clock runs on whole events, not bytes: an upstream dripping bytes without an event boundary is idle.
   refreshIdle(s);
-  const facts = classifyStreamEvent(s.request.info.route, event, ledger.wantsParts);
+  const facts = classifyStreamEvent(s.request.info.route, event, wantsParts(s.record));
   if (facts.kind === 'error') observe(s, { type: 'upstream_error', attempt: s.attempt, error: facts });
-  const verdict = ledger.streamEvent(s.at, facts);
-  const gap = ledger.record.outputGapMs;
+  const verdict = recordStreamEvent(s.record, s.request.info, s.at, facts);
+  const gap = s.record.outputGapMs;
   if (gap !== undefined) s.deps.onInterTokenGap(gap);
-  if (s.anomaliesSeen !== ledger.record.anomalies.length) reportAnomalies(s);
+  if (s.anomaliesSeen !== s.record.anomalies.length) reportAnomalies(s);
   switch (verdict) {
     case 'hold':
       return hold(s, raw);
     case 'commit':
       commit(s);
-      if (ledger.firstOutputWrittenAt !== undefined) observe(s, { type: 'first_output' });
+      if (s.record.firstOutputAt !== undefined) observe(s, { type: 'first_output' });
       for (const piece of s.held) forward(s, piece);
       s.held = [];
       s.heldBytes = 0;
@@ -141,7 +141,7 @@ function refreshIdle(s: DeliveryState): void {
 }
 
 export function attemptSettled(s: DeliveryState, attempt: number): void {
-  emit(s, { kind: 'attempt_over', attempt, record: s.ledger.attemptAt(attempt - 1) });
+  emit(s, { kind: 'attempt_over', attempt, record: s.record.attempts[attempt - 1] });
   if (attempt !== s.attempt) return;
   s.upstream = 'closed';
   // The attempt's clocks stop; the request's total deadline keeps running.
@@ -152,10 +152,10 @@ export function attemptSettled(s: DeliveryState, attempt: number): void {
     s.retryDue = false;
     retryNow(s);
   }
-  if (!responseEnded(s) && s.ledger.ending === undefined) {
+  if (!responseEnded(s) && s.record.ending === undefined) {
     // The attempt stopped without the record deciding how the client's response ends (cannot happen with the
     // attempt's reporting; kept so a future gap shows up as a counted incomplete request, not a hang).
-    s.ledger.streamEnded(s.at, 'eof');
+    recordStreamEnd(s.record, s.request.info, s.at, 'eof');
     reportAnomalies(s);
     decide(s);
   }

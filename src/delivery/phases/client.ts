@@ -2,6 +2,7 @@
  * The client's side (state.ts ClientSide): a slow client pauses the attempt instead of filling gateway memory; its
  * socket taking the last byte (`finished`) or the client leaving (`gone`) is one half of settling.
  */
+import { recordCancel, recordClientEnd } from '../../accounting/record.js';
 import { attemptOpen, clear, clientDone, emit, observe, responseEnded, type DeliveryState } from '../state.js';
 import { armIdle } from './attempt.js';
 import { settleIfDone } from './ending.js';
@@ -29,7 +30,7 @@ export function clientDrain(s: DeliveryState): void {
 export function clientFinish(s: DeliveryState): void {
   if (clientDone(s)) return;
   s.client = 'finished';
-  s.ledger.clientEnded(s.at);
+  recordClientEnd(s.record, s.at);
   settleIfDone(s);
 }
 
@@ -38,7 +39,7 @@ export function clientClose(s: DeliveryState): void {
   if (clientDone(s)) return;
   s.client = 'gone';
   if (!responseEnded(s)) s.phase = 'ending';
-  s.ledger.clientCancelled(s.at);
+  recordCancel(s.record, s.at);
   observe(s, { type: 'client_cancelled' });
   clear(s, 'retry');
   if (s.admission === 'pending') emit(s, { kind: 'cancel_admission' });

@@ -4,6 +4,7 @@
  * drain grace lets an attempt go; the retry timer ends `backing_off`; the linger timer closes a client that does not
  * take its ended response.
  */
+import { finalFailure, recordRelease } from '../../accounting/record.js';
 import type { TimerName } from '../machine.js';
 import { arm, attemptOpen, clear, clientDone, emit, refuse, responseEnded, type DeliveryState } from '../state.js';
 import { respondFailure, retryNow, settleIfDone } from './ending.js';
@@ -19,7 +20,7 @@ export function timer(s: DeliveryState, timer: TimerName): void {
     case 'first_output':
       return deadline(s, timer);
     case 'drain':
-      s.ledger.attemptReleased(s.at);
+      recordRelease(s.record, s.request.info, s.at);
       if (attemptOpen(s)) emit(s, { kind: 'abort_attempt', reason: 'drained' });
       return;
     case 'retry':
@@ -40,7 +41,7 @@ function deadline(s: DeliveryState, timer: 'total' | 'first_output' | 'idle'): v
     emit(s, { kind: 'abort_attempt', reason });
   } else if (!responseEnded(s)) {
     clear(s, 'retry');
-    const failure = s.ledger.finalFailure();
+    const failure = finalFailure(s.record);
     if (failure !== undefined) {
       // Between attempts: the deadline ends the request with what the last attempt said.
       respondFailure(s, failure);
@@ -62,7 +63,7 @@ export function shutdown(s: DeliveryState): void {
   } else if (!responseEnded(s)) {
     clear(s, 'retry');
     if (s.admission === 'pending') emit(s, { kind: 'cancel_admission' });
-    if (!s.ledger.committed) refuse(s, 'shutting_down');
+    if (!(s.record.committedAt !== undefined)) refuse(s, 'shutting_down');
   }
   // A client that does not take even its ended response must not hold the exit.
   closeIfNotTaken(s);

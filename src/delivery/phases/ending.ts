@@ -4,6 +4,8 @@
  * (`retry`: attempting → backing_off) or the failure's status (→ ending); `settleIfDone` counts it once both the
  * client's side and the attempt are over (ending → settled).
  */
+import { finalFailure, nextSequence } from '../../accounting/record.js';
+import { settleRequest } from '../../accounting/settle.js';
 import type { Failure } from '../../accounting/ledger.js';
 import { failureResponse } from '../failures.js';
 import { retryDelay, retryReason } from '../retry-policy.js';
@@ -13,7 +15,7 @@ import { startAttempt } from './admitting.js';
 
 /** Carries out the record's decision about how the client response ends, once it has one. */
 export function decide(s: DeliveryState): void {
-  const ending = s.ledger.ending;
+  const ending = s.record.ending;
   if (ending === undefined || responseEnded(s)) return;
   switch (ending.kind) {
     case 'complete':
@@ -21,7 +23,7 @@ export function decide(s: DeliveryState): void {
       endClient(s, undefined);
       break;
     case 'gateway_error':
-      endClient(s, streamErrorEvent(ending.cause, s.request.info.route, s.ledger.nextSequence));
+      endClient(s, streamErrorEvent(ending.cause, s.request.info.route, nextSequence(s.record)));
       break;
     case 'failure':
       if (retry(s)) return;
@@ -45,12 +47,11 @@ export function decide(s: DeliveryState): void {
  */
 function retry(s: DeliveryState): boolean {
   const { settings, budget, random } = s.deps;
-  const ledger = s.ledger;
-  const record = ledger.currentAttempt;
+  const record = s.record.attempts.at(-1);
   if (s.attempt === 0 || record === undefined || clientDone(s) || s.stopped !== undefined) return false;
   const reason = retryReason(record, settings.retry);
-  if (reason === undefined || ledger.attemptCount >= settings.maxAttempts) return false;
-  const delay = retryDelay(reason, ledger.attemptCount, s.retryAfterMs, settings.retry, random);
+  if (reason === undefined || s.record.attempts.length >= settings.maxAttempts) return false;
+  const delay = retryDelay(reason, s.record.attempts.length, s.retryAfterMs, settings.retry, random);
   if (delay === undefined || s.at + delay >= s.request.arrivalAt + settings.totalMs) return false;
   if (!budget.tryAcquire(s.at)) {
     observe(s, { type: 'retry_budget_spent' });
@@ -69,7 +70,7 @@ function retry(s: DeliveryState): boolean {
 export function retryNow(s: DeliveryState): void {
   if (clientDone(s) || responseEnded(s)) return;
   if (s.stopped === undefined) return startAttempt(s);
-  const failure = s.ledger.finalFailure();
+  const failure = finalFailure(s.record);
   if (failure !== undefined) respondFailure(s, failure);
 }
 
@@ -86,10 +87,10 @@ export function respondFailure(s: DeliveryState, failure: Failure): void {
  * of the gateway's multiplies the load on a failing upstream. Never `true`: otherwise the SDK's own rules stand.
  */
 function shouldRetryHeader(s: DeliveryState): Record<string, string> {
-  const record = s.ledger.currentAttempt;
+  const record = s.record.attempts.at(-1);
   if (record === undefined || s.stopped === 'shutdown') return {};
   const notRetried = s.stopped === 'total_deadline' || retryReason(record, s.deps.settings.retry) === undefined;
-  return notRetried || s.ledger.attemptCount > 1 ? { 'x-should-retry': 'false' } : {};
+  return notRetried || s.record.attempts.length > 1 ? { 'x-should-retry': 'false' } : {};
 }
 
 /** ending → settled, once the client's side and the attempt are both over: the request's one settlement. */
@@ -98,5 +99,5 @@ export function settleIfDone(s: DeliveryState): void {
   s.phase = 'settled';
   for (const timer of TIMERS) clear(s, timer);
   if (s.admission === 'held') emit(s, { kind: 'release_admission' });
-  emit(s, { kind: 'settle', settlement: s.ledger.settle(s.at) });
+  emit(s, { kind: 'settle', settlement: settleRequest(s.record, s.request.info, s.at) });
 }

@@ -46,9 +46,10 @@ import { randomUUID } from 'node:crypto';
 import { Redis, ReplyError } from 'ioredis';
 import { decide, type Counts, type Decision, type LimitStore, type Reservation, type TenantLimits } from './tenant-limits.js';
 
-/** The store's operations, as `waybill_limit_store_errors_total{op}` counts their failures. */
-export const LIMIT_STORE_OPS = ['reserve', 'settle', 'release'] as const;
-export type LimitStoreOp = (typeof LIMIT_STORE_OPS)[number];
+import type { LimitStoreOp } from '../telemetry/labels.js';
+
+/** The store's operations, as `waybill_limit_store_errors_total{op}` counts their failures (telemetry/labels.ts). */
+export { LIMIT_STORE_OPS, type LimitStoreOp } from '../telemetry/labels.js';
 
 /** A store operation that failed or missed its deadline: already counted and logged by the store. */
 export class LimitStoreUnavailable extends Error {

@@ -20,12 +20,12 @@
 import type { Settlement } from '../accounting/ledger.js';
 import { reportsUsage, type ProxiedRoute } from '../accounting/outcomes.js';
 import type { Usage } from '../sse/classify.js';
+import { LIMIT_NAMES, type LimitName } from '../telemetry/labels.js';
 
 export const WINDOW_MS = 60_000;
 
-/** What a refusal is counted under (`waybill_rate_limited_total{limit}`). */
-export const LIMIT_NAMES = ['requests', 'tokens', 'concurrent'] as const;
-export type LimitName = (typeof LIMIT_NAMES)[number];
+/** What a refusal is counted under (`waybill_rate_limited_total{limit}`): a closed set of telemetry/labels.ts. */
+export { LIMIT_NAMES, type LimitName } from '../telemetry/labels.js';
 
 /** A tenant's limits; each absent one is no limit. */
 export interface TenantLimits {

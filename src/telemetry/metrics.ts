@@ -6,13 +6,20 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, type Metric, type OpenMetricsContentType } from 'prom-client';
 import { EventHistogram, type EventObserver } from './event-histogram.js';
 import type { Settlement } from '../accounting/ledger.js';
-import { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './guard.js';
-import type { LimitStoreOp } from '../proxy/redis-limit-store.js';
-import type { BackgroundHoldEnd } from '../proxy/background-holds.js';
-import { GAP_BUCKETS_SECONDS, GAP_CLASSES } from '../routing/sessions.js';
-import type { RestartCause } from '../routing/engine-signals.js';
-import type { RouteShareResult } from '../routing/route-bus.js';
-import { PICK_REASONS, type PickReason } from '../routing/score.js';
+import {
+  CONFIG_RELOAD_RESULTS,
+  INTERNAL_ERROR_COMPONENTS,
+  PICK_REASONS,
+  SESSION_GAP_LABELS,
+  type BackgroundHoldEnd,
+  type ConfigReloadResult,
+  type InternalErrorComponent,
+  type LimitStoreOp,
+  type PickReason,
+  type RestartCause,
+  type RouteShareResult,
+} from './labels.js';
+import { GAP_BUCKETS_SECONDS } from '../routing/sessions.js';
 import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, NO_REVISION, OUTPUT_CHECKS, UNKNOWN_REVISION, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
 export interface MetricSpec {
@@ -415,12 +422,8 @@ export const METRICS = {
   },
 } as const satisfies Record<string, MetricSpec>;
 
-/** The `kind` label of waybill_evaluator_tokens_total. Closed. */
-export const EVALUATOR_TOKEN_KINDS = ['prompt', 'completion'] as const;
-
-/** The results of a configuration reload (waybill_config_reloads_total{result}). */
-export const CONFIG_RELOAD_RESULTS = ['ok', 'invalid', 'restart_required'] as const;
-export type ConfigReloadResult = (typeof CONFIG_RELOAD_RESULTS)[number];
+// The closed sets of label values live in labels.ts; these are read from here by tests and the gateway.
+export { CONFIG_RELOAD_RESULTS, ENGINE_RESTART_CAUSES, EVALUATOR_TOKEN_KINDS, SESSION_GAP_LABELS, type ConfigReloadResult } from './labels.js';
 
 /** Live state read at scrape time, so gauges cost nothing per request. */
 export interface GaugeSources {
@@ -437,14 +440,8 @@ export interface GaugeSources {
 
 export const REQUEST_ATTEMPTS_BUCKETS = [1, 2, 3, 4, 5, 8];
 
-/** Why an engine is taken to have restarted (the `cause` label of METRICS.engineRestarts). Closed. */
-export const ENGINE_RESTART_CAUSES = ['start_time', 'counter_reset'] as const satisfies readonly RestartCause[];
-
 /** The `upstream` of an SLO count whose request made no attempt (answered by the gateway itself); no upstream name has `_`. */
 export const NO_UPSTREAM = '_none';
-
-/** The `gap` label of the session token counters: no earlier completion known, or the idle gap's class. Closed. */
-export const SESSION_GAP_LABELS = ['first', ...GAP_CLASSES] as const;
 
 /** What the routing series are declared from: the served models and, for each, its pool's name and routing. */
 export interface RoutedModels {

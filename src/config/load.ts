@@ -2,11 +2,20 @@ import { createHash } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { parseDocument } from 'yaml';
 import { z } from 'zod';
-import { promptLenClasses } from '../accounting/prompt-len.js';
-import { ANONYMOUS } from '../accounting/outcomes.js';
-import type { RequestInfo, SloThresholds } from '../accounting/ledger.js';
-import type { MachineSettings } from '../delivery/machine.js';
+import { ANONYMOUS_TENANT, promptLenClassNames } from '../telemetry/labels.js';
 import { configSchema, type ConfigInput, type RawConfig } from './schema.js';
+
+/**
+ * A model's SLO thresholds, resolved (`slo.*`, `slo.models.<model>.*`). The same shape as the ledger's SloThresholds
+ * (accounting/ledger.ts), which proxy/request-facts.ts hands it as; config/ does not import the core.
+ */
+export interface SloThresholds {
+  readonly ttftMs: number;
+  readonly tpotMs: number;
+  readonly e2eMs: number;
+  /** TTFT threshold per prompt_len class, overriding ttftMs for that class. */
+  readonly ttftByPromptLenMs: Readonly<Record<string, number>>;
+}
 
 /**
  * The validated, resolved, frozen configuration: durations in milliseconds, buckets in seconds, keys in camelCase.
@@ -67,7 +76,7 @@ function resolveAuth(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv)
   if (required && raw.auth.keys.length === 0) problems.push('auth.required: true, but no auth.keys are configured: every request would be refused');
   // The tenant label's values: configured tenants, plus `_anonymous` where a request may come without a key.
   const named = [...new Set([...raw.auth.keys.map((key) => key.tenant), ...Object.keys(raw.tenants)])];
-  return { keys, required, servedTenants: required ? named : [...named, ANONYMOUS] };
+  return { keys, required, servedTenants: required ? named : [...named, ANONYMOUS_TENANT] };
 }
 
 /** A tenant's limits in camelCase; undefined when none is set. */
@@ -236,7 +245,7 @@ function resolveSlo(
 }
 
 function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
-  const classes = promptLenClasses(raw.metrics.prompt_len_boundaries);
+  const classes = promptLenClassNames(raw.metrics.prompt_len_boundaries);
   const upstreamNames = new Map<string, string>();
   const modelPools = new Map<string, string>();
   const poolNames = new Set<string>();
@@ -479,44 +488,4 @@ function deepFreeze<T>(value: T): T {
     Object.freeze(value);
   }
   return value;
-}
-
-/** The ledger's facts of a request: the model's SLO thresholds and the configured prompt-length classes. */
-export function requestInfo(
-  config: Config,
-  request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'> &
-    Partial<Pick<RequestInfo, 'tenant' | 'promptTokensEstimate' | 'contract' | 'evaluator' | 'captureAnswer' | 'clientRetry'>>,
-): RequestInfo {
-  return {
-    tenant: request.tenant,
-    contract: request.contract,
-    evaluator: request.evaluator,
-    captureAnswer: request.captureAnswer,
-    clientRetry: request.clientRetry,
-    maxOutputChars: config.outputChecks.maxOutputChars,
-    promptTokensEstimate: request.promptTokensEstimate,
-    model: request.model,
-    route: request.route,
-    stream: request.stream,
-    expectedChoices: request.expectedChoices,
-    dropUsageChunk: request.dropUsageChunk,
-    slo: config.slo.models[request.model] ?? config.slo.defaults,
-    promptLenBoundaries: config.metrics.promptLenBoundaries,
-    promptLenClasses: config.metrics.promptLenClasses,
-    charsPerToken: config.metrics.charsPerToken,
-  };
-}
-
-/** What the delivery machine needs of the configuration: deadlines, hold limits, retry rules. */
-export function machineSettings(config: Config): MachineSettings {
-  return {
-    totalMs: config.timeouts.totalMs,
-    firstOutputMs: config.timeouts.firstOutputMs,
-    idleMs: config.timeouts.idleMs,
-    drainGraceMs: config.streaming.drainGraceMs,
-    maxEventBytes: config.streaming.maxEventBytes,
-    maxHeldEvents: config.streaming.maxHeldEvents,
-    maxAttempts: config.retries.maxAttempts,
-    retry: config.retries,
-  };
 }

@@ -226,10 +226,10 @@ export async function configFromServeArgs(argv: string[]): Promise<Config> {
 }
 
 async function serve(argv: string[]): Promise<number> {
-  const workers = await import('./http/workers.js');
+  const [workers, { WorkerLink }] = await Promise.all([import('./app/cluster.js'), import('./app/worker-link.js')]);
   const identity = workers.workerIdentity();
   // A worker listens to its primary before anything else: a drain sent during its start-up is not lost.
-  const link = identity === undefined ? undefined : new workers.WorkerLink();
+  const link = identity === undefined ? undefined : new WorkerLink();
   const config = await configFromServeArgs(argv);
   // A cluster worker of another supervisor (no WAYBILL_WORKER_INDEX) runs as one process, never as a primary.
   if (identity === undefined && !workers.isClusterWorker()) {
@@ -238,7 +238,7 @@ async function serve(argv: string[]): Promise<number> {
   }
   const [{ startTracing }, { createGateway }, { createLogger }, { ClusterLimitStore }] = await Promise.all([
     import('./telemetry/tracing.js'),
-    import('./http/server.js'),
+    import('./app/gateway.js'),
     import('./telemetry/logger.js'),
     import('./proxy/cluster-limit-store.js'),
   ]);
@@ -308,8 +308,8 @@ async function serve(argv: string[]): Promise<number> {
 /** One of several workers: the primary said where everything is; it says when to reload and when to drain. */
 async function serveAsWorker(
   argv: string[],
-  gateway: import('./http/server.js').Gateway,
-  link: import('./http/workers.js').WorkerLink,
+  gateway: import('./app/gateway.js').Gateway,
+  link: import('./app/worker-link.js').WorkerLink,
   url: string,
   shutdownTracing: () => Promise<void>,
 ): Promise<number> {
@@ -325,10 +325,10 @@ async function serveAsWorker(
 
 /**
  * `serve` with more than one worker (server.workers): this process forks them and serves nothing itself
- * (http/workers.ts). Its lines: the start-up line once every worker listens, and the workers' comings and goings.
+ * (app/primary.ts). Its lines: the start-up line once every worker listens, and the workers' comings and goings.
  */
 async function servePrimary(config: Config, count: number): Promise<number> {
-  const [{ createLogger }, { runPrimary }, { oversplitLimits }] = await Promise.all([import('./telemetry/logger.js'), import('./http/workers.js'), import('./config/workers.js')]);
+  const [{ createLogger }, { runPrimary }, { oversplitLimits }] = await Promise.all([import('./telemetry/logger.js'), import('./app/primary.js'), import('./config/workers.js')]);
   const log = createLogger(config.logging).child({ primary: true });
   const over = oversplitLimits(config, count);
   if (over.length > 0) log.warn({ limits: over, workers: count }, 'limits smaller than the number of workers: each worker keeps at least 1, so together they allow more');
@@ -352,7 +352,7 @@ async function servePrimary(config: Config, count: number): Promise<number> {
  * gateway with it (docs/operations.md, "Reloading the configuration"). An invalid file is rejected with every problem
  * logged, and the configuration in force stays. Reloads run one at a time.
  */
-function reloadOnHangup(argv: string[], gateway: import('./http/server.js').Gateway): () => void {
+function reloadOnHangup(argv: string[], gateway: import('./app/gateway.js').Gateway): () => void {
   const log = gateway.app.log;
   const { values } = parseArgs({ args: argv, options: { config: { type: 'string' } }, strict: false });
   const file = typeof values.config === 'string' ? values.config : undefined;
@@ -402,7 +402,7 @@ async function demo(argv: string[]): Promise<number> {
   if (!Number.isInteger(engines) || engines < 1 || engines > 16) return fail(`--engines: "${values.engines}" is not an integer between 1 and 16`);
   const [{ parseConfig }, { createGateway }, { createSimulator }] = await Promise.all([
     import('./config/load.js'),
-    import('./http/server.js'),
+    import('./app/gateway.js'),
     import('./sim/server.js'),
   ]);
   // The demo's fleet runs the engine model (docs/simulator.md): cached_tokens and TTFT come from its prefix cache.

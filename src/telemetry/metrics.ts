@@ -524,7 +524,7 @@ function histogram<S extends MetricSpec>(registries: Registries, spec: S, bucket
 }
 
 /**
- * How a gauge's values from several worker processes combine into the one /metrics (http/workers.ts; counters and
+ * How a gauge's values from several worker processes combine into the one /metrics (app/metrics-collector.ts; counters and
  * histograms add up): `sum` for what each worker holds a part of (requests in flight), `min` for a state every
  * worker must see (an upstream up, the limit store reachable), `first`/`max` for what is the same everywhere.
  */
@@ -659,7 +659,7 @@ export class GatewayMetrics {
     for (const component of INTERNAL_ERROR_COMPONENTS) this.internalErrors.inc({ component }, 0);
     for (const result of CONFIG_RELOAD_RESULTS) this.configReloads.inc({ result }, 0);
     this.turnYields.inc({}, 0);
-    // Counted by a workers' primary (http/workers.ts), never by the process itself: at zero, so the series exists.
+    // Counted by a workers' primary (app/primary.ts), never by the process itself: at zero, so the series exists.
     this.workerLostRequests.inc({}, 0);
     this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
     // Observed per event, on the hot path: a histogram of its own (no label hashing, no exemplars).

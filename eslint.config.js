@@ -43,7 +43,7 @@ export default tseslint.config(
     files: [
       'src/sim/engine/core.ts', 'src/sim/engine/block-hash.ts', 'src/sim/engine/block-pool.ts', 'src/sim/engine/kv-manager.ts',
       'src/sim/engine/metrics.ts', 'src/sim/engine/types.ts',
-      'src/routing/prefix-key.ts', 'src/routing/prefix-index.ts', 'src/routing/score.ts', 'src/routing/engine-metrics.ts', 'src/routing/sessions.ts', 'src/routing/router.ts', 'src/routing/route-records.ts',
+      'src/routing/prefix-key.ts', 'src/routing/block-hasher.ts', 'src/routing/prefix-index.ts', 'src/routing/score.ts', 'src/routing/engine-metrics.ts', 'src/routing/sessions.ts', 'src/routing/router.ts', 'src/routing/route-records.ts',
     ],
     rules: {
       'no-restricted-imports': ['error', {

@@ -1,18 +1,33 @@
-import { createHash } from 'node:crypto';
+/**
+ * Loading a configuration: YAML read, validated by the schema (schema.ts), resolved and frozen. The resolved
+ * configuration has durations in milliseconds, buckets in seconds, keys in camelCase; its type is what `resolve`
+ * builds from the schema's output, so a key added to the schema and resolved is typed everywhere without a second,
+ * hand-written description of it. What the environment supplies is read in environment.ts; problems are reported
+ * all at once (problems.ts); what a reload may change is reload.ts's.
+ */
 import { readFile } from 'node:fs/promises';
 import { parseDocument } from 'yaml';
 import { z } from 'zod';
-import { promptLenClasses } from '../accounting/prompt-len.js';
-import { ANONYMOUS } from '../accounting/outcomes.js';
-import type { RequestInfo, SloThresholds } from '../accounting/ledger.js';
-import type { MachineSettings } from '../delivery/machine.js';
+import { promptLenClassNames } from '../telemetry/labels.js';
+import { resolveAuth, resolveRedis, resolveRouteSharing, resolveSecret, tenantLimits } from './environment.js';
+import { ConfigError, formatPath, issueMessages, removeAt } from './problems.js';
 import { configSchema, type ConfigInput, type RawConfig } from './schema.js';
 
+export { ConfigError } from './problems.js';
+export type { ClientKey } from './environment.js';
+
 /**
- * The validated, resolved, frozen configuration: durations in milliseconds, buckets in seconds, keys in camelCase.
- * Its type is what `resolve` builds from the schema's output, so a key added to the schema and resolved is typed
- * everywhere without a second, hand-written description of it.
+ * A model's SLO thresholds, resolved (`slo.*`, `slo.models.<model>.*`). The same shape as the ledger's SloThresholds
+ * (accounting/ledger.ts), which proxy/request-facts.ts hands it as; config/ does not import the core.
  */
+export interface SloThresholds {
+  readonly ttftMs: number;
+  readonly tpotMs: number;
+  readonly e2eMs: number;
+  /** TTFT threshold per prompt_len class, overriding ttftMs for that class. */
+  readonly ttftByPromptLenMs: Readonly<Record<string, number>>;
+}
+
 /** Paths Waybill serves itself (API routes, models, operations): never pass-through. */
 const RESERVED_PATHS = [
   '/v1/chat/completions',
@@ -38,102 +53,6 @@ const RESERVED_PATHS = [
   '/status.json',
 ];
 
-/** A client key as the gateway keeps it: the SHA-256 of its value, never the value. */
-export interface ClientKey {
-  readonly tenant: string;
-  /** 64 hex digits. */
-  readonly sha256: string;
-  /** May read /metrics and the status page on the API port (auth.keys[].admin). */
-  readonly admin: boolean;
-}
-
-function resolveAuth(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
-  const keys: ClientKey[] = [];
-  raw.auth.keys.forEach((key, i) => {
-    if (key.key_sha256 !== undefined) {
-      keys.push({ tenant: key.tenant, sha256: key.key_sha256.toLowerCase(), admin: key.admin });
-      return;
-    }
-    const value = env[key.key_env ?? ''];
-    if (value === undefined || value === '') problems.push(`auth.keys.${i}.key_env: environment variable ${key.key_env ?? ''} is not set`);
-    else keys.push({ tenant: key.tenant, sha256: createHash('sha256').update(value).digest('hex'), admin: key.admin });
-  });
-  const seen = new Set<string>();
-  for (const key of keys) {
-    if (seen.has(key.sha256)) problems.push(`auth.keys: the same key is configured twice (tenant ${key.tenant})`);
-    seen.add(key.sha256);
-  }
-  const required = raw.auth.required ?? raw.auth.keys.length > 0;
-  if (required && raw.auth.keys.length === 0) problems.push('auth.required: true, but no auth.keys are configured: every request would be refused');
-  // The tenant label's values: configured tenants, plus `_anonymous` where a request may come without a key.
-  const named = [...new Set([...raw.auth.keys.map((key) => key.tenant), ...Object.keys(raw.tenants)])];
-  return { keys, required, servedTenants: required ? named : [...named, ANONYMOUS] };
-}
-
-/** A tenant's limits in camelCase; undefined when none is set. */
-function tenantLimits(raw: RawConfig['limits']['anonymous'] | undefined) {
-  if (raw === undefined || (raw.requests_per_minute === undefined && raw.tokens_per_minute === undefined && raw.max_concurrent === undefined)) return undefined;
-  return { requestsPerMinute: raw.requests_per_minute, tokensPerMinute: raw.tokens_per_minute, maxConcurrent: raw.max_concurrent };
-}
-
-/**
- * The shared store of the limits (`limits.redis_*`); undefined without `limits.redis_url` (counts in each process).
- * The password comes from the URL or from `redis_password_env`, never both, and is never logged.
- */
-function resolveRedis(raw: RawConfig['limits'], problems: string[], env: NodeJS.ProcessEnv) {
-  if (raw.redis_url === undefined) {
-    if (raw.redis_password_env !== undefined) problems.push('limits.redis_password_env: set limits.redis_url too');
-    return undefined;
-  }
-  let password: string | undefined;
-  if (raw.redis_password_env !== undefined) {
-    password = env[raw.redis_password_env];
-    if (new URL(raw.redis_url).password !== '') problems.push('limits.redis_password_env: redis_url already has a password; give it in one place');
-    else if (password === undefined || password === '') problems.push(`limits.redis_password_env: environment variable ${raw.redis_password_env} is not set`);
-  }
-  return {
-    url: raw.redis_url,
-    /** From redis_password_env; undefined: the URL's own (or none). */
-    password,
-    failOpen: raw.redis_fail_open,
-    timeoutMs: raw.redis_timeout,
-    keyPrefix: raw.redis_key_prefix,
-    slotLeaseMs: raw.redis_slot_lease,
-  };
-}
-
-/**
- * Route sharing between replicas (`route_sharing.*`): undefined when off. Its Redis is its own `redis_url` or, absent,
- * `limits.redis_url`'s (with that password); enabled with neither is a problem.
- */
-function resolveRouteSharing(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
-  const share = raw.route_sharing;
-  if (share.redis_url === undefined && share.redis_password_env !== undefined) problems.push('route_sharing.redis_password_env: set route_sharing.redis_url too');
-  if (!share.enabled) return undefined;
-  if (share.redis_url === undefined) {
-    if (raw.limits.redis_url === undefined) {
-      problems.push('route_sharing.enabled: needs a Redis: set route_sharing.redis_url or limits.redis_url');
-      return undefined;
-    }
-    return { url: raw.limits.redis_url, password: raw.limits.redis_password_env === undefined ? undefined : env[raw.limits.redis_password_env], channel: share.channel };
-  }
-  let password: string | undefined;
-  if (share.redis_password_env !== undefined) {
-    password = env[share.redis_password_env];
-    if (new URL(share.redis_url).password !== '') problems.push('route_sharing.redis_password_env: redis_url already has a password; give it in one place');
-    else if (password === undefined || password === '') problems.push(`route_sharing.redis_password_env: environment variable ${share.redis_password_env} is not set`);
-  }
-  return { url: share.redis_url, password, channel: share.channel };
-}
-
-/** An optional secret read from the environment variable `name`: it must be set when `name` is. */
-function resolveSecret(name: string | undefined, field: string, problems: string[], env: NodeJS.ProcessEnv): string | undefined {
-  if (name === undefined) return undefined;
-  const value = env[name];
-  if (value === undefined || value === '') problems.push(`${field}: environment variable ${name} is not set`);
-  return value;
-}
-
 export type Config = DeepReadonly<ReturnType<typeof resolve>>;
 
 /** What deepFreeze makes of a value, as a type (a URL stays a URL). */
@@ -141,35 +60,6 @@ type DeepReadonly<T> = T extends URL ? T : T extends object ? { readonly [K in k
 export type PoolConfig = Config['pools'][number];
 export type UpstreamConfig = PoolConfig['upstreams'][number];
 export type AdmissionConfig = NonNullable<PoolConfig['admission']>;
-
-/** Every problem found in a configuration, each naming its field. */
-export class ConfigError extends Error {
-  constructor(
-    readonly source: string,
-    readonly problems: readonly string[],
-  ) {
-    super(`invalid configuration in ${source}:\n${problems.map((p) => `  - ${p}`).join('\n')}`);
-    this.name = 'ConfigError';
-  }
-}
-
-function formatPath(path: readonly PropertyKey[]): string {
-  let out = '';
-  for (const key of path) {
-    if (typeof key === 'number') out += `[${key}]`;
-    else out += out === '' ? String(key) : `.${String(key)}`;
-  }
-  return out === '' ? '(root)' : out;
-}
-
-function issueMessages(error: z.ZodError): string[] {
-  return error.issues.map((issue) => {
-    if (issue.code === 'unrecognized_keys') {
-      return `${formatPath(issue.path)}: unknown key${issue.keys.length > 1 ? 's' : ''} ${issue.keys.map((k) => `"${k}"`).join(', ')}`;
-    }
-    return `${formatPath(issue.path)}: ${issue.message}`;
-  });
-}
 
 /**
  * The cross-field problems of an input that failed the schema, so one run reports both kinds: the fields the schema
@@ -203,19 +93,6 @@ function crossFieldProblemsDespite(input: unknown, error: z.ZodError, env: NodeJ
   return problems.filter((problem) => !removed.some((path) => problem.includes(path)));
 }
 
-/** Deletes the value at `path` (an object key, or an array element's key); false when there is nothing to delete. */
-function removeAt(root: unknown, path: readonly PropertyKey[]): boolean {
-  let node: unknown = root;
-  for (const key of path.slice(0, -1)) {
-    if (node === null || typeof node !== 'object') return false;
-    node = (node as Record<PropertyKey, unknown>)[key];
-  }
-  const last = path[path.length - 1] as PropertyKey;
-  if (node === null || typeof node !== 'object' || Array.isArray(node) || !(last in node)) return false;
-  delete (node as Record<PropertyKey, unknown>)[last];
-  return true;
-}
-
 /** Adds each configured SLO threshold to the histogram's buckets, so attainment can be read from the histogram. */
 function withThresholds(buckets: readonly number[], thresholdsMs: readonly number[]): number[] {
   const merged = new Set(buckets);
@@ -236,7 +113,7 @@ function resolveSlo(
 }
 
 function resolve(raw: RawConfig, problems: string[], env: NodeJS.ProcessEnv) {
-  const classes = promptLenClasses(raw.metrics.prompt_len_boundaries);
+  const classes = promptLenClassNames(raw.metrics.prompt_len_boundaries);
   const upstreamNames = new Map<string, string>();
   const modelPools = new Map<string, string>();
   const poolNames = new Set<string>();
@@ -479,44 +356,4 @@ function deepFreeze<T>(value: T): T {
     Object.freeze(value);
   }
   return value;
-}
-
-/** The ledger's facts of a request: the model's SLO thresholds and the configured prompt-length classes. */
-export function requestInfo(
-  config: Config,
-  request: Pick<RequestInfo, 'model' | 'route' | 'stream' | 'expectedChoices' | 'dropUsageChunk'> &
-    Partial<Pick<RequestInfo, 'tenant' | 'promptTokensEstimate' | 'contract' | 'evaluator' | 'captureAnswer' | 'clientRetry'>>,
-): RequestInfo {
-  return {
-    tenant: request.tenant,
-    contract: request.contract,
-    evaluator: request.evaluator,
-    captureAnswer: request.captureAnswer,
-    clientRetry: request.clientRetry,
-    maxOutputChars: config.outputChecks.maxOutputChars,
-    promptTokensEstimate: request.promptTokensEstimate,
-    model: request.model,
-    route: request.route,
-    stream: request.stream,
-    expectedChoices: request.expectedChoices,
-    dropUsageChunk: request.dropUsageChunk,
-    slo: config.slo.models[request.model] ?? config.slo.defaults,
-    promptLenBoundaries: config.metrics.promptLenBoundaries,
-    promptLenClasses: config.metrics.promptLenClasses,
-    charsPerToken: config.metrics.charsPerToken,
-  };
-}
-
-/** What the delivery machine needs of the configuration: deadlines, hold limits, retry rules. */
-export function machineSettings(config: Config): MachineSettings {
-  return {
-    totalMs: config.timeouts.totalMs,
-    firstOutputMs: config.timeouts.firstOutputMs,
-    idleMs: config.timeouts.idleMs,
-    drainGraceMs: config.streaming.drainGraceMs,
-    maxEventBytes: config.streaming.maxEventBytes,
-    maxHeldEvents: config.streaming.maxHeldEvents,
-    maxAttempts: config.retries.maxAttempts,
-    retry: config.retries,
-  };
 }

@@ -3,6 +3,10 @@
  * field (`pools[0].upstreams[1].url: ...`); the result is frozen and never re-read. Durations accept a number
  * of seconds or a string with a unit (`250ms`, `5s`, `2m`, `1h`) and are held internally in milliseconds.
  * docs/configuration.md documents every key; test/config.test.ts checks the two agree.
+ *
+ * Longer than 400 lines on purpose: it is one contract, read top to bottom beside docs/configuration.md, and one
+ * zod object whose inferred type is the raw configuration; split, a key's default and its neighbours' would live
+ * in different files.
  */
 import { z } from 'zod';
 

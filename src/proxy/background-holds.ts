@@ -24,9 +24,10 @@ import { classifyResponsesBody } from '../sse/route-events.js';
 import { usedTokens, type LimitTicket } from './tenant-limits.js';
 import { ReadStopped, type Upstream } from './upstreams.js';
 
-/** How a hold ended (`waybill_background_holds_ended_total{how}`). */
-export const BACKGROUND_HOLD_ENDS = ['ended', 'lost', 'deadline', 'overflow', 'shutdown'] as const;
-export type BackgroundHoldEnd = (typeof BACKGROUND_HOLD_ENDS)[number];
+import type { BackgroundHoldEnd } from '../telemetry/labels.js';
+
+/** How a hold ended (`waybill_background_holds_ended_total{how}`): a closed set of telemetry/labels.ts. */
+export { BACKGROUND_HOLD_ENDS, type BackgroundHoldEnd } from '../telemetry/labels.js';
 
 export interface BackgroundHoldSettings {
   readonly pollIntervalMs: number;

@@ -37,7 +37,7 @@ export interface OwnerSettings {
    * come and go with a reload, and the answer is the configuration's in force.
    */
   readonly unownedUsable: boolean | (() => boolean);
-  /** Each owner this process learned from an answer it relayed: the other workers are told (http/workers.ts). */
+  /** Each owner this process learned from an answer it relayed: the other workers are told (app/worker-link.ts). */
   readonly onBind?: ((id: string, tenant: string) => void) | undefined;
 }
 

@@ -7,18 +7,10 @@
  * than the limits allow is ignored and counted rather than read (docs/routing.md, "Engine signals").
  */
 
-/** Why a body gave no signals. Closed: they become metric label values. */
-export const PARSE_FAILURES = [
-  /** No `vllm:num_requests_waiting`, `vllm:num_requests_running` or KV usage series (not vLLM, a renamed metric). */
-  'missing',
-  /** One of them is NaN, ±Inf, negative, or a KV usage above 1. */
-  'invalid',
-  /** A line of one of them that does not parse (unterminated labels, a value that is not a number). */
-  'malformed',
-  /** The body is longer than `maxBodyChars`. */
-  'too_large',
-] as const;
-export type ParseFailure = (typeof PARSE_FAILURES)[number];
+import type { ParseFailure } from '../telemetry/labels.js';
+
+/** Why a body gave no signals: a closed set (a metric label's values) of telemetry/labels.ts. */
+export { PARSE_FAILURES, type ParseFailure } from '../telemetry/labels.js';
 
 /** Which name KV usage was read from: vLLM renamed `gpu_cache_usage_perc` to `kv_cache_usage_perc` (v0.10-ish). */
 export type KvMetric = 'kv_cache_usage_perc' | 'gpu_cache_usage_perc';

@@ -7,21 +7,14 @@
  *   restarts. Pure: time comes in as `now`.
  * - {@link SignalScraper}: the shell that reads `/metrics` on an interval. It owns the timer and nothing else.
  */
-import { DEFAULT_PARSE_LIMITS, PARSE_FAILURES, parseEngineMetrics, type EngineLoad, type IgnoredLines, type ParseLimits } from './engine-metrics.js';
+import { DEFAULT_PARSE_LIMITS, parseEngineMetrics, type EngineLoad, type IgnoredLines, type ParseLimits } from './engine-metrics.js';
 
 export { DEFAULT_PARSE_LIMITS, PARSE_FAILURES, parseEngineMetrics, parseSampleValue } from './engine-metrics.js';
+import type { RestartCause, ScrapeResultKind } from '../telemetry/labels.js';
 export type { EngineLoad, IgnoredLines, KvMetric, ParseFailure, ParseLimits, ParseResult } from './engine-metrics.js';
 
-/**
- * How a scrape ended. Closed: they become metric label values. Besides the parse failures:
- * - `http_status`: `/metrics` answered something other than 200 (an auth proxy, vLLM without metrics);
- * - `deadline`: no whole answer within `timeoutMs`;
- * - `unreachable`: the connection failed (refused while the model loads, reset, a connect that timed out);
- * - `busy`: the previous scrape of this upstream was still running, so this round skipped it.
- * `too_large` is also the reader's own byte limit (health.max_body_bytes through `Upstream.get`).
- */
-export const SCRAPE_RESULTS = ['ok', ...PARSE_FAILURES, 'http_status', 'deadline', 'unreachable', 'busy'] as const;
-export type ScrapeResultKind = (typeof SCRAPE_RESULTS)[number];
+/** How a scrape ended: a closed set (a metric label's values) of telemetry/labels.ts, which says what each means. */
+export { SCRAPE_RESULTS, type ScrapeResultKind } from '../telemetry/labels.js';
 export type ScrapeFailure = Exclude<ScrapeResultKind, 'ok'>;
 
 export type ScrapeResult =
@@ -50,8 +43,8 @@ export const DEFAULT_SIGNAL_OPTIONS: SignalOptions = {
 
 export type SignalState = 'fresh' | 'stale' | 'missing';
 
-/** Why a restart was inferred: the process start time changed, or a prefix-cache counter went down. */
-export type RestartCause = 'start_time' | 'counter_reset';
+/** Why a restart was inferred: the process start time changed, or a prefix-cache counter went down (telemetry/labels.ts). */
+export type { RestartCause } from '../telemetry/labels.js';
 
 /** One upstream's latest valid signals. */
 export interface StoredSignals {

@@ -14,8 +14,8 @@ import { RouteBatch } from './route-batch.js';
 import { isRoute, MAX_ROUTES_PER_MESSAGE, type RouteRecord } from './route-records.js';
 
 /** What happened to a message: closed, the `result` label of waybill_routing_shared_messages_total. */
-export const ROUTE_SHARE_RESULTS = ['sent', 'send_failed', 'received', 'invalid'] as const;
-export type RouteShareResult = (typeof ROUTE_SHARE_RESULTS)[number];
+export { ROUTE_SHARE_RESULTS, type RouteShareResult } from '../telemetry/labels.js';
+import type { RouteShareResult } from '../telemetry/labels.js';
 
 /** The longest message read: 4 096 records of 256 blocks of 16-digit hashes is about 70 MB; ours are far smaller. */
 export const MAX_MESSAGE_CHARS = 8 * 1024 * 1024;

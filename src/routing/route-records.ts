@@ -1,6 +1,6 @@
 /**
  * Route records: what one cache_aware pick sent where (pool, upstream, the request's prefix blocks), as other
- * processes learn it — the workers of one gateway through the primary (src/http/workers.ts), gateway replicas through
+ * processes learn it — the workers of one gateway through the primary (src/app/primary.ts), gateway replicas through
  * Redis (src/routing/route-bus.ts). Pure: shapes and bounds, checked on every record another process sends.
  */
 

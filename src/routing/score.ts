@@ -29,8 +29,10 @@
  */
 import { hash53 } from '../util/hash53.js';
 
-export const PICK_REASONS = ['prefix', 'load', 'bounded_load', 'stale_signals', 'session', 'single'] as const;
-export type PickReason = (typeof PICK_REASONS)[number];
+import type { PickReason } from '../telemetry/labels.js';
+
+/** Why a pick chose its upstream: a closed set (a metric label) of telemetry/labels.ts. */
+export { PICK_REASONS, type PickReason } from '../telemetry/labels.js';
 
 /** Structurally a src/proxy/picker.ts Candidate plus the engine's scraped signals (null or absent: unknown or stale). */
 export interface RoutingCandidate {

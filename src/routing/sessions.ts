@@ -10,6 +10,7 @@
  * Pure: no clock (the caller passes `now`, in ms, from a monotonic clock), no timers, no I/O. Bounded: at most
  * `maxSessions` entries, each a key of at most KEY_MAX_CHARS + 1 characters and one number.
  */
+import { GAP_CLASSES, type GapClass } from '../telemetry/labels.js';
 
 /**
  * Gap classes, upper bound inclusive like a Prometheus `le` bucket (a gap of exactly 10 s is '0-10s', and lands in
@@ -24,8 +25,8 @@
  * - 30m+: only an idle engine still holds it. Reachable only when `ttlMs` exceeds 30 minutes (with the default TTL
  *   such a gap reads as 'first': the session has expired).
  */
-export const GAP_CLASSES = ['0-10s', '10s-1m', '1m-5m', '5m-30m', '30m+'] as const;
-export type GapClass = (typeof GAP_CLASSES)[number];
+// The classes' names are a metric label's closed set (telemetry/labels.ts); their bounds are here.
+export { GAP_CLASSES, type GapClass } from '../telemetry/labels.js';
 
 /** Upper bounds (inclusive, ms) of every class but the last, in GAP_CLASSES order. */
 export const GAP_CLASS_BOUNDS_MS: readonly number[] = Object.freeze([10_000, 60_000, 300_000, 1_800_000]);

@@ -3,11 +3,11 @@
  * throws, the throw is caught here, logged and counted (`waybill_internal_errors_total{component}`), and the request
  * goes on to its answer and its one count. (OpenTelemetry JS does the same with `safeExecuteInTheMiddle`.)
  */
+import type { InternalErrorComponent } from './labels.js';
 import { NO_TRACE, type RequestTrace } from './request-trace.js';
 
-/** Where an internal error happened: a closed set, for the metric's label. */
-export const INTERNAL_ERROR_COMPONENTS = ['metrics', 'tracing', 'logging', 'hook', 'exchange', 'http'] as const;
-export type InternalErrorComponent = (typeof INTERNAL_ERROR_COMPONENTS)[number];
+/** Where an internal error happened: a closed set, for the metric's label (labels.ts). */
+export { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './labels.js';
 
 export type InternalErrorSink = (component: InternalErrorComponent, error: unknown) => void;
 

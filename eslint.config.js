@@ -88,10 +88,8 @@ export default tseslint.config(
     },
   },
   {
-    // The HTTP surface is assembled by the composition root (app/), never the other way round; http/server.ts is the
-    // old address of createGateway, re-exported for the tests that import it there.
+    // The HTTP surface is assembled by the composition root (app/), never the other way round.
     files: ['src/http/**/*.ts'],
-    ignores: ['src/http/server.ts'],
     rules: {
       'no-restricted-imports': ['error', {
         patterns: [{ group: ['../app/*', '../sim/*'], message: 'http/ is the HTTP surface: the composition root (app/) imports it, not the reverse.' }],

@@ -11,7 +11,7 @@ import { request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 
 const sha = (key: string) => createHash('sha256').update(key).digest('hex');

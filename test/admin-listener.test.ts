@@ -17,7 +17,7 @@ import { Agent, request } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ConfigError, parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
-import { createGateway } from '../src/http/server.js';
+import { createGateway } from '../src/app/gateway.js';
 import { createSimulator } from '../src/sim/server.js';
 import { useCleanups } from './helpers/cleanups.js';
 import { CHAT, metricValue, post, startStack, type Stack, type StackOptions } from './helpers/stack.js';

@@ -11,7 +11,7 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { ConfigError, parseConfig, type Config } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { CHAT, eventData, metricValue } from './helpers/stack.js';
 

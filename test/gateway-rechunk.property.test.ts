@@ -9,7 +9,7 @@ import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { cutInto, generateChatPayloads, mulberry32 } from './fixtures/sse-fixtures.js';
 import { post } from './helpers/stack.js';
 

@@ -14,7 +14,7 @@ import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
 import { ResponseOwners } from '../src/proxy/response-owners.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import type { Simulator } from '../src/sim/server.js';
 import { useCleanups } from './helpers/cleanups.js';
 import { startScripted } from './helpers/scripted.js';

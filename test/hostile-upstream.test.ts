@@ -7,7 +7,7 @@ import type { AddressInfo } from 'node:net';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway } from '../src/http/server.js';
+import { createGateway } from '../src/app/gateway.js';
 import { useCleanups } from './helpers/cleanups.js';
 import { scriptedUpstream, wire, type Handler } from './helpers/scripted.js';
 import { CHAT, metricValue, post, startStack, type Stack } from './helpers/stack.js';

@@ -22,7 +22,7 @@ import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
-import { createGateway } from '../src/http/server.js';
+import { createGateway } from '../src/app/gateway.js';
 import { metricValue } from './helpers/stack.js';
 import { startScripted, wire, type Scripted } from './helpers/scripted.js';
 

@@ -29,7 +29,7 @@ import { parseLoadArgs, runLoadWith } from '../load/main.js';
 import { runWorkload } from '../load/runner.js';
 import { chatShareMix, seededRandom, type PlannedRequest, type Workload } from '../load/workload.js';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway } from '../src/http/server.js';
+import { createGateway } from '../src/app/gateway.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 
 const BASE: Workload = {

@@ -12,7 +12,7 @@ import { pino } from 'pino';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway, type GatewayOptions } from '../src/http/server.js';
+import { createGateway, type GatewayOptions } from '../src/app/gateway.js';
 import { createSimulator } from '../src/sim/server.js';
 import { CHAT, metricValue, post } from './helpers/stack.js';
 

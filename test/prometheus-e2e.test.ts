@@ -11,7 +11,7 @@ import { pino } from 'pino';
 import { request } from 'undici';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { createSimulator, type FaultKind, type Simulator } from '../src/sim/server.js';
 import { FAULT_KINDS as ALL_FAULT_KINDS } from '../src/sim/faults.js';
 import { PrometheusServer, sleep } from './helpers/prometheus-server.js';

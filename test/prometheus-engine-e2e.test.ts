@@ -11,7 +11,7 @@ import { pino } from 'pino';
 import { request } from 'undici';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { PrometheusServer } from './helpers/prometheus-server.js';
 import { PROMETHEUS, runTool } from './helpers/promql.js';

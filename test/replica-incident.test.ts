@@ -27,7 +27,7 @@ import { request } from 'undici';
 import { afterAll, expect, it } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { PrometheusServer, waitFor as waitForCheck, type Sample } from './helpers/prometheus-server.js';
 import { PROMETHEUS, withoutGrafanaVariables } from './helpers/promql.js';

@@ -21,7 +21,7 @@ import { pino } from 'pino';
 import { request } from 'undici';
 import { afterAll, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { createSimulator, type RequestRecord, type Simulator } from '../src/sim/server.js';
 import { PrometheusServer, sleep } from './helpers/prometheus-server.js';
 import { PROMETHEUS, runTool, withoutGrafanaVariables } from './helpers/promql.js';

@@ -13,7 +13,7 @@ import { request } from 'undici';
 import { afterEach, expect, it } from 'vitest';
 import { parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { prefixBlocks } from '../src/routing/prefix-key.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { until } from './helpers/poll.js';

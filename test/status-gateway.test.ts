@@ -9,7 +9,7 @@ import { Agent, request } from 'undici';
 import { describe, expect, it } from 'vitest';
 import { parseConfig, type Config } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import type { StatusSnapshot } from '../src/http/status-page.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { useCleanups } from './helpers/cleanups.js';

@@ -33,7 +33,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { parseConfig } from '../src/config/load.js';
 import type { ConfigInput } from '../src/config/schema.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { LimitStoreUnavailable, RedisLimitStore, STALL_AFTER } from '../src/proxy/redis-limit-store.js';
 import { decide, WINDOW_MS, type TenantLimits } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';

@@ -12,7 +12,7 @@ import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { createLogger } from '../src/telemetry/logger.js';
 import { startTracing, type Tracing } from '../src/telemetry/tracing.js';

@@ -8,7 +8,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { parseConfig } from '../src/config/load.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { metricValue, post } from './helpers/stack.js';
 
 type Route = (req: IncomingMessage, res: ServerResponse) => void;

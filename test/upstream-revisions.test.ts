@@ -10,7 +10,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { request } from 'undici';
 import { ConfigError, parseConfig } from '../src/config/load.js';
-import { createGateway, type Gateway } from '../src/http/server.js';
+import { createGateway, type Gateway } from '../src/app/gateway.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { metricValue, post } from './helpers/stack.js';
 import { wire } from './helpers/scripted.js';

@@ -2,6 +2,7 @@
  * The closed label sets of the metrics contract. Every label value Waybill exports comes from one of these
  * lists or from configuration; docs/metrics.md lists the same values and test/metrics-contract.test.ts checks it.
  */
+import { ANONYMOUS_TENANT } from '../telemetry/labels.js';
 
 /** Routes whose answers are generated, streamed or not, and checked choice by choice. */
 export const GENERATION_ROUTES = ['chat_completions', 'completions'] as const;
@@ -155,7 +156,7 @@ export const UNKNOWN_REVISION = '_unknown';
 export const LOOKUP = '_lookup';
 
 /** `tenant` of a request served without a client key (no keys configured, or keys optional and none given). */
-export const ANONYMOUS = '_anonymous';
+export const ANONYMOUS = ANONYMOUS_TENANT;
 /** `tenant` of a request refused for a missing or wrong client key (or answered before any key was read). */
 export const UNAUTHENTICATED = '_unauthenticated';
 

@@ -3,24 +3,12 @@
  * Boundaries [1024, 4096, 16384, 65536] give `0-1k`, `1k-4k`, `4k-16k`, `16k-64k`, `64k+` (k = 1024 tokens);
  * a prompt of exactly a boundary's size belongs to the class above it.
  */
-export const UNKNOWN_PROMPT_LEN = 'unknown';
+import { promptLenClassNames, UNKNOWN_PROMPT_LEN } from '../telemetry/labels.js';
 
-function formatTokens(value: number): string {
-  return value !== 0 && value % 1024 === 0 ? `${value / 1024}k` : String(value);
-}
+export { UNKNOWN_PROMPT_LEN };
 
-/** The label values for the given boundaries, shortest class first, `unknown` last. */
-export function promptLenClasses(boundaries: readonly number[]): string[] {
-  const classes: string[] = [];
-  let lower = 0;
-  for (const upper of boundaries) {
-    classes.push(`${formatTokens(lower)}-${formatTokens(upper)}`);
-    lower = upper;
-  }
-  classes.push(`${formatTokens(lower)}+`);
-  classes.push(UNKNOWN_PROMPT_LEN);
-  return classes;
-}
+/** The label values for the given boundaries, shortest class first, `unknown` last (named in telemetry/labels.ts). */
+export const promptLenClasses: (boundaries: readonly number[]) => string[] = promptLenClassNames;
 
 /** The class of a prompt of `promptTokens` tokens; `unknown` when usage did not say. */
 export function classifyPromptLen(

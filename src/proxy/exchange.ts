@@ -56,7 +56,7 @@ export interface ExchangeDeps {
   readonly readTurns?: ReadTurns;
   /** Where a background response that has not ended keeps its hold on its tenant's limits (background-holds.ts). */
   readonly backgroundHolds?: BackgroundHolds;
-  /** A worker's account to its primary of the requests it holds (http/workers.ts), counted if the worker dies. */
+  /** A worker's account to its primary of the requests it holds (app/worker-link.ts), counted if the worker dies. */
   readonly held?: HeldRequests | undefined;
 }
 

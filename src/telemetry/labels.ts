@@ -13,8 +13,8 @@
 // Values the configuration resolves (config/load.ts) and the ledger records.
 
 /**
- * The `tenant` of a request that came without a client key. accounting/outcomes.ts has the same constant for the
- * core; both say `_anonymous` (no configured tenant name may start with `_`).
+ * The `tenant` of a request that came without a client key (no configured tenant name may start with `_`); the core
+ * reads it as accounting/outcomes.ts `ANONYMOUS`.
  */
 export const ANONYMOUS_TENANT = '_anonymous';
 
@@ -27,7 +27,7 @@ function formatTokens(value: number): string {
 
 /**
  * The `prompt_len` label values for the given boundaries, shortest class first, `unknown` last: [1024, 4096] gives
- * `0-1k`, `1k-4k`, `4k+`, `unknown` (k = 1024 tokens). The same naming as accounting/prompt-len.ts, which classifies.
+ * `0-1k`, `1k-4k`, `4k+`, `unknown` (k = 1024 tokens); accounting/prompt-len.ts classifies into them.
  */
 export function promptLenClassNames(boundaries: readonly number[]): string[] {
   const classes: string[] = [];

@@ -12,7 +12,7 @@ import fc from 'fast-check';
 import { pino } from 'pino';
 import type { Settlement } from '../../src/accounting/ledger.js';
 import { parseConfig } from '../../src/config/load.js';
-import { createGateway, type Gateway } from '../../src/http/server.js';
+import { createGateway, type Gateway } from '../../src/app/gateway.js';
 import { clientArbitrary, describeRequest, expectedChoices, asksStream, type ClientPlan } from './client-grammar.js';
 import { checkCase, INVARIANTS, parseMetrics, type InvariantName, type RequestOutcome, type Sample, type Violation } from './invariants.js';
 import { runClient } from './raw-client.js';

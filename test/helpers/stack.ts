@@ -8,7 +8,7 @@ import { request } from 'undici';
 import type { Settlement } from '../../src/accounting/ledger.js';
 import { parseConfig } from '../../src/config/load.js';
 import type { ConfigInput } from '../../src/config/schema.js';
-import { createGateway, type Gateway } from '../../src/http/server.js';
+import { createGateway, type Gateway } from '../../src/app/gateway.js';
 import type { Tracing } from '../../src/telemetry/tracing.js';
 import { createSimulator, type RequestRecord, type SimOptions, type Simulator } from '../../src/sim/server.js';
 

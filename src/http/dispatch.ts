@@ -12,6 +12,7 @@ import type { Config } from '../config/load.js';
 import { errorBody } from '../delivery/errors.js';
 import { Exchange, type CompletionRequest, type ExchangeDeps } from '../proxy/exchange.js';
 import { upstreamHeaders } from '../proxy/headers.js';
+import { requestInfo } from '../proxy/request-facts.js';
 import type { ResponseHomes } from '../proxy/response-homes.js';
 import type { ResponseOwners } from '../proxy/response-owners.js';
 import { reservedTokens, type Admission, type LimitTicket, type TenantLimiter } from '../proxy/tenant-limits.js';
@@ -229,25 +230,32 @@ function dispatch(deps: RequestDeps, request: FastifyRequest, reply: FastifyRepl
   const evaluatorValue = evaluatorHeader === undefined ? undefined : request.headers[evaluatorHeader];
   const evaluator = evaluatorValue !== undefined && evaluatorValue !== '';
   const trace = guard.trace(guard.run('tracing', () => startRequestTrace(tracer, request.headers, start, config.tracing.captureContent), NO_TRACE));
-  const completion: CompletionRequest = {
+  // The request's facts, built once here: the machine, the ledger and the shell all read these.
+  const info = {
+    ...requestInfo(config, {
+      route,
+      tenant: request.tenant,
+      model: fields.model,
+      stream: fields.stream,
+      expectedChoices: fields.expectedChoices,
+      promptTokensEstimate: fields.promptTokensEstimate,
+      contract: fields.expectedChoices > 0 ? contractOf(route, p.json, deps.schemas.compile) : undefined,
+      evaluator,
+      // The sample is decided from the request id alone: the same decision the settlement recorder makes (never for
+      // evaluator traffic, which is not sampled).
+      captureAnswer: !evaluator && evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
+      clientRetry: clientRetryOf(request.headers),
+      dropUsageChunk: p.dropUsageChunk === true,
+    }),
     route,
-    tenant: request.tenant,
+  };
+  const completion: CompletionRequest = {
+    info,
     apiPath: p.apiPath,
     ...(p.method !== undefined && { method: p.method }),
     ...(p.pinned !== undefined && { pinned: p.pinned }),
     ...(p.storedId !== undefined && { storedId: p.storedId }),
-    model: fields.model,
-    stream: fields.stream,
     body: p.body,
-    expectedChoices: fields.expectedChoices,
-    promptTokensEstimate: fields.promptTokensEstimate,
-    contract: fields.expectedChoices > 0 ? contractOf(route, p.json, deps.schemas.compile) : undefined,
-    evaluator,
-    // The sample is decided from the request id alone: the same decision the settlement recorder makes (never for
-    // evaluator traffic, which is not sampled).
-    captureAnswer: !evaluator && evaluation.captureContent && inSample(request.id, sampleRate(evaluation, fields.model)),
-    clientRetry: clientRetryOf(request.headers),
-    dropUsageChunk: p.dropUsageChunk === true,
     requestId: request.id,
     ...(limit !== undefined && { limit }),
     ...(route === 'responses' && p.json['background'] === true && { background: true }),

@@ -6,14 +6,17 @@
  * Events are handled one at a time, in order: an effect that makes something happen synchronously (an abort that
  * undici reports at once, a write that fills the socket) queues its event behind the effects still to run, so the
  * machine never sees a report from inside its own step.
+ *
+ * Longer than 400 lines on purpose: the Exchange is one object per request whose effect executors share its socket,
+ * its timers, its attempt and its event queue; split, each executor would reach back into the others' state.
  */
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Logger } from 'pino';
 import { ANONYMOUS, type ProxiedRoute, type RetryReason } from '../accounting/outcomes.js';
-import type { OutputContract } from '../accounting/output-contract.js';
+import type { RequestInfo } from '../accounting/ledger.js';
 import type { Config } from '../config/load.js';
-import { machineSettings, requestInfo } from './request-facts.js';
+import { machineSettings } from './request-facts.js';
 import { DeliveryMachine, type Effect, type MachineEvent, type Observation, type TimerName } from '../delivery/machine.js';
 import { createDeliveryObserver } from '../telemetry/delivery-observer.js';
 import type { ObserverGuard } from '../telemetry/guard.js';
@@ -80,10 +83,13 @@ export interface HeldRequest {
   ended(): void;
 }
 
+/**
+ * One request as the route checked it: its facts for the delivery machine and the ledger (`info`, built once by the
+ * route, http/dispatch.ts) and what the shell needs to send it upstream.
+ */
 export interface CompletionRequest {
-  readonly route: ProxiedRoute;
-  /** The client's tenant label value. */
-  readonly tenant?: string;
+  /** The request's facts: route, model (the served name, a key of the upstream registry), tenant, stream, choices, contract, … */
+  readonly info: RequestInfo & { readonly route: ProxiedRoute };
   /** The request's hold on its tenant's limits (tenant-limits.ts): settled, and its slot freed, when the request settles. */
   readonly limit?: LimitTicket;
   /** A Responses request with `background: true`: its generation may go on after the request settles. */
@@ -96,22 +102,8 @@ export interface CompletionRequest {
   readonly pinned?: Upstream;
   /** The stored response id the request reads or cancels: its remembered home is forgotten on a 404. */
   readonly storedId?: string;
-  /** The served model name (a key of the upstream registry). */
-  readonly model: string;
-  readonly stream: boolean;
   /** The body to send upstream (the client's bytes, or with usage requested). */
   readonly body: Buffer;
-  readonly expectedChoices: number;
-  readonly promptTokensEstimate: number | undefined;
-  /** What the answer must be for the output checks; undefined: no contract requested. */
-  readonly contract: OutputContract | undefined;
-  /** Evaluator traffic: SLO result `excluded`. */
-  readonly evaluator: boolean;
-  /** Keep the answer's text for its evaluation sample. */
-  readonly captureAnswer: boolean;
-  /** The client SDK's retry count (`x-stainless-retry-count`), validated; undefined: not sent. */
-  readonly clientRetry?: number | undefined;
-  readonly dropUsageChunk: boolean;
   readonly requestId: string;
   /** Headers for every upstream attempt (see upstreamHeaders). */
   readonly headers: Record<string, string | string[]>;
@@ -160,13 +152,13 @@ export class Exchange {
     const { config, guard } = deps;
     this.socket = res.socket;
     this.writer = new ClientWriter(res, this.socket, this.drained);
-    this.controls = deps.upstreams.controls(request.model);
-    const itl = deps.metrics.interTokenLatency(request.model);
-    this.observe = createDeliveryObserver(deps, request.model, request.requestId, request.trace, (label) => {
+    this.controls = deps.upstreams.controls(request.info.model);
+    const itl = deps.metrics.interTokenLatency(request.info.model);
+    this.observe = createDeliveryObserver(deps, request.info.model, request.requestId, request.trace, (label) => {
       this.inflightLabel = label;
     });
     this.machine = new DeliveryMachine(
-      { info: requestInfo(config, request), arrivalAt: request.arrivalAt, requestId: request.requestId, gated: this.controls.gate !== undefined },
+      { info: request.info, arrivalAt: request.arrivalAt, requestId: request.requestId, gated: this.controls.gate !== undefined },
       {
         settings: machineSettings(config),
         budget: this.controls.budget,
@@ -189,7 +181,7 @@ export class Exchange {
     this.res.on('drain', this.drained);
     const { held, guard } = this.deps;
     if (held !== undefined) {
-      const { model, tenant, route, stream } = this.request;
+      const { model, tenant, route, stream } = this.request.info;
       this.held = guard.run<HeldRequest | undefined>('metrics', () => held.begin({ model, tenant: tenant ?? ANONYMOUS, route, stream }), undefined);
     }
     this.send({ type: 'start' });
@@ -285,12 +277,12 @@ export class Exchange {
           const limit = this.request.limit;
           // A background response still running keeps its slot and reservation until it ends (background-holds.ts).
           const held = this.deps.guard.run('exchange', () => this.holdBackground(effect.settlement, limit), false);
-          const charge = chargedTokens(effect.settlement, this.request.promptTokensEstimate);
+          const charge = chargedTokens(effect.settlement, this.request.info.promptTokensEstimate);
           if (!held) this.deps.guard.run('exchange', () => limit.settle(charge?.tokens, charge?.estimated));
         }
-        if (this.request.route === 'responses') this.learnHome(effect.settlement.responseId, effect.settlement.attempts);
+        if (this.request.info.route === 'responses') this.learnHome(effect.settlement.responseId, effect.settlement.attempts);
         // A client read a stored response: if it is a held background one, its hold asks its home now.
-        if (this.request.route === 'responses_retrieve' && this.request.storedId !== undefined && effect.settlement.code === 200) {
+        if (this.request.info.route === 'responses_retrieve' && this.request.storedId !== undefined && effect.settlement.code === 200) {
           const id = this.request.storedId;
           this.deps.guard.run('exchange', () => this.deps.backgroundHolds?.nudge(id));
         }
@@ -304,7 +296,7 @@ export class Exchange {
         }
         const at = this.deps.now();
         const sessionKey = this.request.routing?.sessionKey;
-        if (sessionKey !== undefined) this.deps.guard.run('exchange', () => this.deps.upstreams.sessionEnded(this.request.model, sessionKey, at));
+        if (sessionKey !== undefined) this.deps.guard.run('exchange', () => this.deps.upstreams.sessionEnded(this.request.info.model, sessionKey, at));
         const routing = this.deps.guard.run('exchange', () => this.routingOutcome(effect.settlement.attempts.length), undefined);
         const settlement = routing === undefined ? effect.settlement : { ...effect.settlement, routing };
         this.deps.publish(settlement, this.request.requestId, this.request.trace, this.inflightLabel, at);
@@ -340,7 +332,7 @@ export class Exchange {
       this.admission = admission;
       this.send({ type: 'admission', admitted: admission.admitted, reason: admission.admitted ? undefined : admission.reason, waitedMs: admission.waitedMs });
     };
-    const admission = gate.acquire(this.queueAbort.signal, this.request.promptTokensEstimate ?? 0);
+    const admission = gate.acquire(this.queueAbort.signal, this.request.info.promptTokensEstimate ?? 0);
     if (admission instanceof Promise) {
       this.send({ type: 'queued' });
       admission.then(decided, (error: unknown) => this.send({ type: 'internal_error', error }));
@@ -358,7 +350,7 @@ export class Exchange {
       return;
     }
     const attempt = new Attempt(upstream, number, this.report, {
-      streaming: this.request.stream,
+      streaming: this.request.info.stream,
       maxEventBytes: config.streaming.maxEventBytes,
       maxResponseBytes: config.streaming.maxResponseBytes,
       maxErrorBodyBytes: config.streaming.maxErrorBodyBytes,
@@ -388,7 +380,8 @@ export class Exchange {
    */
   private pick(number: number, avoid: ReadonlySet<string>, at: number): Upstream | undefined {
     const { upstreams, guard, metrics } = this.deps;
-    const { model, routing } = this.request;
+    const { routing } = this.request;
+    const { model } = this.request.info;
     if (number === 1 && routing?.sessionKey !== undefined) {
       const key = routing.sessionKey;
       this.sessionGap = guard.run('exchange', () => upstreams.sessionStarted(model, key, at), undefined);
@@ -407,7 +400,7 @@ export class Exchange {
   /** The pick of the attempt that answered (the last one), as the settlement carries it. */
   private routingOutcome(attempts: number): RoutingOutcome | undefined {
     const picked = this.picks.get(attempts);
-    const pool = this.deps.upstreams.poolFor(this.request.model)?.config;
+    const pool = this.deps.upstreams.poolFor(this.request.info.model)?.config;
     if (picked === undefined || pool === undefined) return undefined;
     return {
       pool: pool.name,
@@ -422,7 +415,7 @@ export class Exchange {
   private turnShare(): TurnShare | undefined {
     const turns = this.deps.readTurns;
     const budgetMs = this.deps.config.streaming.turnBudgetMs;
-    return turns === undefined || budgetMs === 0 || !this.request.stream ? undefined : { turns, budgetMs, now: this.deps.now };
+    return turns === undefined || budgetMs === 0 || !this.request.info.stream ? undefined : { turns, budgetMs, now: this.deps.now };
   }
 
   /**
@@ -433,7 +426,7 @@ export class Exchange {
   private holdBackground(settlement: Settlement, limit: LimitTicket): boolean {
     const holds = this.deps.backgroundHolds;
     const home = settlement.attempts.at(-1)?.upstream;
-    if (holds === undefined || this.request.background !== true || this.request.route !== 'responses') return false;
+    if (holds === undefined || this.request.background !== true || this.request.info.route !== 'responses') return false;
     if (settlement.code < 200 || settlement.code >= 300 || settlement.usage !== undefined || settlement.responseId === undefined || home === undefined) return false;
     return holds.hold(settlement.responseId, home, limit);
   }
@@ -443,7 +436,7 @@ export class Exchange {
     const last = attempts[attempts.length - 1];
     if (responseId === undefined || last === undefined) return;
     this.deps.homes?.learn(responseId, last.upstream);
-    if (this.request.tenant !== undefined) this.deps.owners?.bind(responseId, this.request.tenant);
+    if (this.request.info.tenant !== undefined) this.deps.owners?.bind(responseId, this.request.info.tenant);
   }
 
   private attemptOver(number: number, effect: Extract<Effect, { kind: 'attempt_over' }>): void {

@@ -42,8 +42,9 @@
  *   every command at once, instead of each admission waiting out the deadline, until Redis answers anything again (a
  *   PING is left waiting for that).
  *
- * The scripts are redis-limit-scripts.ts. A little over 400 lines: this comment is the store's design, one failure
- * mode and its answer per item, kept beside the code that answers it.
+ * The scripts are redis-limit-scripts.ts.
+ * Longer than 400 lines on purpose: this comment is the store's design, one failure mode and its answer per item,
+ * kept beside the code that answers it.
  */
 import { randomUUID } from 'node:crypto';
 import { Redis, ReplyError } from 'ioredis';

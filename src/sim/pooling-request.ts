@@ -8,7 +8,7 @@
  * classifier, and gets 404 on the other routes): an embedding model whose scores are bi-encoder cosines, with a
  * two-label classifier beside it.
  *
- * Over 400 lines on purpose: seven routes' pydantic models and handler checks, each in vLLM's order, sharing the field
+ * Longer than 400 lines on purpose: seven routes' pydantic models and handler checks, each in vLLM's order, sharing the field
  * readers above them; what a request costs is pooling-work.ts, its answer pooling-answer.ts.
  */
 import { MAX_MODEL_LEN, messageText, type RequestSummary } from './request.js';

@@ -10,7 +10,7 @@
  * Pure: no clock, no I/O. The caller (the engine runtime) owns time and passes every duration in seconds. The
  * exposition itself (buckets, Python's number spelling, families, rendering) is exposition.ts.
  *
- * Over 400 lines on purpose: EngineMetrics is every family vLLM's PrometheusStatLogger serves, in its order, with its
+ * Longer than 400 lines on purpose: EngineMetrics is every family vLLM's PrometheusStatLogger serves, in its order, with its
  * names and help strings — the one list docs/simulator-metrics.md follows; split, it would no longer read as that list.
  */
 import {

@@ -27,14 +27,20 @@ export default tseslint.config(
     rules: {
       'no-restricted-imports': ['error', {
         patterns: [
-          { group: ['node:*', 'fastify', 'undici', 'prom-client', 'pino', '../http/*', '../proxy/*', '../telemetry/*', '!../telemetry/labels.js', '../sim/*', '../config/*', '../app/*'],
+          { group: ['node:*', 'fastify', 'undici', 'prom-client', 'pino', '**/http/*', '**/proxy/*', '**/telemetry/*', '!**/telemetry/labels.js', '**/sim/*', '**/config/*', '**/app/*'],
             message: 'sse/, accounting/ and delivery/ are the pure core: no I/O or framework imports, no imports from the shell (telemetry/labels.ts, a leaf of label values, excepted).' },
         ],
       }],
       'no-restricted-globals': ['error',
         { name: 'Date', message: 'The pure core takes time from its caller.' },
         { name: 'performance', message: 'The pure core takes time from its caller.' },
-        { name: 'setTimeout', message: 'The pure core does no I/O.' }],
+        { name: 'setTimeout', message: 'The pure core does no I/O.' },
+        { name: 'setInterval', message: 'The pure core does no I/O.' },
+        { name: 'setImmediate', message: 'The pure core does no I/O.' },
+        { name: 'process', message: 'The pure core reads nothing of its process: settings come in with the request.' },
+        { name: 'fetch', message: 'The pure core does no I/O.' }],
+      'no-restricted-properties': ['error',
+        { object: 'Math', property: 'random', message: 'The pure core is deterministic: randomness (retry jitter) comes from its caller.' }],
     },
   },
   {
@@ -62,7 +68,7 @@ export default tseslint.config(
     files: ['src/proxy/**/*.ts'],
     rules: {
       'no-restricted-imports': ['error', {
-        patterns: [{ group: ['../http/*', '../sim/*', '../app/*'], message: 'proxy/ is below http/ and app/: no imports from them.' }],
+        patterns: [{ group: ['**/http/*', '**/sim/*', '**/app/*'], message: 'proxy/ is below http/ and app/: no imports from them.' }],
       }],
     },
   },
@@ -72,7 +78,7 @@ export default tseslint.config(
     files: ['src/config/**/*.ts'],
     rules: {
       'no-restricted-imports': ['error', {
-        patterns: [{ group: ['../accounting/*', '../delivery/*', '../sse/*', '../proxy/*', '../http/*', '../telemetry/*', '!../telemetry/labels.js', '../routing/*', '../sim/*', '../app/*'],
+        patterns: [{ group: ['**/accounting/*', '**/delivery/*', '**/sse/*', '**/proxy/*', '**/http/*', '**/telemetry/*', '!**/telemetry/labels.js', '**/routing/*', '**/sim/*', '**/app/*'],
           message: 'config/ is free of the core and the shell: it may import only zod, yaml, node: and telemetry/labels.ts. Build what the core needs of a configuration beside the code that reads it.' }],
       }],
     },
@@ -83,7 +89,7 @@ export default tseslint.config(
     files: ['src/telemetry/**/*.ts'],
     rules: {
       'no-restricted-imports': ['error', {
-        patterns: [{ group: ['../proxy/*', '../http/*', '../app/*', '../sim/*'], message: 'telemetry/ is below proxy/ and http/: no imports from them (closed label sets go in telemetry/labels.ts).' }],
+        patterns: [{ group: ['**/proxy/*', '**/http/*', '**/app/*', '**/sim/*'], message: 'telemetry/ is below proxy/ and http/: no imports from them (closed label sets go in telemetry/labels.ts).' }],
       }],
     },
   },
@@ -92,7 +98,7 @@ export default tseslint.config(
     files: ['src/http/**/*.ts'],
     rules: {
       'no-restricted-imports': ['error', {
-        patterns: [{ group: ['../app/*', '../sim/*'], message: 'http/ is the HTTP surface: the composition root (app/) imports it, not the reverse.' }],
+        patterns: [{ group: ['**/app/*', '**/sim/*'], message: 'http/ is the HTTP surface: the composition root (app/) imports it, not the reverse.' }],
       }],
     },
   },

@@ -1,5 +1,5 @@
 /**
- * What one logical request asked for, built once by the route (config/load.ts requestInfo) and read by the record,
+ * What one logical request asked for, built once by the route (http/dispatch.ts, with proxy/request-facts.ts) and read by the record,
  * the settlement and the delivery machine.
  */
 import type { Route } from './outcomes.js';

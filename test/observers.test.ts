@@ -17,7 +17,14 @@ import { createSimulator } from '../src/sim/server.js';
 import { CHAT, metricValue, post } from './helpers/stack.js';
 
 /** Which call of each core function throws (1-based, counted since the fault was armed); undefined: none. */
-const faults = vi.hoisted(() => ({ streamEventCall: undefined as number | undefined, settleCall: undefined as number | undefined, streamEvents: 0, settles: 0 }));
+const faults = vi.hoisted(() => ({
+  streamEventCall: undefined as number | undefined,
+  settleCall: undefined as number | undefined,
+  judgeCall: undefined as number | undefined,
+  streamEvents: 0,
+  settles: 0,
+  judges: 0,
+}));
 
 vi.mock('../src/accounting/record-upstream.js', async (importOriginal) => {
   const real = await importOriginal<typeof import('../src/accounting/record-upstream.js')>();
@@ -26,6 +33,19 @@ vi.mock('../src/accounting/record-upstream.js', async (importOriginal) => {
     recordStreamEvent: (...args: Parameters<typeof real.recordStreamEvent>) => {
       if (faults.streamEventCall !== undefined && ++faults.streamEvents === faults.streamEventCall) throw new Error('ledger bug');
       return real.recordStreamEvent(...args);
+    },
+  };
+});
+
+// recordJudged is the first thing the real settleRequest does to the record: a throw there is a settlement failing
+// half-way, with the record already marked as settling.
+vi.mock('../src/accounting/record.js', async (importOriginal) => {
+  const real = await importOriginal<typeof import('../src/accounting/record.js')>();
+  return {
+    ...real,
+    recordJudged: (...args: Parameters<typeof real.recordJudged>) => {
+      if (faults.judgeCall !== undefined && ++faults.judges === faults.judgeCall) throw new Error('judge bug');
+      return real.recordJudged(...args);
     },
   };
 });
@@ -41,15 +61,16 @@ vi.mock('../src/accounting/settle.js', async (importOriginal) => {
   };
 });
 
-function armFault(which: 'streamEvent' | 'settle', call: number): void {
+function armFault(which: 'streamEvent' | 'settle' | 'judge', call: number): void {
   if (which === 'streamEvent') faults.streamEventCall = call;
-  else faults.settleCall = call;
+  else if (which === 'settle') faults.settleCall = call;
+  else faults.judgeCall = call;
 }
 
 const cleanups: Array<() => Promise<void> | void> = [];
 afterEach(async () => {
   vi.restoreAllMocks();
-  Object.assign(faults, { streamEventCall: undefined, settleCall: undefined, streamEvents: 0, settles: 0 });
+  Object.assign(faults, { streamEventCall: undefined, settleCall: undefined, judgeCall: undefined, streamEvents: 0, settles: 0, judges: 0 });
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });
 
@@ -158,5 +179,21 @@ describe('an error inside the exchange', () => {
     expect(await g.metric('waybill_requests_total', { code: '200', outcome: 'incomplete' })).toBe(1);
     expect(await g.metric('waybill_internal_errors_total', { component: 'exchange' })).toBe(1);
     expect(await g.metric('waybill_inflight_requests')).toBe(0);
+  });
+
+  it('a settlement that throws half-way is not settled again from the record it changed: counted once, from what the shell was told', async () => {
+    const seen: Settlement[] = [];
+    const g = await start({ onSettled: (settlement) => seen.push(settlement) });
+    armFault('judge', 1);
+    const client = await post(g.base, '/v1/chat/completions', STREAM);
+    expect(client.body.endsWith('data: [DONE]\n\n')).toBe(true);
+    await expect.poll(() => g.metric('waybill_requests_total')).toBe(1);
+    expect(await g.metric('waybill_requests_total', { code: '200', outcome: 'incomplete' })).toBe(1);
+    expect(await g.metric('waybill_internal_errors_total', { component: 'exchange' })).toBe(1);
+    // The crash path's own settlement (crashSettlement): no attempts, no usage, the prompt's class unknown — not a
+    // second run of the settlement over the half-settled record (which would report the attempt and its usage).
+    expect(seen).toHaveLength(1);
+    expect(seen[0]).toMatchObject({ outcome: 'incomplete', code: 200, attempts: [], promptLen: 'unknown' });
+    expect(seen[0]!.usage?.completionTokens).toBeUndefined();
   });
 });

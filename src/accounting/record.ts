@@ -15,7 +15,7 @@ import { ANOMALY_KINDS, type AnomalyKind, type AttemptResult } from './outcomes.
 import { contractNeedsText, OutputAssembly } from './output-contract.js';
 import type { RequestInfo } from './request-info.js';
 
-export type { Failure, FailureCause } from '../delivery/failures.js';
+export type { Failure } from '../delivery/failures.js';
 export type { RequestInfo, SloThresholds } from './request-info.js';
 
 /** What the shell does with the bytes of one upstream event. */
@@ -67,6 +67,11 @@ export interface AttemptFacts extends AttemptRecord {
 
 export interface RequestRecord {
   readonly arrivalAt: number;
+  /**
+   * The machine's settlement has begun (settle.ts settleRequest): a second one throws, so a settlement that failed
+   * half-way is not settled again from the record it left changed — the crash path counts from what the shell was told.
+   */
+  settling: boolean;
   readonly attempts: AttemptFacts[];
   /** Every anomaly, in the order seen: an observer reads those past its own cursor (anomalies as observations). */
   readonly anomalies: Anomaly[];
@@ -108,6 +113,7 @@ const DEFAULT_MAX_OUTPUT_CHARS = 1_048_576;
 export function createRecord(info: RequestInfo, arrivalAt: number): RequestRecord {
   return {
     arrivalAt,
+    settling: false,
     attempts: [],
     anomalies: [],
     finishes: new Map(),

@@ -101,9 +101,13 @@ export const CLIENT_CLOSED = 499;
 
 /**
  * The request's one settlement, by the delivery machine: the attempts' judged results are written into the record
- * first (an attempt reported after settlement carries its verdict), then the settlement is read off it.
+ * first (an attempt reported after settlement carries its verdict), then the settlement is read off it. Once only:
+ * a second call throws (a double count is a bug, not a race to hide), and so does a call after one that threw
+ * half-way — delivery/step.ts `crash` then settles from what is certain (`crashSettlement`).
  */
 export function settleRequest(rec: RequestRecord, info: RequestInfo, at: number): Settlement {
+  if (rec.settling) throw new Error('request settled twice');
+  rec.settling = true;
   recordJudged(rec, info, at);
   return settle(rec, info, at);
 }

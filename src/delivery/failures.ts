@@ -5,7 +5,8 @@
  *
  * - An attempt's failure names what the upstream did in the terms of the status table (status-map.ts, the same
  *   table as docs/errors.md "From the upstream, before any output"): that gives the status per API shape and whether
- *   it is retried. The ledger builds its failures here (`failureOf`), the machine answers them (`failureResponse`).
+ *   it is retried. The record builds its failures here (`failureOf`, from accounting/record-upstream.ts), the
+ *   machine answers them (`failureResponse`).
  * - A refusal (the admission queue, no upstream free, shutdown, a caught bug) takes its status from its error code's
  *   row in errors.ts; the machine answers them (`refusalResponse`), and the settlement counts every answer the gateway
  *   gave without an attempt by its status (`rejectionOutcome`, also for http/answers.ts).

@@ -2,7 +2,7 @@
  * The one table of what an upstream's failure before any output becomes: the status the client is answered with,
  * per API shape, and whether Waybill retries it. docs/errors.md ("From the upstream, before any output") holds the
  * same table; test/status-map.test.ts checks every row of the doc against this module and drives each row through a
- * real gateway. Pure: no I/O, no clock. The ledger asks it for statuses, the retry policy for retry rules.
+ * real gateway. Pure: no I/O, no clock. The failure table (failures.ts) asks it for statuses, the retry policy for retry rules.
  *
  * The rules, in short:
  * - An upstream HTTP 4xx is passed through with its own status. An upstream HTTP 5xx is the upstream's failure: 502,

@@ -16,7 +16,6 @@ import { checkMessages, checkResponses } from './event-routes.js';
 import { checkAudio, checkOpaque, checkPooling } from './pooling.js';
 import { bindResponse, notFound } from './stored.js';
 
-export type { RoutesDeps } from './dispatch.js';
 
 /**
  * A request's deps, the same for every request of a generation: built once per generation (a reload makes a new

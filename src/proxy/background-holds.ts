@@ -27,7 +27,6 @@ import { ReadStopped, type Upstream } from './upstreams.js';
 import type { BackgroundHoldEnd } from '../telemetry/labels.js';
 
 /** How a hold ended (`waybill_background_holds_ended_total{how}`): a closed set of telemetry/labels.ts. */
-export { BACKGROUND_HOLD_ENDS, type BackgroundHoldEnd } from '../telemetry/labels.js';
 
 export interface BackgroundHoldSettings {
   readonly pollIntervalMs: number;

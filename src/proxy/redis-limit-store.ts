@@ -53,7 +53,7 @@ import { decide, type Counts, type Decision, type LimitStore, type Reservation, 
 import type { LimitStoreOp } from '../telemetry/labels.js';
 
 /** The store's operations, as `waybill_limit_store_errors_total{op}` counts their failures (telemetry/labels.ts). */
-export { LIMIT_STORE_OPS, type LimitStoreOp } from '../telemetry/labels.js';
+export { LIMIT_STORE_OPS } from '../telemetry/labels.js';
 
 /** A store operation that failed or missed its deadline: already counted and logged by the store. */
 export class LimitStoreUnavailable extends Error {

@@ -20,7 +20,7 @@
 import { LIMIT_NAMES, type LimitName } from '../telemetry/labels.js';
 
 /** What a request reserves and is charged (limit-tokens.ts), read from here by the routes and the tests. */
-export { chargedTokens, reservedTokens, usedTokens, type Charge } from './limit-tokens.js';
+export { chargedTokens, reservedTokens, usedTokens } from './limit-tokens.js';
 
 export const WINDOW_MS = 60_000;
 

@@ -14,7 +14,7 @@ import type { RestartCause, ScrapeResultKind } from '../telemetry/labels.js';
 export type { EngineLoad, IgnoredLines, KvMetric, ParseFailure, ParseLimits, ParseResult } from './engine-metrics.js';
 
 /** How a scrape ended: a closed set (a metric label's values) of telemetry/labels.ts, which says what each means. */
-export { SCRAPE_RESULTS, type ScrapeResultKind } from '../telemetry/labels.js';
+export { SCRAPE_RESULTS } from '../telemetry/labels.js';
 export type ScrapeFailure = Exclude<ScrapeResultKind, 'ok'>;
 
 export type ScrapeResult =

@@ -14,7 +14,7 @@ import { RouteBatch } from './route-batch.js';
 import { isRoute, MAX_ROUTES_PER_MESSAGE, type RouteRecord } from './route-records.js';
 
 /** What happened to a message: closed, the `result` label of waybill_routing_shared_messages_total. */
-export { ROUTE_SHARE_RESULTS, type RouteShareResult } from '../telemetry/labels.js';
+export { ROUTE_SHARE_RESULTS } from '../telemetry/labels.js';
 import type { RouteShareResult } from '../telemetry/labels.js';
 
 /** The longest message read: 4 096 records of 256 blocks of 16-digit hashes is about 70 MB; ours are far smaller. */

@@ -26,7 +26,7 @@ import { GAP_CLASSES, type GapClass } from '../telemetry/labels.js';
  *   such a gap reads as 'first': the session has expired).
  */
 // The classes' names are a metric label's closed set (telemetry/labels.ts); their bounds are here.
-export { GAP_CLASSES, type GapClass } from '../telemetry/labels.js';
+export { GAP_CLASSES } from '../telemetry/labels.js';
 
 /** Upper bounds (inclusive, ms) of every class but the last, in GAP_CLASSES order. */
 export const GAP_CLASS_BOUNDS_MS: readonly number[] = Object.freeze([10_000, 60_000, 300_000, 1_800_000]);

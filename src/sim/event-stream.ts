@@ -9,7 +9,6 @@ import { httpSink } from './http-sink.js';
 import { runStream, type SequencePlan, type StreamControl, type StreamEvent, type StreamHooks, type StreamRenderer, type StreamVariant } from './stream-engine.js';
 import { MALFORMED_DATA, type ErrorInfo, type FramingStyle } from './wire.js';
 
-export { engineErrorInfo } from './stream-engine.js';
 
 export interface NamedEvent extends StreamEvent {
   readonly name: string;

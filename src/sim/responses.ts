@@ -308,4 +308,4 @@ function read(body: unknown, models: readonly string[], summary: RequestSummary,
   };
 }
 
-export type { FinalResponseHook, ResponsesAnswer, ResponseStatus } from './responses-answer.js';
+export type { ResponsesAnswer } from './responses-answer.js';

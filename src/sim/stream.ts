@@ -8,7 +8,6 @@ import { httpSink } from './http-sink.js';
 import { runStream, type StreamControl, type StreamEnginePlan, type StreamHooks, type StreamEvent, type StreamRenderer } from './stream-engine.js';
 import { choiceTextJsonInner, DONE_DATA, errorEventData, MALFORMED_DATA, type ChunkSerializer, type FramingStyle, type Usage } from './wire.js';
 
-export type { StreamControl, StreamEnd, StreamHooks } from './stream-engine.js';
 
 export interface StreamPlan extends StreamEnginePlan {
   /** finish_reason of every choice. */

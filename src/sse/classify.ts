@@ -52,7 +52,7 @@ export type EventFacts =
       sequence?: number;
       /**
        * UTF-16 units of generated text this event carries (content, text, reasoning, tool-call names and arguments),
-       * when any: what a request without usage is charged from (accounting/ledger.ts, `relayed`). Absent: none.
+       * when any: what a request without usage is charged from (accounting/settle.ts, `relayed`). Absent: none.
        */
       outputChars?: number;
     };

@@ -7,7 +7,7 @@ import type { InternalErrorComponent } from './labels.js';
 import { NO_TRACE, type RequestTrace } from './request-trace.js';
 
 /** Where an internal error happened: a closed set, for the metric's label (labels.ts). */
-export { INTERNAL_ERROR_COMPONENTS, type InternalErrorComponent } from './labels.js';
+export { INTERNAL_ERROR_COMPONENTS } from './labels.js';
 
 export type InternalErrorSink = (component: InternalErrorComponent, error: unknown) => void;
 

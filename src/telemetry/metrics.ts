@@ -27,10 +27,10 @@ import {
 import { GAP_BUCKETS_SECONDS } from '../routing/sessions.js';
 import { ANONYMOUS, GENERATION_ROUTES, LOOKUP, NO_REVISION, OUTPUT_CHECKS, UNKNOWN_REVISION, reportsUsage, type AttemptResult, type EjectionReason, type OwnRead, type ReadStopReason, type RetryReason } from '../accounting/outcomes.js';
 
-export { METRICS, type MetricSpec } from './metric-table.js';
+export { METRICS } from './metric-table.js';
 
 // The closed sets of label values live in labels.ts; these are read from here by tests and the gateway.
-export { CONFIG_RELOAD_RESULTS, ENGINE_RESTART_CAUSES, EVALUATOR_TOKEN_KINDS, SESSION_GAP_LABELS, type ConfigReloadResult } from './labels.js';
+export { CONFIG_RELOAD_RESULTS, ENGINE_RESTART_CAUSES, EVALUATOR_TOKEN_KINDS, SESSION_GAP_LABELS } from './labels.js';
 
 /** Live state read at scrape time, so gauges cost nothing per request. */
 export interface GaugeSources {

@@ -15,7 +15,6 @@ import {
   recordCancel,
   recordClientEnd,
   recordInternalError,
-  recordJudged,
   recordRelease,
   wantsParts,
   type AttemptRecord,
@@ -28,7 +27,7 @@ import {
   type Verdict,
 } from '../../src/accounting/record.js';
 import { recordBody, recordConnectFailure, recordProtocolViolation, recordStreamEnd, recordStreamEvent } from '../../src/accounting/record-upstream.js';
-import { settle, type Settlement } from '../../src/accounting/settle.js';
+import { settleRequest, type Settlement } from '../../src/accounting/settle.js';
 
 export interface LedgerHooks {
   /** Called for each gap between consecutive output-bearing events written to the client. */
@@ -39,7 +38,6 @@ export interface LedgerHooks {
 
 export class RequestLedger {
   readonly record: RequestRecord;
-  private settled = false;
   /** Anomalies already reported to the hook. */
   private reported = 0;
 
@@ -163,12 +161,9 @@ export class RequestLedger {
   }
 
   /** Closes the record. Call exactly once; a second call throws (a double count is a bug, not a race to hide). */
+  /** The machine's settlement (settleRequest): once; a second call throws. */
   settle(at: number): Settlement {
-    if (this.settled) throw new Error('ledger settled twice');
-    this.settled = true;
-    // The attempts' judged results stand in the record too: an attempt reported after settlement carries its verdict.
-    recordJudged(this.record, this.info, at);
-    return settle(this.record, this.info, at);
+    return settleRequest(this.record, this.info, at);
   }
 
   private report(): void {

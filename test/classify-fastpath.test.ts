@@ -307,4 +307,23 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
       { numRuns: 2000 },
     );
   });
+
+  // Whether the known strings are reused (not sliced again) is not observable from JavaScript: bench/step-alloc.ts
+  // measures it, as bytes per event. What is checked here is that passing them never changes the facts.
+  it("with the stream's id and model passed as known, matching or not: the same facts as without", () => {
+    fc.assert(
+      fc.property(plainName, plainName, plainName, fc.boolean(), fc.boolean(), (id, model, other, sameId, sameModel) => {
+        const data = JSON.stringify({ id, object: 'chat.completion.chunk', created: 1, model, choices: [{ index: 0, delta: { content: 'x' }, logprobs: null, finish_reason: null }] });
+        const knownId = sameId ? [...id].join('') : other;
+        const knownModel = sameModel ? [...model].join('') : other;
+        const facts = fastClassify(data, knownId, knownModel);
+        expect(facts).toStrictEqual(classifyEventDataSlow(data));
+        expect(classifyEventData(data, false, knownId, knownModel)).toStrictEqual(classifyEventDataSlow(data));
+        if (facts?.kind !== 'chunk') throw new Error('the fast path declined a canonical delta');
+        expect(facts.id).toBe(id);
+        expect(facts.model).toBe(model);
+      }),
+      { numRuns: 1000 },
+    );
+  });
 });

@@ -90,12 +90,12 @@ export function streamErrorEvent(cause: GatewayErrorCause, route = 'chat_complet
 }
 
 /** Classifies one upstream SSE event by the route's protocol. */
-export function classifyStreamEvent(route: Route, event: SseEvent, withParts: boolean): EventFacts {
+export function classifyStreamEvent(route: Route, event: SseEvent, withParts: boolean, knownId?: string, knownModel?: string): EventFacts {
   if (route === 'responses') return classifyResponsesEvent(event.type, event.data, withParts);
   if (route === 'messages') return classifyMessagesEvent(event.type, event.data, withParts);
   // A stored response replayed: the Responses protocol, but its tokens were counted when it was generated.
   if (route === 'responses_retrieve') return withoutUsage(classifyResponsesEvent(event.type, event.data, withParts));
-  return classifyEventData(event.data, withParts);
+  return classifyEventData(event.data, withParts, knownId, knownModel);
 }
 
 function withoutUsage(facts: EventFacts): EventFacts {

@@ -237,10 +237,12 @@ export function answerFacts(usage: Usage | 'invalid' | undefined, id: unknown, m
  * Classifies one SSE event's data buffer: the fast path for vLLM's ordinary delta chunk when it applies, otherwise
  * `JSON.parse`. Both give the same `EventFacts` (test/classify-fastpath.test.ts). With `withParts` (a request whose
  * output contract needs the answer's text) every event takes `JSON.parse`, once, and carries its answer's pieces.
+ * `knownId`, `knownModel`: the stream's id and model seen so far, reused by the fast path when the event names the
+ * same (no string per event for them; the facts are equal either way).
  */
-export function classifyEventData(data: string, withParts = false): EventFacts {
+export function classifyEventData(data: string, withParts = false, knownId?: string, knownModel?: string): EventFacts {
   if (withParts) return classifyEventDataSlow(data, true);
-  return fastClassify(data) ?? classifyEventDataSlow(data);
+  return fastClassify(data, knownId, knownModel) ?? classifyEventDataSlow(data);
 }
 
 /** Classifies one SSE event's data buffer with JSON.parse alone (the path `classifyEventData` falls back to). */

@@ -1,6 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { classifyEventData, classifyEventDataSlow, fastClassify } from '../src/sse/classify.js';
+import { chunkScratch } from '../src/sse/fast-classify.js';
 import { generateCorpus } from './fixtures/sse-fixtures.js';
 
 // The fast path must give exactly what JSON.parse gives, or decline. Every check below compares against
@@ -306,6 +307,32 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
       }),
       { numRuns: 2000 },
     );
+  });
+
+  it('into a scratch: the same facts filled in place (outputChars 0 for none), and the scratch untouched when the fast path declines', () => {
+    const into = chunkScratch();
+    let filled = 0;
+    fc.assert(
+      fc.property(serialised, (data) => {
+        const before = { ...into };
+        const facts = fastClassify(data, undefined, undefined, into);
+        const slow = classifyEventDataSlow(data);
+        if (facts === undefined) {
+          expect(into).toStrictEqual(before);
+          return;
+        }
+        filled++;
+        expect(facts).toBe(into);
+        if (slow.kind !== 'chunk') throw new Error(`the fast path took what JSON.parse reads as ${slow.kind}`);
+        const { outputChars, ...rest } = into;
+        const { outputChars: slowChars = 0, ...slowRest } = slow;
+        expect(rest).toStrictEqual(slowRest);
+        expect(outputChars).toBe(slowChars);
+        expect(classifyEventData(data, false, undefined, undefined, into)).toBe(into);
+      }),
+      { numRuns: 3000 },
+    );
+    expect(filled).toBeGreaterThan(100);
   });
 
   // Whether the known strings are reused (not sliced again) is not observable from JavaScript: bench/step-alloc.ts

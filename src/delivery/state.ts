@@ -10,6 +10,7 @@
  * step for a streamed event must not allocate more than the machine of one class did (bench/step-alloc.ts).
  */
 import { createRecord, type RequestRecord } from '../accounting/record.js';
+import { chunkScratch, type ChunkFacts } from '../sse/fast-classify.js';
 import { errorBodyFor, type ErrorBody } from './errors.js';
 import { refusalResponse, type Refusal } from './failures.js';
 import type { Effect, MachineDeps, MachineRequest, Observation, TimerName } from './machine.js';
@@ -41,6 +42,8 @@ export interface DeliveryState {
   readonly deps: MachineDeps;
   /** The record of facts: attempts, finishes, usage, anomalies, the assembled answer; settled by accounting/settle.ts. */
   readonly record: RequestRecord;
+  /** The facts an ordinary streamed delta is classified into (sse/fast-classify.ts), read within its step only. */
+  readonly factsScratch: ChunkFacts;
   phase: Phase;
   client: ClientSide;
   upstream: UpstreamSide;
@@ -97,6 +100,7 @@ export function createState(request: MachineRequest, deps: MachineDeps): Deliver
     deps,
     // No hooks: anomalies are read off the record after each step of it (reportAnomalies), the output gap likewise.
     record: createRecord(request.info, request.arrivalAt),
+    factsScratch: chunkScratch(),
     phase: 'idle',
     client: 'open',
     upstream: 'none',

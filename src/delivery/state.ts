@@ -44,6 +44,8 @@ export interface DeliveryState {
   readonly record: RequestRecord;
   /** The facts an ordinary streamed delta is classified into (sse/fast-classify.ts), read within its step only. */
   readonly factsScratch: ChunkFacts;
+  /** The write effect flush() reuses (one per step at most; see flush). */
+  readonly writeEffect: { kind: 'write'; data: Buffer };
   phase: Phase;
   client: ClientSide;
   upstream: UpstreamSide;
@@ -101,6 +103,7 @@ export function createState(request: MachineRequest, deps: MachineDeps): Deliver
     // No hooks: anomalies are read off the record after each step of it (reportAnomalies), the output gap likewise.
     record: createRecord(request.info, request.arrivalAt),
     factsScratch: chunkScratch(),
+    writeEffect: { kind: 'write', data: EMPTY },
     phase: 'idle',
     client: 'open',
     upstream: 'none',
@@ -186,12 +189,25 @@ export function dropOut(s: DeliveryState): void {
   s.outCount = 0;
 }
 
-/** Writes the events forwarded so far, in one write. */
+/**
+ * Writes the events forwarded so far, in one write. The write effect is the request's one reused object (a write per
+ * upstream read, most of a stream's steps): the shell carries out a step's effects before the next step, so only a
+ * second write within one step needs an object of its own.
+ */
 export function flush(s: DeliveryState): void {
   if (s.outCount === 0) return;
   const data = s.outCount === 1 ? (s.out[0] as Buffer) : coalesce(s.out.slice(0, s.outCount));
   dropOut(s);
-  if (!responseEnded(s)) emit(s, { kind: 'write', data });
+  if (responseEnded(s)) return;
+  let effect = s.writeEffect;
+  for (let i = 0; i < s.effectCount; i++) {
+    if (s.effects[i] === effect) {
+      effect = { kind: 'write', data };
+      break;
+    }
+  }
+  effect.data = data;
+  emit(s, effect);
 }
 
 /**

@@ -1,6 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { classifyEventData, classifyEventDataSlow, fastClassify } from '../src/sse/classify.js';
+import { chunkScratch } from '../src/sse/fast-classify.js';
 import { generateCorpus } from './fixtures/sse-fixtures.js';
 
 // The fast path must give exactly what JSON.parse gives, or decline. Every check below compares against
@@ -305,6 +306,51 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
         expect(fast).toStrictEqual(classifyEventDataSlow(data));
       }),
       { numRuns: 2000 },
+    );
+  });
+
+  it('into a scratch: the same facts filled in place (outputChars 0 for none), and the scratch untouched when the fast path declines', () => {
+    const into = chunkScratch();
+    let filled = 0;
+    fc.assert(
+      fc.property(serialised, (data) => {
+        const before = { ...into };
+        const facts = fastClassify(data, undefined, undefined, into);
+        const slow = classifyEventDataSlow(data);
+        if (facts === undefined) {
+          expect(into).toStrictEqual(before);
+          return;
+        }
+        filled++;
+        expect(facts).toBe(into);
+        if (slow.kind !== 'chunk') throw new Error(`the fast path took what JSON.parse reads as ${slow.kind}`);
+        const { outputChars, ...rest } = into;
+        const { outputChars: slowChars = 0, ...slowRest } = slow;
+        expect(rest).toStrictEqual(slowRest);
+        expect(outputChars).toBe(slowChars);
+        expect(classifyEventData(data, false, undefined, undefined, into)).toBe(into);
+      }),
+      { numRuns: 3000 },
+    );
+    expect(filled).toBeGreaterThan(100);
+  });
+
+  // Whether the known strings are reused (not sliced again) is not observable from JavaScript: bench/step-alloc.ts
+  // measures it, as bytes per event. What is checked here is that passing them never changes the facts.
+  it("with the stream's id and model passed as known, matching or not: the same facts as without", () => {
+    fc.assert(
+      fc.property(plainName, plainName, plainName, fc.boolean(), fc.boolean(), (id, model, other, sameId, sameModel) => {
+        const data = JSON.stringify({ id, object: 'chat.completion.chunk', created: 1, model, choices: [{ index: 0, delta: { content: 'x' }, logprobs: null, finish_reason: null }] });
+        const knownId = sameId ? [...id].join('') : other;
+        const knownModel = sameModel ? [...model].join('') : other;
+        const facts = fastClassify(data, knownId, knownModel);
+        expect(facts).toStrictEqual(classifyEventDataSlow(data));
+        expect(classifyEventData(data, false, knownId, knownModel)).toStrictEqual(classifyEventDataSlow(data));
+        if (facts?.kind !== 'chunk') throw new Error('the fast path declined a canonical delta');
+        expect(facts.id).toBe(id);
+        expect(facts.model).toBe(model);
+      }),
+      { numRuns: 1000 },
     );
   });
 });

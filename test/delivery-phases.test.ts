@@ -6,9 +6,9 @@
  */
 import { describe, expect, it } from 'vitest';
 import { promptLenClasses } from '../src/accounting/prompt-len.js';
-import { DeliveryMachine, type Effect, type MachineEvent } from '../src/delivery/machine.js';
+import { DeliveryMachine, type Effect, type MachineDeps, type MachineEvent, type MachineRequest } from '../src/delivery/machine.js';
 import { RetryBudget } from '../src/delivery/retry-budget.js';
-import type { Phase } from '../src/delivery/state.js';
+import { createState, emit, flush, forward, type Phase } from '../src/delivery/state.js';
 
 interface Options {
   gated?: boolean;
@@ -17,8 +17,13 @@ interface Options {
 }
 
 function machine(options: Options = {}): DeliveryMachine {
-  return new DeliveryMachine(
-    {
+  const { request, deps } = parts(options);
+  return new DeliveryMachine(request, deps);
+}
+
+function parts(options: Options = {}): { request: MachineRequest; deps: MachineDeps } {
+  return {
+    request: {
       info: {
         model: 'm',
         route: 'chat_completions',
@@ -33,7 +38,7 @@ function machine(options: Options = {}): DeliveryMachine {
       requestId: 'r',
       gated: options.gated ?? false,
     },
-    {
+    deps: {
       settings: {
         totalMs: 1000,
         firstOutputMs: 500,
@@ -48,7 +53,7 @@ function machine(options: Options = {}): DeliveryMachine {
       random: () => 0.5,
       onInterTokenGap: () => undefined,
     },
-  );
+  };
 }
 
 const chunk = (delta: Record<string, unknown>, finish: string | null = null) =>
@@ -173,5 +178,27 @@ describe('the delivery machine, phase by phase (one example per transition)', ()
     expect([m.phase, m.client]).toEqual(['ending', 'gone']);
     m.handle(settled(), (at += 1));
     expect([m.phase, m.upstream]).toEqual(['settled', 'closed']);
+  });
+
+  it("a write carries its own step's bytes: the request's one write effect is reused from step to step, and a second write within one step gets its own", () => {
+    const m = machine();
+    let at = 0;
+    for (const event of STREAMING) m.handle(event, (at += 1));
+    const writes: Array<{ effect: Effect; bytes: string }> = [];
+    for (const word of ['a', 'b', 'c']) {
+      m.handle(data(chunk({ content: word })), (at += 1));
+      for (const effect of m.handle(read(), at)) if (effect.kind === 'write') writes.push({ effect, bytes: effect.data.toString() });
+    }
+    expect(writes.map((w) => w.bytes)).toEqual(['a', 'b', 'c'].map((word) => `data: ${chunk({ content: word })}\n\n`));
+    expect(new Set(writes.map((w) => w.effect)).size).toBe(1);
+
+    const s = createState(parts().request, parts().deps);
+    emit(s, { kind: 'observe', observation: { type: 'first_output' } });
+    forward(s, Buffer.from('one'));
+    flush(s);
+    forward(s, Buffer.from('two'));
+    flush(s);
+    const inStep = s.effects.slice(0, s.effectCount).filter((e) => e.kind === 'write');
+    expect(inStep.map((e) => e.data.toString())).toEqual(['one', 'two']);
   });
 });

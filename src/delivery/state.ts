@@ -10,6 +10,7 @@
  * step for a streamed event must not allocate more than the machine of one class did (bench/step-alloc.ts).
  */
 import { createRecord, type RequestRecord } from '../accounting/record.js';
+import { chunkScratch, type ChunkFacts } from '../sse/fast-classify.js';
 import { errorBodyFor, type ErrorBody } from './errors.js';
 import { refusalResponse, type Refusal } from './failures.js';
 import type { Effect, MachineDeps, MachineRequest, Observation, TimerName } from './machine.js';
@@ -41,6 +42,10 @@ export interface DeliveryState {
   readonly deps: MachineDeps;
   /** The record of facts: attempts, finishes, usage, anomalies, the assembled answer; settled by accounting/settle.ts. */
   readonly record: RequestRecord;
+  /** The facts an ordinary streamed delta is classified into (sse/fast-classify.ts), read within its step only. */
+  readonly factsScratch: ChunkFacts;
+  /** The write effect flush() reuses (one per step at most; see flush). */
+  readonly writeEffect: { kind: 'write'; data: Buffer };
   phase: Phase;
   client: ClientSide;
   upstream: UpstreamSide;
@@ -97,6 +102,8 @@ export function createState(request: MachineRequest, deps: MachineDeps): Deliver
     deps,
     // No hooks: anomalies are read off the record after each step of it (reportAnomalies), the output gap likewise.
     record: createRecord(request.info, request.arrivalAt),
+    factsScratch: chunkScratch(),
+    writeEffect: { kind: 'write', data: EMPTY },
     phase: 'idle',
     client: 'open',
     upstream: 'none',
@@ -182,12 +189,25 @@ export function dropOut(s: DeliveryState): void {
   s.outCount = 0;
 }
 
-/** Writes the events forwarded so far, in one write. */
+/**
+ * Writes the events forwarded so far, in one write. The write effect is the request's one reused object (a write per
+ * upstream read, most of a stream's steps): the shell carries out a step's effects before the next step, so only a
+ * second write within one step needs an object of its own.
+ */
 export function flush(s: DeliveryState): void {
   if (s.outCount === 0) return;
   const data = s.outCount === 1 ? (s.out[0] as Buffer) : coalesce(s.out.slice(0, s.outCount));
   dropOut(s);
-  if (!responseEnded(s)) emit(s, { kind: 'write', data });
+  if (responseEnded(s)) return;
+  let effect = s.writeEffect;
+  for (let i = 0; i < s.effectCount; i++) {
+    if (s.effects[i] === effect) {
+      effect = { kind: 'write', data };
+      break;
+    }
+  }
+  effect.data = data;
+  emit(s, effect);
 }
 
 /**

@@ -5,6 +5,7 @@ import type { GatewayErrorCause } from '../accounting/ledger.js';
 import { errorBody, type ErrorCode } from './errors.js';
 import { isAudioRoute, isPoolingRoute, isWholeBodyRoute, type Route } from '../accounting/outcomes.js';
 import { answerFacts, classifyEventData, classifyJson, classifyPoolingJson, type EventFacts } from '../sse/classify.js';
+import type { ChunkFacts } from '../sse/fast-classify.js';
 import type { SseEvent } from '../sse/framer.js';
 import { classifyMessagesBody, classifyMessagesEvent, classifyResponsesBody, classifyResponsesEvent } from '../sse/route-events.js';
 import { isRecord } from '../util/json.js';
@@ -90,12 +91,12 @@ export function streamErrorEvent(cause: GatewayErrorCause, route = 'chat_complet
 }
 
 /** Classifies one upstream SSE event by the route's protocol. */
-export function classifyStreamEvent(route: Route, event: SseEvent, withParts: boolean): EventFacts {
+export function classifyStreamEvent(route: Route, event: SseEvent, withParts: boolean, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts {
   if (route === 'responses') return classifyResponsesEvent(event.type, event.data, withParts);
   if (route === 'messages') return classifyMessagesEvent(event.type, event.data, withParts);
   // A stored response replayed: the Responses protocol, but its tokens were counted when it was generated.
   if (route === 'responses_retrieve') return withoutUsage(classifyResponsesEvent(event.type, event.data, withParts));
-  return classifyEventData(event.data, withParts);
+  return classifyEventData(event.data, withParts, knownId, knownModel, into);
 }
 
 function withoutUsage(facts: EventFacts): EventFacts {

@@ -5,7 +5,7 @@
  */
 import { isRecord } from '../util/json.js';
 import { readOutputParts, type OutputPart } from './output-parts.js';
-import { fastClassify } from './fast-classify.js';
+import { fastClassify, type ChunkFacts } from './fast-classify.js';
 
 /** The fast path alone, exported for its tests (test/classify-fastpath.test.ts). */
 export { fastClassify };
@@ -237,10 +237,13 @@ export function answerFacts(usage: Usage | 'invalid' | undefined, id: unknown, m
  * Classifies one SSE event's data buffer: the fast path for vLLM's ordinary delta chunk when it applies, otherwise
  * `JSON.parse`. Both give the same `EventFacts` (test/classify-fastpath.test.ts). With `withParts` (a request whose
  * output contract needs the answer's text) every event takes `JSON.parse`, once, and carries its answer's pieces.
+ * `knownId`, `knownModel`: the stream's id and model seen so far, reused by the fast path when the event names the
+ * same (no string per event for them; the facts are equal either way). `into`: facts the fast path fills in place
+ * (fast-classify.ts `chunkScratch`), valid until the next classification into them.
  */
-export function classifyEventData(data: string, withParts = false): EventFacts {
+export function classifyEventData(data: string, withParts = false, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts {
   if (withParts) return classifyEventDataSlow(data, true);
-  return fastClassify(data) ?? classifyEventDataSlow(data);
+  return fastClassify(data, knownId, knownModel, into) ?? classifyEventDataSlow(data);
 }
 
 /** Classifies one SSE event's data buffer with JSON.parse alone (the path `classifyEventData` falls back to). */

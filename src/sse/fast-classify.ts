@@ -206,11 +206,33 @@ function indexOnly(index: number): readonly number[] {
   return INDEX_ONLY[index] ?? [index];
 }
 
+export type ChunkFacts = Extract<EventFacts, { kind: 'chunk' }>;
+
+/**
+ * Facts for the fast path to fill in place (`fastClassify`'s `into`): one per request, so a streamed event allocates
+ * none. What it holds is valid until the next classification into it — the delivery machine reads it within the
+ * step that classified the event and keeps nothing of it but strings and numbers. `outputChars` is 0 for none.
+ */
+export function chunkScratch(): ChunkFacts {
+  return { kind: 'chunk', output: NO_INDICES, answers: NO_INDICES, choices: NO_INDICES, finishes: NO_FINISHES, usage: undefined, usageInvalid: false, usageOnly: false, id: undefined, model: undefined, outputChars: 0 };
+}
+
+/**
+ * `data[start, end)` as a string: `known` itself when the text is the same (no new string), else a slice. A stream's
+ * `id` and `model` are the same in every chunk, so a caller that passes the ones it has seen allocates none per event.
+ */
+function textAt(data: string, start: number, end: number, known: string | undefined): string {
+  return known !== undefined && known.length === end - start && data.startsWith(known, start) ? known : data.slice(start, end);
+}
+
 /**
  * The fast path alone: the facts for vLLM's ordinary one-choice, unfinished delta chunk (the grammar above), or
- * undefined when `data` is anything else. Exported for the tests; callers use `classifyEventData`.
+ * undefined when `data` is anything else. `knownId` and `knownModel`: the stream's id and model seen so far, reused
+ * when this chunk names the same (the facts are equal either way). `into`: a `chunkScratch()` to fill and return
+ * instead of new facts (the same facts but `outputChars`, 0 rather than absent for none). Exported for the tests;
+ * callers use `classifyEventData`.
  */
-export function fastClassify(data: string): EventFacts | undefined {
+export function fastClassify(data: string, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts | undefined {
   if (!data.startsWith(HEAD)) return undefined;
   pos = HEAD.length;
   const idStart = pos;
@@ -253,18 +275,23 @@ export function fastClassify(data: string): EventFacts | undefined {
   if (data.startsWith(STOP_REASON_NULL, pos)) pos += STOP_REASON_NULL.length;
   if (pos + END.length !== data.length || !data.endsWith(END)) return undefined;
   const only = indexOnly(index);
-  const facts: EventFacts = {
-    kind: 'chunk',
-    output: output !== 0 ? only : NO_INDICES,
-    answers: (output & ANSWER_BIT) !== 0 ? only : NO_INDICES,
-    choices: only,
-    finishes: NO_FINISHES,
-    usage: undefined,
-    usageInvalid: false,
-    usageOnly: false,
-    id: data.slice(idStart, idEnd),
-    model: data.slice(modelStart, modelEnd),
-  };
-  if (chars > 0) facts.outputChars = chars;
-  return facts;
+  const outputs = output !== 0 ? only : NO_INDICES;
+  const answers = (output & ANSWER_BIT) !== 0 ? only : NO_INDICES;
+  const id = textAt(data, idStart, idEnd, knownId);
+  const model = textAt(data, modelStart, modelEnd, knownModel);
+  if (into !== undefined) {
+    into.output = outputs;
+    into.answers = answers;
+    into.choices = only;
+    into.id = id;
+    into.model = model;
+    into.outputChars = chars;
+    return into;
+  }
+  // Two literals rather than a property added afterwards: each is allocated at its final size, with no map
+  // transition and no out-of-object property store per event. The facts are the same (`outputChars` only when > 0).
+  if (chars > 0) {
+    return { kind: 'chunk', output: outputs, answers, choices: only, finishes: NO_FINISHES, usage: undefined, usageInvalid: false, usageOnly: false, id, model, outputChars: chars };
+  }
+  return { kind: 'chunk', output: outputs, answers, choices: only, finishes: NO_FINISHES, usage: undefined, usageInvalid: false, usageOnly: false, id, model };
 }

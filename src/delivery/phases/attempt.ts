@@ -85,7 +85,9 @@ function block(s: DeliveryState, raw: Buffer, event: SseEvent | null): void {
   }
   // The idle clock runs on whole events, not bytes: an upstream dripping bytes without an event boundary is idle.
   refreshIdle(s);
-  const facts = classifyStreamEvent(s.request.info.route, event, wantsParts(s.record));
+  // The stream's id and model, once seen, are reused by the classifier for every chunk that names the same, and an
+  // ordinary delta's facts are filled into the request's scratch: the event allocates no facts (read in this step only).
+  const facts = classifyStreamEvent(s.request.info.route, event, wantsParts(s.record), s.record.responseId, s.record.responseModel, s.factsScratch);
   if (facts.kind === 'error') observe(s, { type: 'upstream_error', attempt: s.attempt, error: facts });
   const verdict = recordStreamEvent(s.record, s.request.info, s.at, facts);
   const gap = s.record.outputGapMs;

@@ -1,6 +1,6 @@
 /**
- * How a declared metric (metric-table.ts) becomes prom-client objects in the two registries GatewayMetrics serves —
- * Prometheus text and OpenMetrics, the one with exemplars — and how a gauge's values from several workers combine.
+ * How a declared metric (metric-table.ts) becomes prom-client objects, each one object in both registries GatewayMetrics
+ * serves — Prometheus text and OpenMetrics, the one with exemplars — and how a gauge's values from several workers combine.
  */
 import { Counter, Gauge, Histogram, Registry, type OpenMetricsContentType } from 'prom-client';
 import type { MetricSpec } from './metric-table.js';
@@ -9,33 +9,32 @@ export type Labels<S extends MetricSpec> = S['labels'][number];
 export type LabelSet<S extends MetricSpec> = Partial<Record<Labels<S>, string>>;
 
 /**
- * A counter in both expositions. prom-client names a counter differently by the registry it is created in (an
- * OpenMetrics counter drops `_total` from its family name, and prints it only on samples), so one object cannot
- * serve both formats: each registry gets its own, and every increment goes to both (two hash lookups, per request,
- * not per event).
+ * A counter in both expositions: one object, registered in both registries, so an increment is one hash lookup.
+ * prom-client names a counter differently by exposition (OpenMetrics drops `_total` from the family name and prints
+ * it only on samples), and its own OpenMetrics `metrics()` does so by renaming the counter object itself, which would
+ * rename it in the Prometheus text too; `OpenMetricsRegistry` below formats a renamed view instead. With exemplars,
+ * the Prometheus text simply leaves them out.
  */
-export class CounterPair<S extends MetricSpec> {
-  private readonly text: Counter<Labels<S>>;
-  private readonly open: Counter<Labels<S>>;
+export class SharedCounter<S extends MetricSpec> {
+  private readonly counter: Counter<Labels<S>>;
 
   constructor(
     registries: Registries,
     spec: S,
     private readonly exemplars = false,
   ) {
-    const config = { name: spec.name, help: spec.help, labelNames: spec.labels };
-    this.text = new Counter({ ...config, registers: [registries.text] });
-    this.open = new Counter({ ...config, registers: [registries.open], enableExemplars: exemplars });
+    // One with exemplars must be created in the OpenMetrics registry (prom-client refuses it in a Prometheus one).
+    this.counter = new Counter({ name: spec.name, help: spec.help, labelNames: spec.labels, registers: [registries.open], enableExemplars: exemplars });
+    registries.text.registerMetric(this.counter);
   }
 
   inc(labels: LabelSet<S>, value = 1, exemplarLabels?: Record<string, string>): void {
-    this.text.inc(labels, value);
-    if (!this.exemplars) this.open.inc(labels, value);
+    if (!this.exemplars) this.counter.inc(labels, value);
     // Without a trace, no exemplar label set at all: prom-client's counter skips only its own default empty set,
     // and would record any other `{}` as an exemplar, replacing a real one. prom-client types exemplar labels as
     // the metric's own label names; trace_id is not one of them.
-    else if (exemplarLabels === undefined) this.open.inc({ labels, value });
-    else this.open.inc({ labels, value, exemplarLabels: exemplarLabels as LabelSet<S> });
+    else if (exemplarLabels === undefined) this.counter.inc({ labels, value });
+    else this.counter.inc({ labels, value, exemplarLabels: exemplarLabels as LabelSet<S> });
   }
 }
 
@@ -82,8 +81,40 @@ export function scrapeGauge<S extends MetricSpec>(registries: Registries, spec: 
   });
 }
 
-export function openMetricsRegistry(): Registry<OpenMetricsContentType> {
-  const registry = new Registry<OpenMetricsContentType>();
+/**
+ * An OpenMetrics registry whose exposition leaves its metrics as they are. prom-client's `metrics()` strips `_total`
+ * from each counter's own `name` before formatting it, which is harmless only when no other registry holds the same
+ * object; here a counter is formatted through a view whose `get()` reports the stripped name. The output is the same
+ * as prom-client's (`getMetricsAsString` appends `_total` to each counter sample, and reads the name from `get()`).
+ */
+export class OpenMetricsRegistry extends Registry<OpenMetricsContentType> {
+  override async metrics(): Promise<string> {
+    const self = this as unknown as Formatting;
+    const parts = await Promise.all(
+      (this.getMetricsAsArray() as unknown as Formattable[]).map((metric) => self.getMetricsAsString(metric.type === 'counter' ? familyView(metric) : metric)),
+    );
+    return `${parts.join('\n')}\n# EOF\n`;
+  }
+}
+
+/** What prom-client's registry formats (untyped in its declarations): anything with `get()`. */
+interface Formattable {
+  readonly name: string;
+  readonly type: string;
+  get(): Promise<{ name: string }>;
+}
+interface Formatting {
+  getMetricsAsString(metric: Formattable): Promise<string>;
+}
+
+/** A counter as OpenMetrics names its family: without `_total`, the object itself untouched. */
+function familyView(metric: Formattable): Formattable {
+  const family = metric.name.replace(/_total$/, '');
+  return { name: family, type: metric.type, get: async () => ({ ...(await metric.get()), name: family }) };
+}
+
+export function openMetricsRegistry(): OpenMetricsRegistry {
+  const registry = new OpenMetricsRegistry();
   registry.setContentType(Registry.OPENMETRICS_CONTENT_TYPE);
   return registry;
 }

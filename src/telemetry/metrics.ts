@@ -8,7 +8,7 @@
  */
 import { Gauge, Histogram, Registry, collectDefaultMetrics, type Metric } from 'prom-client';
 import { EventHistogram, type EventObserver } from './event-histogram.js';
-import { CounterPair, histogram, NO_EXEMPLAR, openMetricsRegistry, scrapeGauge, type Registries, type WorkerAggregator } from './metric-kinds.js';
+import { SharedCounter, histogram, NO_EXEMPLAR, openMetricsRegistry, scrapeGauge, type Registries, type WorkerAggregator } from './metric-kinds.js';
 import { METRICS } from './metric-table.js';
 import type { Settlement } from '../accounting/ledger.js';
 import {
@@ -82,49 +82,49 @@ export class GatewayMetrics {
   readonly registry = new Registry();
   readonly openMetrics = openMetricsRegistry();
   private readonly registries: Registries = { text: this.registry, open: this.openMetrics };
-  private readonly requests = new CounterPair(this.registries, METRICS.requests, true);
-  private readonly attempts = new CounterPair(this.registries, METRICS.attempts);
+  private readonly requests = new SharedCounter(this.registries, METRICS.requests, true);
+  private readonly attempts = new SharedCounter(this.registries, METRICS.attempts);
   private readonly requestAttempts = histogram(this.registries, METRICS.requestAttempts, REQUEST_ATTEMPTS_BUCKETS);
-  private readonly anomalies = new CounterPair(this.registries, METRICS.anomalies);
-  private readonly finishReasons = new CounterPair(this.registries, METRICS.finishReasons);
-  private readonly cancellations = new CounterPair(this.registries, METRICS.cancellations);
-  private readonly clientRetries = new CounterPair(this.registries, METRICS.clientRetries);
+  private readonly anomalies = new SharedCounter(this.registries, METRICS.anomalies);
+  private readonly finishReasons = new SharedCounter(this.registries, METRICS.finishReasons);
+  private readonly cancellations = new SharedCounter(this.registries, METRICS.cancellations);
+  private readonly clientRetries = new SharedCounter(this.registries, METRICS.clientRetries);
   private readonly ttft: Histogram<'model' | 'prompt_len'>;
   private readonly itl: EventHistogram;
   private readonly tpot: Histogram<'model' | 'revision'>;
   private readonly duration: Histogram<'model' | 'route' | 'outcome'>;
-  private readonly slo = new CounterPair(this.registries, METRICS.slo);
-  private readonly promptTokens = new CounterPair(this.registries, METRICS.promptTokens);
-  private readonly cachedPromptTokens = new CounterPair(this.registries, METRICS.cachedPromptTokens);
-  private readonly completionTokens = new CounterPair(this.registries, METRICS.completionTokens);
-  private readonly usageMissing = new CounterPair(this.registries, METRICS.usageMissing);
-  private readonly estimatedCompletionTokens = new CounterPair(this.registries, METRICS.estimatedCompletionTokens);
+  private readonly slo = new SharedCounter(this.registries, METRICS.slo);
+  private readonly promptTokens = new SharedCounter(this.registries, METRICS.promptTokens);
+  private readonly cachedPromptTokens = new SharedCounter(this.registries, METRICS.cachedPromptTokens);
+  private readonly completionTokens = new SharedCounter(this.registries, METRICS.completionTokens);
+  private readonly usageMissing = new SharedCounter(this.registries, METRICS.usageMissing);
+  private readonly estimatedCompletionTokens = new SharedCounter(this.registries, METRICS.estimatedCompletionTokens);
   private readonly inflight = new Gauge({
     name: METRICS.inflight.name,
     help: METRICS.inflight.help,
     labelNames: METRICS.inflight.labels,
     registers: [this.registry, this.openMetrics],
   });
-  private readonly retries = new CounterPair(this.registries, METRICS.retries);
-  private readonly workerLostRequests = new CounterPair(this.registries, METRICS.workerLostRequests);
-  private readonly retryBudgetExhausted = new CounterPair(this.registries, METRICS.retryBudgetExhausted);
-  private readonly upstreamEjections = new CounterPair(this.registries, METRICS.upstreamEjections);
-  private readonly internalErrors = new CounterPair(this.registries, METRICS.internalErrors);
-  private readonly turnYields = new CounterPair(this.registries, METRICS.turnYields);
-  private readonly probeFailures = new CounterPair(this.registries, METRICS.probeFailures);
-  private readonly readsStopped = new CounterPair(this.registries, METRICS.readsStopped);
-  private readonly discoveredModelsRefused = new CounterPair(this.registries, METRICS.discoveredModelsRefused);
+  private readonly retries = new SharedCounter(this.registries, METRICS.retries);
+  private readonly workerLostRequests = new SharedCounter(this.registries, METRICS.workerLostRequests);
+  private readonly retryBudgetExhausted = new SharedCounter(this.registries, METRICS.retryBudgetExhausted);
+  private readonly upstreamEjections = new SharedCounter(this.registries, METRICS.upstreamEjections);
+  private readonly internalErrors = new SharedCounter(this.registries, METRICS.internalErrors);
+  private readonly turnYields = new SharedCounter(this.registries, METRICS.turnYields);
+  private readonly probeFailures = new SharedCounter(this.registries, METRICS.probeFailures);
+  private readonly readsStopped = new SharedCounter(this.registries, METRICS.readsStopped);
+  private readonly discoveredModelsRefused = new SharedCounter(this.registries, METRICS.discoveredModelsRefused);
   /** A served model's label value (proxy/model-labels.ts): its name, or `_other` past discovery.max_models_per_pool. */
   private modelLabel: (model: string) => string = (model) => model;
   /** An upstream's revision label (proxy/revision-labels.ts, through the configuration in force). */
   private revisionLabel: (upstream: string) => string = () => UNKNOWN_REVISION;
-  private readonly outputChecks = new CounterPair(this.registries, METRICS.outputChecks);
-  private readonly accepted = new CounterPair(this.registries, METRICS.accepted);
-  private readonly evaluationSamples = new CounterPair(this.registries, METRICS.evaluationSamples);
-  private readonly requestsChecked = new CounterPair(this.registries, METRICS.requestsChecked);
-  private readonly cachedTokensMissing = new CounterPair(this.registries, METRICS.cachedTokensMissing);
-  private readonly evaluatorRequests = new CounterPair(this.registries, METRICS.evaluatorRequests);
-  private readonly evaluatorTokens = new CounterPair(this.registries, METRICS.evaluatorTokens);
+  private readonly outputChecks = new SharedCounter(this.registries, METRICS.outputChecks);
+  private readonly accepted = new SharedCounter(this.registries, METRICS.accepted);
+  private readonly evaluationSamples = new SharedCounter(this.registries, METRICS.evaluationSamples);
+  private readonly requestsChecked = new SharedCounter(this.registries, METRICS.requestsChecked);
+  private readonly cachedTokensMissing = new SharedCounter(this.registries, METRICS.cachedTokensMissing);
+  private readonly evaluatorRequests = new SharedCounter(this.registries, METRICS.evaluatorRequests);
+  private readonly evaluatorTokens = new SharedCounter(this.registries, METRICS.evaluatorTokens);
   private readonly evaluatorDuration: Histogram<'model'>;
   private readonly evaluationLastSampleGauge = new Gauge({
     name: METRICS.evaluationLastSample.name,
@@ -134,8 +134,8 @@ export class GatewayMetrics {
     aggregator: 'max' satisfies WorkerAggregator,
     registers: [this.registry, this.openMetrics],
   });
-  private readonly rateLimitedRequests = new CounterPair(this.registries, METRICS.rateLimited);
-  private readonly limitStoreErrors = new CounterPair(this.registries, METRICS.limitStoreErrors);
+  private readonly rateLimitedRequests = new SharedCounter(this.registries, METRICS.rateLimited);
+  private readonly limitStoreErrors = new SharedCounter(this.registries, METRICS.limitStoreErrors);
   private readonly backgroundHoldsGauge = new Gauge({
     name: METRICS.backgroundHolds.name,
     help: METRICS.backgroundHolds.help,
@@ -143,7 +143,7 @@ export class GatewayMetrics {
     aggregator: 'sum' satisfies WorkerAggregator,
     registers: [this.registry, this.openMetrics],
   });
-  private readonly backgroundHoldsEnded = new CounterPair(this.registries, METRICS.backgroundHoldsEnded);
+  private readonly backgroundHoldsEnded = new SharedCounter(this.registries, METRICS.backgroundHoldsEnded);
   private readonly limitStoreUpGauge = new Gauge({
     name: METRICS.limitStoreUp.name,
     help: METRICS.limitStoreUp.help,
@@ -151,7 +151,7 @@ export class GatewayMetrics {
     aggregator: 'min' satisfies WorkerAggregator,
     registers: [this.registry, this.openMetrics],
   });
-  private readonly configReloads = new CounterPair(this.registries, METRICS.configReloads);
+  private readonly configReloads = new SharedCounter(this.registries, METRICS.configReloads);
   private readonly configHashGauge = new Gauge({
     name: METRICS.configHash.name,
     help: METRICS.configHash.help,
@@ -162,16 +162,16 @@ export class GatewayMetrics {
   });
   private readonly queueWait: Histogram<'model'>;
   private readonly upstreamFirstOutput: Histogram<'model' | 'upstream' | 'prompt_len'>;
-  private readonly routingDecisions = new CounterPair(this.registries, METRICS.routingDecisions);
-  private readonly routingShared = new CounterPair(this.registries, METRICS.routingShared);
-  private readonly routingPromptTokens = new CounterPair(this.registries, METRICS.routingPromptTokens);
-  private readonly routingPredictedCachedTokens = new CounterPair(this.registries, METRICS.routingPredictedCachedTokens);
-  private readonly routingCachedTokens = new CounterPair(this.registries, METRICS.routingCachedTokens);
+  private readonly routingDecisions = new SharedCounter(this.registries, METRICS.routingDecisions);
+  private readonly routingShared = new SharedCounter(this.registries, METRICS.routingShared);
+  private readonly routingPromptTokens = new SharedCounter(this.registries, METRICS.routingPromptTokens);
+  private readonly routingPredictedCachedTokens = new SharedCounter(this.registries, METRICS.routingPredictedCachedTokens);
+  private readonly routingCachedTokens = new SharedCounter(this.registries, METRICS.routingCachedTokens);
   private readonly sessionIdleGap: Histogram<'model' | 'pool'>;
-  private readonly sessionPromptTokens = new CounterPair(this.registries, METRICS.sessionPromptTokens);
-  private readonly sessionCachedTokens = new CounterPair(this.registries, METRICS.sessionCachedTokens);
-  private readonly engineScrapes = new CounterPair(this.registries, METRICS.engineScrapes);
-  private readonly engineRestarts = new CounterPair(this.registries, METRICS.engineRestarts);
+  private readonly sessionPromptTokens = new SharedCounter(this.registries, METRICS.sessionPromptTokens);
+  private readonly sessionCachedTokens = new SharedCounter(this.registries, METRICS.sessionCachedTokens);
+  private readonly engineScrapes = new SharedCounter(this.registries, METRICS.engineScrapes);
+  private readonly engineRestarts = new SharedCounter(this.registries, METRICS.engineRestarts);
   private sources: GaugeSources | undefined;
 
   constructor(buckets: MetricBuckets, options: { defaultMetrics?: boolean; build?: { version: string; revision: string } } = {}) {
@@ -265,9 +265,12 @@ export class GatewayMetrics {
       'max',
     );
     if (options.defaultMetrics !== false) {
-      // Its counters have the same naming problem as ours: one set per registry.
+      // One set, in both registries (the OpenMetrics one names counters through a view, metric-kinds.ts): one
+      // event-loop monitor and one GC observer, not one per exposition.
       collectDefaultMetrics({ register: this.registry, eventLoopMonitoringPrecision: 10 });
-      collectDefaultMetrics({ register: this.openMetrics, eventLoopMonitoringPrecision: 10 });
+      for (const metric of this.registry.getMetricsAsArray()) {
+        if (this.openMetrics.getSingleMetric(metric.name) === undefined) this.openMetrics.registerMetric(metric as unknown as Metric);
+      }
     }
   }
 

@@ -31,7 +31,7 @@ import { formatPerf, profileScenario, type PerfResult } from './proxy/profiling.
 import { readNginxReference } from './proxy/reference.js';
 import { printChecks, printCostSplit, printReport } from './proxy/report.js';
 import { runScenario, type ScenarioResult } from './proxy/run.js';
-import { checkTargets, ISSUE_15, ISSUE_5 } from './proxy/targets.js';
+import { checkTargets, ISSUE_15, ISSUE_27, ISSUE_5 } from './proxy/targets.js';
 
 function gitState(): { commit: string; dirtySrc: boolean } {
   try {
@@ -98,6 +98,7 @@ async function main(argv: string[]): Promise<number> {
   const checks = checkTargets(ISSUE_5, comparisons);
   const costSplit = splitCosts(results);
   const issue15 = checkTargets(ISSUE_15, comparisons);
+  const issue27 = checkTargets(ISSUE_27, comparisons);
   if (results.length > 0) {
     printReport(results, comparisons);
     printCostSplit(costSplit);
@@ -124,6 +125,7 @@ async function main(argv: string[]): Promise<number> {
   }
 
   printChecks(`Issue 15 targets (waybill, default configuration; ${options.repeats} repeat(s), medians):`, issue15);
+  printChecks(`Issue 27 targets (waybill against the bare Node relay, node-floor, in this run):`, issue27);
 
   const loadAfter = loadavg();
   const report = {
@@ -143,6 +145,7 @@ async function main(argv: string[]): Promise<number> {
     costSplit,
     targets: checks,
     issue15Targets: issue15,
+    issue27Targets: issue27,
     profiles,
     perf: perfResults,
     profileDir: profileDir ?? null,

@@ -20,6 +20,11 @@ export interface Comparison {
   nginxUsPerEvent: number;
   nginxSource: 'this run' | 'peer-figures.md' | 'none';
   vsNginx: number;
+  /** The bare Node relay's (node-floor) CPU per event in this run, and this row's ratio to it (per request for `req`). */
+  relayUsPerEvent: number;
+  vsRelay: number;
+  /** This row's ITL p99 less the relay's, ms. */
+  itlP99VsRelayMs: number;
   rssPerStreamKiB: number;
   rssWindowPerStreamKiB: number;
   peakRssMiB: number;
@@ -31,6 +36,7 @@ export function compare(results: ScenarioResult[], reference: NginxReference): C
   for (const result of results) {
     const direct = result.targets.find((t) => t.target === 'direct');
     const nginx = result.targets.find((t) => t.target === 'nginx');
+    const relay = result.targets.find((t) => t.target === 'node-floor');
     if (direct === undefined) continue;
     const { stream, rssProbe } = result.scenario;
     const peer = stream ? reference.usPerEvent[result.scenario.name] : undefined;
@@ -51,6 +57,9 @@ export function compare(results: ScenarioResult[], reference: NginxReference): C
         nginxSource,
         // Non-streaming: the ratio of CPU per request (the only unit there).
         vsNginx: stream ? t.proxyUsPerEvent / nginxUs : t.proxyUsPerRequest / (nginx?.proxyUsPerRequest ?? Number.NaN),
+        relayUsPerEvent: relay?.proxyUsPerEvent ?? Number.NaN,
+        vsRelay: stream ? t.proxyUsPerEvent / (relay?.proxyUsPerEvent ?? Number.NaN) : t.proxyUsPerRequest / (relay?.proxyUsPerRequest ?? Number.NaN),
+        itlP99VsRelayMs: t.itlP99 - (relay?.itlP99 ?? Number.NaN),
         rssPerStreamKiB: rssProbe ? t.rssPerStreamKiB : Number.NaN,
         rssWindowPerStreamKiB: rssProbe ? t.rssWindowPerStreamKiB : Number.NaN,
         peakRssMiB: t.peakRssKiB / 1024,

@@ -25,6 +25,8 @@ export interface Options {
   perf: boolean;
   minWarmupS: number;
   keep: boolean;
+  /** `--variant NAME=JSON`: a waybill-NAME row, the default configuration with JSON's keys merged over it. */
+  variants: { name: string; config: Record<string, unknown> }[];
 }
 
 export const USAGE = `usage: node dist/bench/proxy.js [options]
@@ -46,7 +48,9 @@ export const USAGE = `usage: node dist/bench/proxy.js [options]
   --perf               with --profile: also count syscalls per event and split CPU by binary with Linux perf,
                        for Waybill and nginx (needs perf on PATH)
   --out FILE           JSON results (default bench-results.json)
-  --keep               keep the temporary directory (configs, child logs)`;
+  --keep               keep the temporary directory (configs, child logs)
+  --variant NAME=JSON  also a waybill-NAME row: the default configuration with JSON's top-level keys over it, e.g.
+                       --variant signals-off='{"engine_signals":{"enabled":false}}' (repeatable)`;
 
 export function parseOptions(argv: string[]): Options {
   const options: Options = {
@@ -68,6 +72,7 @@ export function parseOptions(argv: string[]): Options {
     perf: false,
     minWarmupS: 2,
     keep: false,
+    variants: [],
   };
   const number = (flag: string, raw: string | undefined, min: number): number => {
     const value = Number(raw);
@@ -145,6 +150,9 @@ export function parseOptions(argv: string[]): Options {
       case '--keep':
         options.keep = true;
         break;
+      case '--variant':
+        options.variants.push(parseVariant(next()));
+        break;
       case '-h':
       case '--help':
         console.log(USAGE);
@@ -158,6 +166,21 @@ export function parseOptions(argv: string[]): Options {
 }
 
 export class UsageError extends Error {}
+
+/** `NAME=JSON`: a row name of letters, digits and dashes, and a JSON object of configuration keys. */
+export function parseVariant(raw: string | undefined): { name: string; config: Record<string, unknown> } {
+  const at = raw?.indexOf('=') ?? -1;
+  const name = raw?.slice(0, at) ?? '';
+  if (raw === undefined || at < 1 || !/^[a-z0-9-]+$/.test(name)) throw new UsageError('--variant: needs NAME=JSON, NAME of a-z, 0-9 and -');
+  let config: unknown;
+  try {
+    config = JSON.parse(raw.slice(at + 1));
+  } catch {
+    throw new UsageError(`--variant ${name}: the configuration is not JSON`);
+  }
+  if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new UsageError(`--variant ${name}: the configuration must be a JSON object`);
+  return { name, config: config as Record<string, unknown> };
+}
 
 /** Output tokens per request in `scenario`, after `--tokens`. */
 export function tokensOf(scenario: Scenario, options: Options): number {

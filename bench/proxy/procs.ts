@@ -228,6 +228,8 @@ export interface GatewaySettings {
   workers?: number;
   /** `streaming.turn_budget` (default: the configuration's, 2ms); '0ms' turns the read turns off. */
   turnBudget?: string;
+  /** Configuration keys merged over the bench's (a `--variant` row). */
+  extra?: Record<string, unknown>;
 }
 
 /** `waybill serve --config FILE` on a free port; resolves once /readyz says 200. */
@@ -240,6 +242,7 @@ export async function startGateway(bin: string, core: number, dir: string, setti
     ...(settings.logging === 'lean' ? { logging: { level: 'warn', requests: false } } : {}),
     ...(settings.turnBudget !== undefined ? { streaming: { turn_budget: settings.turnBudget } } : {}),
     shutdown: { grace: 0, drain_timeout: 1 },
+    ...settings.extra,
   };
   const configFile = join(dir, `${settings.name}.yaml`);
   writeFileSync(configFile, JSON.stringify(config, null, 2));

@@ -150,6 +150,10 @@ export async function runScenario(scenario: Scenario, options: Options, dir: str
         true,
       );
     }
+    for (const variant of options.variants) {
+      const name = `waybill-${variant.name}`;
+      addProxy(name, await startGateway(BIN, PROXY_CORE, scenarioDir, { name, upstream: sim.origin, logging: 'default', extra: variant.config }), false, true);
+    }
     if (has('contract') && options.contractVariant) {
       // The same gateway process as `waybill`, measured in its own windows with contract-bearing requests.
       const plain = targets.find((t) => t.name === 'waybill') as Target;

@@ -15,7 +15,11 @@ export type Measure =
   /** Added TTFT p50 at saturation, with the waybill-turns-off row's added p50 / p99 beside it. */
   | 'saturatedTtftP50Ms'
   /** CPU per event of the waybill-2w row ÷ waybill's. */
-  | 'cpuPerEventTwoWorkers';
+  | 'cpuPerEventTwoWorkers'
+  /** CPU per event ÷ the bare Node relay's (node-floor) in the same run; per request at `req`. */
+  | 'cpuVsRelay'
+  /** ITL p99 less the relay's, ms. */
+  | 'itlP99VsRelayMs';
 
 export interface TargetSpec {
   /** As the report states it. */
@@ -76,6 +80,25 @@ export const ISSUE_15: IssueTargets = {
   ],
 };
 
+/**
+ * Issue 27's targets: Waybill's own cost near the bare Node relay's (node-floor, bench/proxy/floor.ts), measured in
+ * the same run. "ITL p99 at saturation" is the max scenario's, beside new streams' added TTFT p50 there.
+ */
+export const ISSUE_27: IssueTargets = {
+  issue: 27,
+  notRun: 'na',
+  targets: [
+    { target: 'CPU/event at c64s <= 1.2x the bare Node relay', scenario: 'c64s', measure: 'cpuVsRelay', atMost: 1.2 },
+    { target: 'CPU/event at c256s <= 1.2x the bare Node relay', scenario: 'c256s', measure: 'cpuVsRelay', atMost: 1.2 },
+    { target: 'added TTFT p99 at c64s <= 2 ms', scenario: 'c64s', measure: 'addedTtftP99Ms', atMost: 2, undefinedMisses: true },
+    { target: 'added TTFT p99 at c256s <= 5 ms', scenario: 'c256s', measure: 'addedTtftP99Ms', atMost: 5, undefinedMisses: true },
+    { target: "ITL p99 at saturation (max) <= the relay's + 3 ms", scenario: 'max', measure: 'itlP99VsRelayMs', atMost: 3 },
+    { target: 'new streams at saturation (max): added TTFT p50 <= 10 ms', scenario: 'max', measure: 'saturatedTtftP50Ms', atMost: 10 },
+    { target: "CPU per request (req, non-streaming) <= 2x the relay's", scenario: 'req', measure: 'cpuVsRelay', atMost: 2 },
+    { target: 'RSS <= 100 KiB per in-flight stream at c256s', scenario: 'c256s', measure: 'rssPerStreamKiB', atMost: 100 },
+  ],
+};
+
 export interface TargetCheck {
   target: string;
   measured: string;
@@ -102,6 +125,11 @@ const ROW_MEASURES: Partial<Record<Measure, (c: Comparison) => Reading>> = {
   }),
   throughputVsDirect: (c) => ({ value: c.throughputRatio, shown: `${f2(c.throughputRatio)}x (${c.throughputRatio.toFixed(4)})` }),
   saturatedTtftP50Ms: (c) => ({ value: c.addedTtftP50Ms, shown: `${signed(c.addedTtftP50Ms)} ms (p99 ${signed(c.addedTtftP99Ms)} ms)` }),
+  cpuVsRelay: (c) => ({
+    value: c.vsRelay,
+    shown: c.scenario === 'req' ? `${f2(c.vsRelay)}x the relay's µs/req` : `${f1(c.usPerEvent)} vs relay ${f1(c.relayUsPerEvent)} µs/ev = ${f2(c.vsRelay)}x`,
+  }),
+  itlP99VsRelayMs: (c) => ({ value: c.itlP99VsRelayMs, shown: `${signed(c.itlP99VsRelayMs)} ms` }),
 };
 
 /** The reading of `measure` on `waybill` at `scenario`, or what did not run. */

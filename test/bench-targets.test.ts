@@ -1,0 +1,76 @@
+/**
+ * bench/proxy/targets.ts and compare.ts: issue 27's verdicts against the bare Node relay's row of the same run, and
+ * the bench's `--variant NAME=JSON` flag (bench/proxy/options.ts).
+ */
+import { describe, expect, it } from 'vitest';
+import { compare } from '../bench/proxy/compare.js';
+import { parseOptions, parseVariant, UsageError } from '../bench/proxy/options.js';
+import type { ScenarioResult } from '../bench/proxy/run.js';
+import { checkTargets, ISSUE_27 } from '../bench/proxy/targets.js';
+import { scenarioNamed } from '../bench/proxy/options.js';
+
+/** A scenario's result with the figures compare() reads, per target. */
+function result(name: string, rows: Record<string, { usPerEvent?: number; usPerRequest?: number; ttftP50?: number; ttftP99?: number; itlP99?: number; rss?: number }>): ScenarioResult {
+  const targets = Object.entries(rows).map(([target, f]) => ({
+    target,
+    ttftP50: f.ttftP50 ?? 20,
+    ttftP99: f.ttftP99 ?? 30,
+    itlP99: f.itlP99 ?? 10,
+    eventsPerS: 1000,
+    requestsPerS: 100,
+    proxyUsPerEvent: f.usPerEvent ?? Number.NaN,
+    proxyUsPerRequest: f.usPerRequest ?? Number.NaN,
+    rssPerStreamKiB: f.rss ?? Number.NaN,
+    rssWindowPerStreamKiB: Number.NaN,
+    peakRssKiB: 0,
+  }));
+  return { scenario: scenarioNamed(name), targets, windows: [] } as unknown as ScenarioResult;
+}
+
+const reference = { label: 'peer-figures.md', usPerEvent: {} } as never;
+
+describe("issue 27's targets", () => {
+  it('reads each figure against the relay of the same scenario, by value', () => {
+    const comparisons = compare(
+      [
+        result('c64s', { direct: {}, waybill: { usPerEvent: 36, ttftP99: 31.5 }, 'node-floor': { usPerEvent: 30 } }),
+        result('c256s', { direct: {}, waybill: { usPerEvent: 40, ttftP99: 36, rss: 18 }, 'node-floor': { usPerEvent: 30 } }),
+        result('max', { direct: {}, waybill: { itlP99: 14, ttftP50: 29 }, 'node-floor': { itlP99: 10 } }),
+        result('req', { direct: {}, waybill: { usPerRequest: 250 }, 'node-floor': { usPerRequest: 132 } }),
+      ],
+      reference,
+    );
+    const checks = checkTargets(ISSUE_27, comparisons);
+    const verdict = (start: string) => checks.find((c) => c.target.startsWith(start));
+    expect(verdict('CPU/event at c64s')).toMatchObject({ met: true, measured: '36.0 vs relay 30.0 µs/ev = 1.20x' });
+    expect(verdict('CPU/event at c256s')).toMatchObject({ met: false, measured: '40.0 vs relay 30.0 µs/ev = 1.33x' });
+    expect(verdict('added TTFT p99 at c64s')?.met).toBe(true);
+    expect(verdict('added TTFT p99 at c256s')?.met).toBe(false);
+    expect(verdict('ITL p99 at saturation')).toMatchObject({ met: false });
+    expect(verdict('new streams at saturation')).toMatchObject({ met: true });
+    expect(verdict('CPU per request')).toMatchObject({ met: true, measured: "1.89x the relay's µs/req" });
+    expect(verdict('RSS')).toMatchObject({ met: true });
+  });
+
+  it('says n/a where the relay row or the scenario did not run', () => {
+    const comparisons = compare([result('c64s', { direct: {}, waybill: { usPerEvent: 36 } })], reference);
+    const checks = checkTargets(ISSUE_27, comparisons);
+    expect(checks).toHaveLength(ISSUE_27.targets.length);
+    expect(checks.find((c) => c.target.startsWith('CPU/event at c64s'))?.met).toBeUndefined();
+    expect(checks.find((c) => c.target.startsWith('CPU/event at c256s'))).toMatchObject({ met: undefined, measured: 'c256s not run' });
+  });
+});
+
+describe('--variant NAME=JSON', () => {
+  it('adds a row with configuration keys, repeatable', () => {
+    const options = parseOptions(['--variant', 'a={"engine_signals":{"enabled":false}}', '--variant', 'b-2={}', '--nginx', 'off']);
+    expect(options.variants).toEqual([
+      { name: 'a', config: { engine_signals: { enabled: false } } },
+      { name: 'b-2', config: {} },
+    ]);
+  });
+
+  it('refuses a bad name, bad JSON or a non-object', () => {
+    for (const raw of [undefined, '=x', 'A={}', 'a b={}', 'a={', 'a=[]', 'a=1', 'a=null']) expect(() => parseVariant(raw)).toThrow(UsageError);
+  });
+});

@@ -56,7 +56,7 @@ describe("issue 27's targets", () => {
     const comparisons = compare([result('c64s', { direct: {}, waybill: { usPerEvent: 36 } })], reference);
     const checks = checkTargets(ISSUE_27, comparisons);
     expect(checks).toHaveLength(ISSUE_27.targets.length);
-    expect(checks.find((c) => c.target.startsWith('CPU/event at c64s'))?.met).toBeUndefined();
+    expect(checks.find((c) => c.target.startsWith('CPU/event at c64s'))).toMatchObject({ met: undefined, measured: 'no node-floor row (--no-floor)' });
     expect(checks.find((c) => c.target.startsWith('CPU/event at c256s'))).toMatchObject({ met: undefined, measured: 'c256s not run' });
   });
 });
@@ -72,5 +72,11 @@ describe('--variant NAME=JSON', () => {
 
   it('refuses a bad name, bad JSON or a non-object', () => {
     for (const raw of [undefined, '=x', 'A={}', 'a b={}', 'a={', 'a=[]', 'a=1', 'a=null']) expect(() => parseVariant(raw)).toThrow(UsageError);
+  });
+
+  it("refuses the bench's own keys and a built-in row's name", () => {
+    for (const raw of ['a={"server":{"port":1}}', 'a={"pools":[]}', 'a={"shutdown":{}}', 'lean={}', '2w={}', 'turns-off={}', 'otel={}', 'contract={}']) {
+      expect(() => parseVariant(raw)).toThrow(UsageError);
+    }
   });
 });

@@ -167,6 +167,10 @@ export function parseOptions(argv: string[]): Options {
 
 export class UsageError extends Error {}
 
+const BENCH_KEYS = ['server', 'pools', 'shutdown'];
+/** The built-in rows' suffixes (waybill-lean, waybill-2w, …) and names their config and log files take. */
+const BUILT_IN_ROWS = ['lean', 'otel', '2w', 'turns-off', 'contract'];
+
 /** `NAME=JSON`: a row name of letters, digits and dashes, and a JSON object of configuration keys. */
 export function parseVariant(raw: string | undefined): { name: string; config: Record<string, unknown> } {
   const at = raw?.indexOf('=') ?? -1;
@@ -179,6 +183,9 @@ export function parseVariant(raw: string | undefined): { name: string; config: R
     throw new UsageError(`--variant ${name}: the configuration is not JSON`);
   }
   if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new UsageError(`--variant ${name}: the configuration must be a JSON object`);
+  // The bench's own keys: where the gateway listens, what it proxies, how fast it stops.
+  for (const key of BENCH_KEYS) if (key in config) throw new UsageError(`--variant ${name}: ${key} is the bench's own (set per row), not a variant's`);
+  if (BUILT_IN_ROWS.includes(name)) throw new UsageError(`--variant ${name}: waybill-${name} is a built-in row`);
   return { name, config: config as Record<string, unknown> };
 }
 

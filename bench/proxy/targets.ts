@@ -127,9 +127,13 @@ const ROW_MEASURES: Partial<Record<Measure, (c: Comparison) => Reading>> = {
   saturatedTtftP50Ms: (c) => ({ value: c.addedTtftP50Ms, shown: `${signed(c.addedTtftP50Ms)} ms (p99 ${signed(c.addedTtftP99Ms)} ms)` }),
   cpuVsRelay: (c) => ({
     value: c.vsRelay,
-    shown: c.scenario === 'req' ? `${f2(c.vsRelay)}x the relay's µs/req` : `${f1(c.usPerEvent)} vs relay ${f1(c.relayUsPerEvent)} µs/ev = ${f2(c.vsRelay)}x`,
+    shown: !Number.isFinite(c.vsRelay)
+      ? 'no node-floor row (--no-floor)'
+      : c.scenario === 'req'
+        ? `${f2(c.vsRelay)}x the relay's µs/req`
+        : `${f1(c.usPerEvent)} vs relay ${f1(c.relayUsPerEvent)} µs/ev = ${f2(c.vsRelay)}x`,
   }),
-  itlP99VsRelayMs: (c) => ({ value: c.itlP99VsRelayMs, shown: `${signed(c.itlP99VsRelayMs)} ms` }),
+  itlP99VsRelayMs: (c) => ({ value: c.itlP99VsRelayMs, shown: Number.isFinite(c.itlP99VsRelayMs) ? `${signed(c.itlP99VsRelayMs)} ms` : 'no node-floor row (--no-floor)' }),
 };
 
 /** The reading of `measure` on `waybill` at `scenario`, or what did not run. */

@@ -95,6 +95,12 @@ export class OpenMetricsRegistry extends Registry<OpenMetricsContentType> {
     );
     return `${parts.join('\n')}\n# EOF\n`;
   }
+
+  override async getSingleMetricAsString(name: string): Promise<string> {
+    const metric = this.getSingleMetric(name) as unknown as Formattable | undefined;
+    if (metric === undefined) return super.getSingleMetricAsString(name);
+    return (this as unknown as Formatting).getMetricsAsString(metric.type === 'counter' ? familyView(metric) : metric);
+  }
 }
 
 /** What prom-client's registry formats (untyped in its declarations): anything with `get()`. */

@@ -265,12 +265,10 @@ export class GatewayMetrics {
       'max',
     );
     if (options.defaultMetrics !== false) {
-      // One set, in both registries (the OpenMetrics one names counters through a view, metric-kinds.ts): one
-      // event-loop monitor and one GC observer, not one per exposition.
+      // One set per registry: the event-loop lag gauges read a delay histogram and reset it at each scrape, so a
+      // shared set would give one format's scrape an empty window after the other's.
       collectDefaultMetrics({ register: this.registry, eventLoopMonitoringPrecision: 10 });
-      for (const metric of this.registry.getMetricsAsArray()) {
-        if (this.openMetrics.getSingleMetric(metric.name) === undefined) this.openMetrics.registerMetric(metric as unknown as Metric);
-      }
+      collectDefaultMetrics({ register: this.openMetrics, eventLoopMonitoringPrecision: 10 });
     }
   }
 

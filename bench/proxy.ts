@@ -32,6 +32,7 @@ import { readNginxReference } from './proxy/reference.js';
 import { printChecks, printCostSplit, printReport } from './proxy/report.js';
 import { runScenario, type ScenarioResult } from './proxy/run.js';
 import { checkTargets, ISSUE_15, ISSUE_27, ISSUE_5 } from './proxy/targets.js';
+import { formatSustained, sustainedStreams } from './proxy/sustained.js';
 
 function gitState(): { commit: string; dirtySrc: boolean } {
   try {
@@ -104,6 +105,8 @@ async function main(argv: string[]): Promise<number> {
     printCostSplit(costSplit);
     printChecks('Targets (issue 5; waybill in its default configuration):', checks);
   }
+  const sustained = sustainedStreams(results);
+  if (sustained.length > 0) console.log(`\n${formatSustained(sustained)}`);
 
   const profiles: ProfileSummary[] = [];
   const perfResults: PerfResult[] = [];
@@ -146,6 +149,7 @@ async function main(argv: string[]): Promise<number> {
     targets: checks,
     issue15Targets: issue15,
     issue27Targets: issue27,
+    sustained,
     profiles,
     perf: perfResults,
     profileDir: profileDir ?? null,

@@ -7,16 +7,17 @@ import { compare } from '../bench/proxy/compare.js';
 import { parseOptions, parseVariant, UsageError } from '../bench/proxy/options.js';
 import type { ScenarioResult } from '../bench/proxy/run.js';
 import { checkTargets, ISSUE_27 } from '../bench/proxy/targets.js';
+import { formatSustained, sustainedStreams } from '../bench/proxy/sustained.js';
 import { scenarioNamed } from '../bench/proxy/options.js';
 
 /** A scenario's result with the figures compare() reads, per target. */
-function result(name: string, rows: Record<string, { usPerEvent?: number; usPerRequest?: number; ttftP50?: number; ttftP99?: number; itlP99?: number; rss?: number }>): ScenarioResult {
+function result(name: string, rows: Record<string, { usPerEvent?: number; usPerRequest?: number; ttftP50?: number; ttftP99?: number; itlP99?: number; rss?: number; events?: number }>): ScenarioResult {
   const targets = Object.entries(rows).map(([target, f]) => ({
     target,
     ttftP50: f.ttftP50 ?? 20,
     ttftP99: f.ttftP99 ?? 30,
     itlP99: f.itlP99 ?? 10,
-    eventsPerS: 1000,
+    eventsPerS: f.events ?? 1000,
     requestsPerS: 100,
     proxyUsPerEvent: f.usPerEvent ?? Number.NaN,
     proxyUsPerRequest: f.usPerRequest ?? Number.NaN,
@@ -78,5 +79,34 @@ describe('--variant NAME=JSON', () => {
     for (const raw of ['a={"server":{"port":1}}', 'a={"pools":[]}', 'a={"shutdown":{}}', 'lean={}', '2w={}', 'turns-off={}', 'otel={}', 'contract={}']) {
       expect(() => parseVariant(raw)).toThrow(UsageError);
     }
+  });
+});
+
+describe('the most streams one core sustains (bench/proxy/sustained.ts)', () => {
+  it('is the largest 20 ms concurrency that held ITL p99 <= 40 ms and the direct throughput, below the first that did not', () => {
+    const rows = (waybillItl: number, relayItl: number, relayEvents = 1000) => ({
+      direct: { itlP99: 25 },
+      waybill: { itlP99: waybillItl },
+      'node-floor': { itlP99: relayItl, events: relayEvents },
+    });
+    const results = [
+      result('c512s', rows(95, 39.9)),
+      result('c256s', rows(38, 30)),
+      result('c384s', rows(41, 35, 980)),
+      result('c768s', rows(200, 80)),
+      // Another pace is not read.
+      result('c64s', rows(1, 1)),
+    ];
+    const found = sustainedStreams(results);
+    expect(found.find((r) => r.target === 'waybill')).toEqual({ target: 'waybill', paceMs: 20, streams: 256, failedAt: 384, read: [256, 384, 512, 768] });
+    // 384 missed on throughput (980 < 0.99 × 1000); 512 held again, but the first miss bounds the answer.
+    expect(found.find((r) => r.target === 'node-floor')).toMatchObject({ streams: 256, failedAt: 384 });
+    expect(found.find((r) => r.target === 'direct')).toMatchObject({ streams: 768, failedAt: undefined });
+    expect(formatSustained(found)).toContain('waybill            256 (not at 384)');
+  });
+
+  it('reads none when the smallest run already missed, and nothing without a 20 ms scenario', () => {
+    expect(sustainedStreams([result('c256s', { direct: {}, waybill: { itlP99: 41 } })]).find((r) => r.target === 'waybill')).toMatchObject({ streams: 0, failedAt: 256 });
+    expect(sustainedStreams([result('c64s', { direct: {}, waybill: {} })])).toEqual([]);
   });
 });

@@ -35,6 +35,10 @@ export const SCENARIOS: Scenario[] = [
   { name: 'c1', concurrency: 1, itlMs: 10, ttftMs: 20, tokens: 200, stream: true, variants: [], byDefault: false, fit: false, rssProbe: false, note: '1 stream × 200 tokens, 10 ms apart' },
   { name: 'c64s', concurrency: 64, itlMs: 10, ttftMs: 20, tokens: 64, stream: true, variants: ['lean', 'otel', 'workers'], byDefault: true, fit: true, rssProbe: false, note: '64 streams × 64 tokens, 10 ms apart' },
   { name: 'c256s', concurrency: 256, itlMs: 20, ttftMs: 20, tokens: 64, stream: true, variants: ['lean', 'otel'], byDefault: true, fit: true, rssProbe: true, note: '256 streams × 64 tokens, 20 ms apart' },
+  // The sweep of bench/proxy/sustained.ts: the most streams one core sustains at a 20 ms pace, with c256s.
+  { name: 'c384s', concurrency: 384, itlMs: 20, ttftMs: 20, tokens: 64, stream: true, variants: [], byDefault: false, fit: false, rssProbe: false, note: '384 streams × 64 tokens, 20 ms apart' },
+  { name: 'c512s', concurrency: 512, itlMs: 20, ttftMs: 20, tokens: 64, stream: true, variants: [], byDefault: false, fit: false, rssProbe: false, note: '512 streams × 64 tokens, 20 ms apart' },
+  { name: 'c768s', concurrency: 768, itlMs: 20, ttftMs: 20, tokens: 64, stream: true, variants: [], byDefault: false, fit: false, rssProbe: false, note: '768 streams × 64 tokens, 20 ms apart' },
   { name: 'c64', concurrency: 64, itlMs: 10, ttftMs: 20, tokens: 200, stream: true, variants: ['lean', 'otel', 'contract'], byDefault: true, fit: true, rssProbe: false, note: '64 streams × 200 tokens, 10 ms apart' },
   { name: 'c256', concurrency: 256, itlMs: 20, ttftMs: 20, tokens: 200, stream: true, variants: ['lean'], byDefault: false, fit: true, rssProbe: true, note: '256 streams × 200 tokens, 20 ms apart' },
   { name: 'max', concurrency: 64, itlMs: 0, ttftMs: 0, tokens: 200, stream: true, variants: ['lean', 'contract', 'workers', 'turnsOff'], byDefault: true, fit: false, rssProbe: false, note: '64 streams × 200 tokens, no delay (saturation)' },

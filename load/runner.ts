@@ -88,19 +88,28 @@ export async function runWorkload(options: RunOptions): Promise<RunResult> {
     return result;
   };
   let sessions = 0;
-  /** One multi-turn session after another, until the run's count or window is spent (a session may stop early). */
+  /** Turns the sessions started so far hold against the run's count. */
+  let reserved = 0;
+  const inWindow = () => performance.now() < stopAt;
+  /**
+   * One multi-turn session after another, until the run's count or window is spent (a session may stop early). A
+   * session holds its turns against the count when it starts, so a worker that finished first does not start
+   * another session with turns a slower one has yet to send: a count of sessions × turns gives whole sessions.
+   */
   const sessionWorker = async (multi: MultiTurnFleet) => {
-    while (open()) {
+    while (reserved < limit && inWindow()) {
       const session = planSession(options.workload, multi, options.seed, sessions++);
+      const turns = Math.min(session.turns, limit - reserved);
+      reserved += turns;
       let messages: readonly ChatMessage[] | undefined;
       let answer = '';
-      for (let turn = 0; turn < session.turns; turn++) {
+      for (let turn = 0; turn < turns; turn++) {
         if (turn > 0) {
           // Not worth waiting for a turn that will not be sent.
-          if (!open()) return;
+          if (!inWindow()) return;
           await new Promise((resolve) => setTimeout(resolve, session.thinkMs[turn - 1] ?? 0));
         }
-        if (!open()) return;
+        if (!inWindow()) return;
         messages = turnMessages(messages, answer, session.system, turnQuestion(options.seed, multi, session.session, turn));
         answer = (await execute(planTurn(multi, options.seed, session, turn, messages, planned++, options.simulator))).answerText ?? '';
       }

@@ -33,9 +33,10 @@ export function sustainedStreams(results: readonly ScenarioResult[], paceMs = SU
       const direct = result.targets.find((t) => t.target === 'direct');
       if (row === undefined || direct === undefined) continue;
       read.push(result.scenario.concurrency);
-      const held = row.itlP99 <= 2 * paceMs && row.eventsPerS >= 0.99 * direct.eventsPerS;
-      if (held && failedAt === undefined) streams = result.scenario.concurrency;
-      else if (!held && failedAt === undefined) failedAt = result.scenario.concurrency;
+      // The first miss bounds the answer: a larger concurrency that held again does not count.
+      if (failedAt !== undefined) continue;
+      if (row.itlP99 <= 2 * paceMs && row.eventsPerS >= 0.99 * direct.eventsPerS) streams = result.scenario.concurrency;
+      else failedAt = result.scenario.concurrency;
     }
     out.push({ target, paceMs, streams, failedAt, read });
   }

@@ -112,6 +112,9 @@ interface Reading {
   readonly shown: string;
 }
 
+/** What a relay-relative figure reads when the run had no node-floor row. */
+const NO_RELAY = 'no node-floor row (--no-floor)';
+
 const vsNginx = (c: Comparison): string => `${f1(c.usPerEvent)} vs nginx ${f1(c.nginxUsPerEvent)} µs/ev (${c.nginxSource}) = ${f2(c.vsNginx)}x`;
 
 /** A figure of one comparison row: the ones waybill+otel can be shown beside. */
@@ -128,12 +131,12 @@ const ROW_MEASURES: Partial<Record<Measure, (c: Comparison) => Reading>> = {
   cpuVsRelay: (c) => ({
     value: c.vsRelay,
     shown: !Number.isFinite(c.vsRelay)
-      ? 'no node-floor row (--no-floor)'
+      ? NO_RELAY
       : c.scenario === 'req'
         ? `${f2(c.vsRelay)}x the relay's µs/req`
         : `${f1(c.usPerEvent)} vs relay ${f1(c.relayUsPerEvent)} µs/ev = ${f2(c.vsRelay)}x`,
   }),
-  itlP99VsRelayMs: (c) => ({ value: c.itlP99VsRelayMs, shown: Number.isFinite(c.itlP99VsRelayMs) ? `${signed(c.itlP99VsRelayMs)} ms` : 'no node-floor row (--no-floor)' }),
+  itlP99VsRelayMs: (c) => ({ value: c.itlP99VsRelayMs, shown: Number.isFinite(c.itlP99VsRelayMs) ? `${signed(c.itlP99VsRelayMs)} ms` : NO_RELAY }),
 };
 
 /** The reading of `measure` on `waybill` at `scenario`, or what did not run. */

@@ -89,16 +89,17 @@ export function scrapeGauge<S extends MetricSpec>(registries: Registries, spec: 
  */
 export class OpenMetricsRegistry extends Registry<OpenMetricsContentType> {
   override async metrics(): Promise<string> {
-    const self = this as unknown as Formatting;
-    const parts = await Promise.all(
-      (this.getMetricsAsArray() as unknown as Formattable[]).map((metric) => self.getMetricsAsString(metric.type === 'counter' ? familyView(metric) : metric)),
-    );
+    const parts = await Promise.all((this.getMetricsAsArray() as unknown as Formattable[]).map((metric) => this.format(metric)));
     return `${parts.join('\n')}\n# EOF\n`;
   }
 
   override async getSingleMetricAsString(name: string): Promise<string> {
     const metric = this.getSingleMetric(name) as unknown as Formattable | undefined;
-    if (metric === undefined) return super.getSingleMetricAsString(name);
+    return metric === undefined ? super.getSingleMetricAsString(name) : this.format(metric);
+  }
+
+  /** prom-client's formatting of one metric, a counter through its family view. */
+  private format(metric: Formattable): Promise<string> {
     return (this as unknown as Formatting).getMetricsAsString(metric.type === 'counter' ? familyView(metric) : metric);
   }
 }

@@ -18,11 +18,13 @@
 import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import { DeliveryMachine, type MachineEvent } from '../src/delivery/machine.js';
 import { RetryBudget } from '../src/delivery/retry-budget.js';
-import type { SseEvent } from '../src/sse/framer.js';
+import { createFramer, DataLineEvent, type SseEvent } from '../src/sse/framer.js';
 
 interface Options {
   requests: number;
   tokens: number;
+  /** Each token event fed through a framer as one upstream read, reported as the attempt reports it (proxy/attempt.ts). */
+  framed?: boolean;
 }
 
 function parse(argv: string[]): Options {
@@ -41,9 +43,10 @@ function parse(argv: string[]): Options {
 const chunk = (delta: Record<string, unknown>, finish: string | null): string =>
   JSON.stringify({ id: 'chatcmpl-1', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] });
 
-/** One framed event as the framer reports it: the raw block and the parsed event. */
+/** One framed event as the framer reports it: the raw block and its event, the `data:` value undecoded in it. */
 function framed(data: string): { raw: Buffer; event: SseEvent } {
-  return { raw: Buffer.from(`data: ${data}\n\n`), event: { type: 'message', data, id: undefined } };
+  const raw = Buffer.from(`data: ${data}\n\n`);
+  return { raw, event: new DataLineEvent(raw, 'data: '.length, raw.length - 2) };
 }
 
 const ROLE = framed(chunk({ role: 'assistant', content: '' }, null));
@@ -116,9 +119,15 @@ function run(options: Options): { perEvent: number; perRequest: number; batches:
     m.handle(head, (at += 1));
     m.handle(block(1, ROLE), (at += 1));
     m.handle(chunkDone, at);
+    // Framed: one framer per upstream response, as the attempt has; its block report is a new object per event there too.
+    const framer = options.framed === true
+      ? createFramer({ onBlock: (raw, event) => m.handle({ type: 'block', attempt: 1, raw, event }, at), onOversized: () => { throw new Error('oversized'); } })
+      : undefined;
     const from = heap();
     for (let t = 0; t < options.tokens; t++) {
-      m.handle(token, (at += 1));
+      at += 1;
+      if (framer === undefined) m.handle(token, at);
+      else framer.feed(TOKEN.raw);
       m.handle(chunkDone, at);
     }
     const used = heap() - from;
@@ -141,9 +150,13 @@ function run(options: Options): { perEvent: number; perRequest: number; batches:
 }
 
 const options = parse(process.argv.slice(2));
-run({ ...options, requests: Math.min(100, options.requests) }); // warm up: the JIT's own allocations are not the step's
-const result = run(options);
 console.log(`step-alloc: ${options.requests} requests × ${options.tokens} token events (node ${process.version})`);
-console.log(`  bytes per streamed event (token + end of read), median: ${result.perEvent.toFixed(1)}`);
-console.log(`  bytes per request, whole life incl. settlement, median: ${Math.round(result.perRequest)}`);
-console.log(`  batches measured ${result.batches}, dropped (a GC ran) ${result.dropped}`);
+for (const framed of [false, true]) {
+  const mode = { ...options, framed };
+  run({ ...mode, requests: Math.min(100, options.requests) }); // warm up: the JIT's own allocations are not the step's
+  const result = run(mode);
+  console.log(framed ? '  framer + step (each event one upstream read through a framer):' : '  the step alone (events framed once, beforehand):');
+  console.log(`    bytes per streamed event (token + end of read), median: ${result.perEvent.toFixed(1)}`);
+  console.log(`    bytes per request, whole life incl. settlement, median: ${Math.round(result.perRequest)}`);
+  console.log(`    batches measured ${result.batches}, dropped (a GC ran) ${result.dropped}`);
+}

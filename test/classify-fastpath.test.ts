@@ -1,7 +1,8 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { classifyEventData, classifyEventDataSlow, fastClassify } from '../src/sse/classify.js';
+import { classifyDataLine, classifyEventData, classifyEventDataSlow, fastClassify, fastClassifyBytes } from '../src/sse/classify.js';
 import { chunkScratch } from '../src/sse/fast-classify.js';
+import { DataLineEvent } from '../src/sse/framer.js';
 import { generateCorpus } from './fixtures/sse-fixtures.js';
 
 // The fast path must give exactly what JSON.parse gives, or decline. Every check below compares against
@@ -352,5 +353,95 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
       }),
       { numRuns: 1000 },
     );
+  });
+});
+
+// ---------------------------------------------------------------------------------------------------------------
+// The fast path on bytes (a framer's undecoded data line): the facts JSON.parse finds in the bytes decoded, or none.
+// ---------------------------------------------------------------------------------------------------------------
+
+/** Byte sequences UTF-8 forbids (RFC 3629), cut ones, and well-formed ones of each length. */
+const ILL_FORMED = [[0x80], [0xbf], [0xc0, 0xaf], [0xc1, 0xbf], [0xe0, 0x80, 0xaf], [0xed, 0xa0, 0x80], [0xed, 0xbf, 0xbf], [0xf0, 0x80, 0x80, 0xaf], [0xf4, 0x90, 0x80, 0x80], [0xf5, 0x80, 0x80, 0x80], [0xff], [0xe4, 0xb8], [0xf0, 0x9f, 0x98], [0xc3]];
+const WELL_FORMED = [[0xc3, 0xa9], [0xe4, 0xb8, 0xad], [0xf0, 0x9f, 0x8e, 0x89], [0xed, 0x9f, 0xbf], [0xee, 0x80, 0x80], [0xf4, 0x8f, 0xbf, 0xbf]];
+
+/** `data` as a framer's data line: after `data: ` in the block, followed by its line ends and more bytes (never read). */
+function asDataLine(data: Buffer, after = '\n\n'): DataLineEvent {
+  const raw = Buffer.concat([Buffer.from('data: '), data, Buffer.from(after)]);
+  return new DataLineEvent(raw, 6, 6 + data.length);
+}
+
+/** Asserts the byte path and the decoded path agree on `data`'s bytes; returns whether the fast path took them. */
+function bytesAgree(data: Buffer, after?: string): boolean {
+  const line = asDataLine(data, after);
+  const slow = classifyEventDataSlow(data.toString('utf8'));
+  const fast = fastClassifyBytes(line.raw, line.start, line.end);
+  if (fast !== undefined) expect(fast).toStrictEqual(slow);
+  expect(classifyDataLine(line)).toStrictEqual(slow);
+  return fast !== undefined;
+}
+
+const chatBytes = (content: Buffer, id = Buffer.from('chatcmpl-3f9a')): Buffer =>
+  Buffer.concat([Buffer.from('{"id":"'), id, Buffer.from('","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"'), content, Buffer.from('"},"logprobs":null,"finish_reason":null}]}')]);
+
+describe('fastClassifyBytes: the fast path on a data line left undecoded', () => {
+  it('takes well-formed UTF-8 of every length, counting UTF-16 units (four bytes are two)', () => {
+    const content = Buffer.from(WELL_FORMED.flat());
+    expect(bytesAgree(chatBytes(content))).toBe(true);
+    const line = asDataLine(chatBytes(content));
+    expect(fastClassifyBytes(line.raw, line.start, line.end)).toMatchObject({ output: [0], outputChars: 8 }); // 1 + 1 + 2 + 1 + 1 + 2
+  });
+
+  it.each(ILL_FORMED.map((seq) => [Buffer.from(seq).toString('hex'), seq] as const))('declines ill-formed %s in a string, and the data line still classifies as decoded', (_hex, seq) => {
+    const bad = Buffer.from(seq);
+    expect(bytesAgree(chatBytes(Buffer.concat([Buffer.from('a'), bad, Buffer.from('b')])))).toBe(false);
+    expect(bytesAgree(chatBytes(Buffer.concat([bad, Buffer.from('"')])))).toBe(false);
+    expect(bytesAgree(chatBytes(Buffer.from('x'), Buffer.concat([Buffer.from('id'), bad])))).toBe(false);
+  });
+
+  it('reads nothing at or past the end it is given', () => {
+    const whole = chatBytes(Buffer.from('hi'));
+    // Cut before the last brace, the bytes after the end complete the grammar: still declined.
+    const cut = whole.subarray(0, whole.length - 1);
+    expect(fastClassifyBytes(Buffer.concat([cut, Buffer.from('}\n\n')]), 0, cut.length)).toBeUndefined();
+    expect(bytesAgree(cut, '}\n\n')).toBe(false);
+    // A four-byte sequence cut by the end, its last byte after it.
+    const emoji = chatBytes(Buffer.from([0xf0, 0x9f, 0x8e, 0x89]));
+    const at = emoji.indexOf(0x89);
+    expect(fastClassifyBytes(emoji, 0, at)).toBeUndefined();
+  });
+
+  it("reuses a known id only when it is ASCII spelled by the bytes: \"Ã©\" has the units of \"é\"'s bytes", () => {
+    const line = asDataLine(chatBytes(Buffer.from('x'), Buffer.from('é')));
+    const facts = fastClassifyBytes(line.raw, line.start, line.end, 'Ã©', 'm');
+    expect(facts).toMatchObject({ id: 'é', model: 'm' });
+    const plain = asDataLine(chatBytes(Buffer.from('x')));
+    expect(fastClassifyBytes(plain.raw, plain.start, plain.end, 'chatcmpl-3f9a')).toMatchObject({ id: 'chatcmpl-3f9a' });
+  });
+
+  it('a string with a lone surrogate declines on the string path (its UTF-8 would read U+FFFD where JSON.parse keeps it)', () => {
+    const data = `{"id":"a\uD800","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"x"},"logprobs":null,"finish_reason":null}]}`;
+    expect(fastClassify(data)).toBeUndefined();
+    expect(classifyEventData(data)).toStrictEqual(classifyEventDataSlow(data));
+    expect((classifyEventData(data) as { id: string }).id).toBe('a\uD800');
+  });
+
+  it('agrees with JSON.parse of the decoded bytes on generated events with bytes inserted anywhere', () => {
+    let taken = 0;
+    let runs = 0;
+    const insert = fc.oneof(fc.constantFrom(...ILL_FORMED, ...WELL_FORMED), fc.uint8Array({ minLength: 1, maxLength: 3 }).map((a) => [...a]));
+    fc.assert(
+      fc.property(serialised, fc.option(fc.tuple(fc.nat(), insert), { freq: 2 }), fc.constantFrom('\n\n', '\r\n\r\n', '}]}\n\n', '\u00e9\n\n'), (data, mutation, after) => {
+        runs++;
+        let bytes = Buffer.from(data, 'utf8');
+        if (mutation !== null) {
+          const [at, seq] = mutation;
+          const where = at % (bytes.length + 1);
+          bytes = Buffer.concat([bytes.subarray(0, where), Buffer.from(seq), bytes.subarray(where)]);
+        }
+        if (bytesAgree(bytes, after)) taken++;
+      }),
+      { numRuns: 5000 },
+    );
+    expect(taken).toBeGreaterThan(runs / 20);
   });
 });

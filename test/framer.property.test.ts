@@ -70,7 +70,8 @@ function frame(chunks: readonly Buffer[], maxEventBytes?: number): Outcome {
   let oversizedCalls = 0;
   const framer = createFramer(
     {
-      onBlock: (raw, event) => blocks.push({ raw: raw.toString('latin1'), event }),
+      // As plain fields: a DataLineEvent's are getters, and toEqual reads own properties only.
+      onBlock: (raw, event) => blocks.push({ raw: raw.toString('latin1'), event: event === null ? null : { type: event.type, data: event.data, id: event.id } }),
       onOversized: () => void oversizedCalls++,
     },
     maxEventBytes === undefined ? {} : { maxEventBytes },

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { createFramer, type FramerOptions, type SseEvent } from '../src/sse/framer.js';
+import { createFramer, DataLineEvent, type FramerOptions, type SseEvent } from '../src/sse/framer.js';
 import { encodeDataEvent, generateChatPayloads, mulberry32, splitAt } from './fixtures/sse-fixtures.js';
 
 interface Block {
@@ -17,7 +17,7 @@ function run(chunks: readonly Buffer[], options?: FramerOptions): Outcome {
   const oversized: number[] = [];
   const framer = createFramer(
     {
-      onBlock: (raw, event) => blocks.push({ raw: raw.toString('latin1'), event }),
+      onBlock: (raw, event) => blocks.push({ raw: raw.toString('latin1'), event: plain(event) }),
       onOversized: (bytes) => oversized.push(bytes),
     },
     options,
@@ -26,6 +26,8 @@ function run(chunks: readonly Buffer[], options?: FramerOptions): Outcome {
   return { blocks, trailing: framer.end(), oversized };
 }
 
+/** The event's fields as a plain object (a DataLineEvent's are getters: toEqual reads own properties only). */
+const plain = (event: SseEvent | null): SseEvent | null => (event === null ? null : { type: event.type, data: event.data, id: event.id });
 const bytes = (input: string | Buffer): Buffer => (typeof input === 'string' ? Buffer.from(input, 'utf8') : input);
 const msg = (data: string, type = 'message', id?: string): SseEvent => ({ type, data, id });
 const events = (outcome: Outcome): (SseEvent | null)[] => outcome.blocks.map((b) => b.event);
@@ -150,7 +152,7 @@ describe('createFramer: chunk boundaries', () => {
 
   it('a blank line ending in CR at a chunk end is dispatched when the next byte arrives', () => {
     const seen: (SseEvent | null)[] = [];
-    const framer = createFramer({ onBlock: (_raw, e) => seen.push(e), onOversized: () => undefined });
+    const framer = createFramer({ onBlock: (_raw, e) => seen.push(plain(e)), onOversized: () => undefined });
     framer.feed(bytes('data: a\r\r'));
     expect(seen).toEqual([]);
     framer.feed(bytes('data: b\r\r'));
@@ -292,5 +294,77 @@ describe('createFramer: end()', () => {
     expect(framer.end()).toBe(7);
     expect(framer.end()).toBe(0);
     expect(() => framer.feed(bytes('\n\n'))).toThrow(/after end/);
+  });
+});
+
+describe('createFramer: a data line left undecoded (DataLineEvent)', () => {
+  /** Each block's event as the framer gave it, not made plain. */
+  function given(chunks: readonly Buffer[]): { raw: Buffer; event: SseEvent | null }[] {
+    const out: { raw: Buffer; event: SseEvent | null }[] = [];
+    const framer = createFramer({ onBlock: (raw, event) => out.push({ raw, event }), onOversized: () => undefined });
+    for (const chunk of chunks) framer.feed(chunk);
+    framer.end();
+    return out;
+  }
+  /** The value's bytes where the event says they are, read without its `data` getter. */
+  const valueBytes = (raw: Buffer, event: SseEvent | null): string => {
+    if (!(event instanceof DataLineEvent)) throw new Error(`not a DataLineEvent: ${JSON.stringify(event)}`);
+    expect(event.raw).toBe(raw);
+    return raw.subarray(event.start, event.end).toString('utf8');
+  };
+
+  it('one data line per block, several blocks in one chunk, LF or CRLF, after a comment or a BOM: undecoded, at the value', () => {
+    const input = '\uFEFFdata: {"a":1}\n\ndata:b\r\n\r\n: keep-alive\ndata: é中🎉\n\ndata:\n\n';
+    const blocks = given([bytes(input)]);
+    expect(blocks.map((b) => valueBytes(b.raw, b.event))).toEqual(['{"a":1}', 'b', 'é中🎉', '']);
+    expect(blocks.map((b) => plain(b.event))).toEqual([msg('{"a":1}'), msg('b'), msg('é中🎉'), msg('')]);
+    expect(blocks.map((b) => b.event?.type)).toEqual(['message', 'message', 'message', 'message']);
+    expect(blocks.map((b) => b.event?.id)).toEqual([undefined, undefined, undefined, undefined]);
+  });
+
+  it('decodes on first read, once, from the block as it was given', () => {
+    const [block] = given([bytes('data: x\n\n')]);
+    const event = block?.event;
+    expect(event).toBeInstanceOf(DataLineEvent);
+    expect(event?.data).toBe('x');
+    block?.raw.fill(0x79); // a decoded value is kept: a later read does not see the buffer change
+    expect(event?.data).toBe('x');
+  });
+
+  it.each([
+    ['two data lines', 'data: a\ndata: b\n\n', msg('a\nb')],
+    ['an event field', 'event: delta\ndata: a\n\n', msg('a', 'delta')],
+    ['an event field after the data', 'data: a\nevent: delta\n\n', msg('a', 'delta')],
+    ['an id field', 'id: 7\ndata: a\n\n', msg('a', 'message', '7')],
+    ['an empty id field', 'data: a\nid:\n\n', msg('a', 'message', '')],
+    ['a data field without a colon first', 'data\ndata: a\n\n', msg('\na')],
+  ])('is a plain event with %s', (_name, input, expected) => {
+    const [block] = given([bytes(input)]);
+    expect(block?.event).not.toBeInstanceOf(DataLineEvent);
+    expect(block?.event).toEqual(expected);
+  });
+
+  it('keeps the value undecoded when the block spans chunks, at its place in the joined raw, wherever the cut falls', () => {
+    const input = bytes(': c\r\ndata: {"a":"é"}\r\n\r\n');
+    for (const chunks of everySplit(input)) {
+      const blocks = given([...chunks, bytes('data: next\n\n')]);
+      expect(blocks.map((b) => latin1(b.raw))).toEqual([latin1(input), 'data: next\n\n']);
+      expect(blocks.map((b) => valueBytes(b.raw, b.event))).toEqual(['{"a":"é"}', 'next']);
+    }
+  });
+
+  it('a blank line whose CR ends a chunk: the event comes with the next chunk, its value in place', () => {
+    const blocks = given([bytes('data: a\r\r'), bytes('\ndata: b\n\n')]);
+    expect(blocks.map((b) => latin1(b.raw))).toEqual(['data: a\r\r\n', 'data: b\n\n']);
+    expect(blocks.map((b) => valueBytes(b.raw, b.event))).toEqual(['a', 'b']);
+  });
+
+  it('a second data line joined across chunks: a plain event, the first value decoded from its place', () => {
+    const input = bytes('data: é1\ndata: 中2\n\n');
+    for (const chunks of everySplit(input)) {
+      const [block] = given(chunks);
+      expect(block?.event).not.toBeInstanceOf(DataLineEvent);
+      expect(block?.event).toEqual(msg('é1\n中2'));
+    }
   });
 });

@@ -4,9 +4,9 @@
 import type { GatewayErrorCause } from '../accounting/ledger.js';
 import { errorBody, type ErrorCode } from './errors.js';
 import { isAudioRoute, isPoolingRoute, isWholeBodyRoute, type Route } from '../accounting/outcomes.js';
-import { answerFacts, classifyEventData, classifyJson, classifyPoolingJson, type EventFacts } from '../sse/classify.js';
+import { answerFacts, classifyDataLine, classifyEventData, classifyJson, classifyPoolingJson, type EventFacts } from '../sse/classify.js';
 import type { ChunkFacts } from '../sse/fast-classify.js';
-import type { SseEvent } from '../sse/framer.js';
+import { DataLineEvent, type SseEvent } from '../sse/framer.js';
 import { classifyMessagesBody, classifyMessagesEvent, classifyResponsesBody, classifyResponsesEvent } from '../sse/route-events.js';
 import { isRecord } from '../util/json.js';
 
@@ -96,6 +96,8 @@ export function classifyStreamEvent(route: Route, event: SseEvent, withParts: bo
   if (route === 'messages') return classifyMessagesEvent(event.type, event.data, withParts);
   // A stored response replayed: the Responses protocol, but its tokens were counted when it was generated.
   if (route === 'responses_retrieve') return withoutUsage(classifyResponsesEvent(event.type, event.data, withParts));
+  // vLLM's every event, as the framer gives it: classified from its bytes, never decoded when the fast path takes it.
+  if (event instanceof DataLineEvent) return classifyDataLine(event, withParts, knownId, knownModel, into);
   return classifyEventData(event.data, withParts, knownId, knownModel, into);
 }
 

@@ -5,10 +5,11 @@
  */
 import { isRecord } from '../util/json.js';
 import { readOutputParts, type OutputPart } from './output-parts.js';
-import { fastClassify, type ChunkFacts } from './fast-classify.js';
+import { fastClassify, fastClassifyBytes, type ChunkFacts } from './fast-classify.js';
+import type { DataLineEvent } from './framer.js';
 
 /** The fast path alone, exported for its tests (test/classify-fastpath.test.ts). */
-export { fastClassify };
+export { fastClassify, fastClassifyBytes };
 
 export interface Usage {
   promptTokens: number | undefined;
@@ -244,6 +245,16 @@ export function answerFacts(usage: Usage | 'invalid' | undefined, id: unknown, m
 export function classifyEventData(data: string, withParts = false, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts {
   if (withParts) return classifyEventDataSlow(data, true);
   return fastClassify(data, knownId, knownModel, into) ?? classifyEventDataSlow(data);
+}
+
+/**
+ * `classifyEventData` for an event the framer left undecoded (one `data:` line inside one read: vLLM's every event).
+ * The fast path reads its bytes where they lie; only an event it declines is decoded, for JSON.parse. The same facts
+ * as `classifyEventData(event.data, …)` (test/classify-fastpath.test.ts).
+ */
+export function classifyDataLine(event: DataLineEvent, withParts = false, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts {
+  if (withParts) return classifyEventDataSlow(event.data, true);
+  return fastClassifyBytes(event.raw, event.start, event.end, knownId, knownModel, into) ?? classifyEventDataSlow(event.data);
 }
 
 /** Classifies one SSE event's data buffer with JSON.parse alone (the path `classifyEventData` falls back to). */

@@ -1,13 +1,15 @@
 /**
- * The classifier's fast path: vLLM's ordinary delta chunk recognised from its exact compact text, without JSON.parse
- * (its grammar below). Apart from classify.ts because it is a byte-level matcher with its own scan state, checked
- * against the JSON.parse path by test/classify-fastpath.test.ts; classify.ts's `classifyEventData` calls it first.
+ * The classifier's fast path: vLLM's ordinary delta chunk recognised from its exact compact bytes, without decoding
+ * them to a string and without JSON.parse (its grammar below). Apart from classify.ts because it is a byte-level
+ * matcher with its own scan state, checked against the JSON.parse path by test/classify-fastpath.test.ts;
+ * classify.ts's `classifyEventData` (a decoded string) and `classifyDataLine` (a framer's undecoded data line) call it
+ * first.
  */
 import type { ChoiceFinish, EventFacts } from './classify.js';
 
 // ---------------------------------------------------------------------------------------------------------------
-// Fast path: vLLM's ordinary delta chunk, recognised by its exact compact text (docs/routes.md, "Chat and legacy completions") without
-// JSON.parse. It is a validating matcher for one narrow grammar, not a JSON parser:
+// Fast path: vLLM's ordinary delta chunk, recognised by its exact compact text (docs/routes.md, "Chat and legacy
+// completions") without JSON.parse. It is a validating matcher for one narrow grammar, not a JSON parser:
 //
 //   {"id":ID,"object":"chat.completion.chunk","created":UINT,"model":MODEL,"choices":[{"index":UINT,
 //      "delta":{DELTA},"logprobs":null,"finish_reason":null[,"stop_reason":null]}]}
@@ -24,6 +26,11 @@ import type { ChoiceFinish, EventFacts } from './classify.js';
 // No whitespace anywhere, nothing after the final `}`. Every key of the object is fixed by the grammar, so no
 // `error`, `usage`, second choice, non-null finish_reason, duplicate key or unknown field can be present; `"error"`
 // or `"usage"` inside a string is just string content. Anything else returns undefined and takes JSON.parse.
+//
+// The input is UTF-8 bytes. Every byte of 0x80 and above must belong to a well-formed UTF-8 sequence (RFC 3629: no
+// overlong form, no surrogate, nothing above U+10FFFF), or the path declines: then decoding the bytes (replacing
+// what is ill-formed) and decoding any string's bytes alone give the same text, so the facts are the ones JSON.parse
+// finds in the decoded data. A well-formed sequence is one UTF-16 unit, or two for four bytes.
 // ---------------------------------------------------------------------------------------------------------------
 
 const QUOTE = 0x22;
@@ -33,17 +40,24 @@ const NINE = 0x39;
 const COMMA = 0x2c;
 const CLOSE_BRACE = 0x7d;
 
-const HEAD = '{"id":"';
-const CHAT_OBJECT = ',"object":"chat.completion.chunk","created":';
-const TEXT_OBJECT = ',"object":"text_completion","created":';
-const MODEL_KEY = ',"model":"';
-const CHOICES_INDEX = ',"choices":[{"index":';
-const DELTA_OPEN = ',"delta":{';
-const TEXT_KEY = ',"text":"';
-const TAIL = ',"logprobs":null,"finish_reason":null';
-const STOP_REASON_NULL = ',"stop_reason":null';
-const END = '}]}';
-const NULL = 'null';
+/** A literal of the grammar as the bytes to match (all ASCII). */
+const ascii = (text: string): Uint8Array => Uint8Array.from(text, (c) => c.charCodeAt(0));
+
+const HEAD = ascii('{"id":"');
+const CHAT_OBJECT = ascii(',"object":"chat.completion.chunk","created":');
+const TEXT_OBJECT = ascii(',"object":"text_completion","created":');
+const MODEL_KEY = ascii(',"model":"');
+const CHOICES_INDEX = ascii(',"choices":[{"index":');
+const DELTA_OPEN = ascii(',"delta":{');
+const TEXT_KEY = ascii(',"text":"');
+const TAIL = ascii(',"logprobs":null,"finish_reason":null');
+const STOP_REASON_NULL = ascii(',"stop_reason":null');
+const END = ascii('}]}');
+const NULL = ascii('null');
+const CONTENT_KEY = ascii('"content":');
+const ROLE_KEY = ascii('"role":"');
+const REASONING_KEY = ascii('"reasoning":');
+const REASONING_CONTENT_KEY = ascii('"reasoning_content":');
 
 /** Bit per delta key, so a duplicate key (which JSON.parse resolves to the last value) falls back. */
 const ROLE = 1;
@@ -54,21 +68,67 @@ const REASONING_CONTENT = 8;
 const OUTPUT_BIT = 1;
 const ANSWER_BIT = 2;
 
-/** Scan state shared by the helpers below; the fast path runs on one thread and never re-enters. */
+// Scan state shared by the helpers below; the fast path runs on one thread and never re-enters. The input is
+// src[pos, end): no helper reads at or past `end` (a framer's data line is followed by its line ends in the same buffer).
+let src: Uint8Array = HEAD;
 let pos = 0;
+let end = 0;
 /** The generated text scanDelta found, in UTF-16 units (content plus reasoning under either name, counted once). */
 let deltaChars = 0;
 
+/** The byte at `i`, or -1 at or past the end: no case matches it. */
+function byteAt(i: number): number {
+  return i < end ? (src[i] as number) : -1;
+}
+
+/** Whether `literal` is at `pos`; advances past it when it is. */
+function take(literal: Uint8Array): boolean {
+  const n = literal.length;
+  if (pos + n > end) return false;
+  for (let k = 0; k < n; k++) if (src[pos + k] !== literal[k]) return false;
+  pos += n;
+  return true;
+}
+
+function isContinuation(c: number): boolean {
+  return c >= 0x80 && c <= 0xbf;
+}
+
+/**
+ * The length of the well-formed UTF-8 sequence whose lead byte (0x80 or above) is at `i`: 2, 3 or 4, or 0 when it is
+ * ill-formed or cut by the end (RFC 3629 §4: the second byte's range depends on the lead).
+ */
+function sequenceAt(i: number): number {
+  const lead = byteAt(i);
+  const second = byteAt(i + 1);
+  if (lead >= 0xc2 && lead <= 0xdf) return isContinuation(second) ? 2 : 0;
+  if (lead >= 0xe0 && lead <= 0xef) {
+    const low = lead === 0xe0 ? 0xa0 : 0x80;
+    const high = lead === 0xed ? 0x9f : 0xbf;
+    return second >= low && second <= high && isContinuation(byteAt(i + 2)) ? 3 : 0;
+  }
+  if (lead >= 0xf0 && lead <= 0xf4) {
+    const low = lead === 0xf0 ? 0x90 : 0x80;
+    const high = lead === 0xf4 ? 0x8f : 0xbf;
+    return second >= low && second <= high && isContinuation(byteAt(i + 2)) && isContinuation(byteAt(i + 3)) ? 4 : 0;
+  }
+  return 0;
+}
+
 /** At `pos` just after an opening quote: a string with no backslash or control character. Leaves `pos` after the closing quote; false to decline. */
-function scanPlainString(s: string): boolean {
-  const length = s.length;
-  for (let i = pos; i < length; i++) {
-    const c = s.charCodeAt(i);
+function scanPlainString(): boolean {
+  for (let i = pos; i < end; i++) {
+    const c = src[i] as number;
     if (c === QUOTE) {
       pos = i + 1;
       return true;
     }
     if (c < 0x20 || c === BACKSLASH) return false;
+    if (c >= 0x80) {
+      const n = sequenceAt(i);
+      if (n === 0) return false;
+      i += n - 1;
+    }
   }
   return false;
 }
@@ -79,46 +139,45 @@ function isHex(c: number): boolean {
 
 /**
  * At `pos` just after an opening quote: a valid JSON string. Leaves `pos` after the closing quote and returns the
- * decoded value's length in UTF-16 units (0: empty), or -1 to decline. Every escape decodes to one unit, so the
- * length is the text's minus what its escapes save, counted as they are validated.
+ * decoded value's length in UTF-16 units (0: empty), or -1 to decline. Every escape decodes to one unit, as does every
+ * ASCII byte and every UTF-8 sequence but a four-byte one (two).
  */
-function scanJsonString(s: string): number {
-  const start = pos;
-  const length = s.length;
-  let saved = 0;
-  for (let i = start; i < length; i++) {
-    const c = s.charCodeAt(i);
+function scanJsonString(): number {
+  let units = 0;
+  for (let i = pos; i < end; i++) {
+    const c = src[i] as number;
     if (c === QUOTE) {
       pos = i + 1;
-      return i - start - saved;
+      return units;
     }
+    units++;
     if (c < 0x20) return -1;
     if (c === BACKSLASH) {
-      const e = s.charCodeAt(++i); // NaN past the end: no case matches
-      saved++;
+      const e = byteAt(++i);
       if (e === 0x75 /* u */) {
-        if (!(isHex(s.charCodeAt(i + 1)) && isHex(s.charCodeAt(i + 2)) && isHex(s.charCodeAt(i + 3)) && isHex(s.charCodeAt(i + 4)))) {
-          return -1;
-        }
+        if (!(isHex(byteAt(i + 1)) && isHex(byteAt(i + 2)) && isHex(byteAt(i + 3)) && isHex(byteAt(i + 4)))) return -1;
         i += 4;
-        saved += 4;
       } else if (
         e !== QUOTE && e !== BACKSLASH && e !== 0x2f /* / */ && e !== 0x62 /* b */ && e !== 0x66 /* f */ &&
         e !== 0x6e /* n */ && e !== 0x72 /* r */ && e !== 0x74 /* t */
       ) {
         return -1;
       }
+    } else if (c >= 0x80) {
+      const n = sequenceAt(i);
+      if (n === 0) return -1;
+      if (n === 4) units++;
+      i += n - 1;
     }
   }
   return -1;
 }
 
 /** At `pos`: `0` or `[1-9][0-9]{0,14}`. Leaves `pos` after it and returns its value, or -1 to decline. */
-function scanUint(s: string): number {
-  let c = s.charCodeAt(pos);
+function scanUint(): number {
+  let c = byteAt(pos);
   if (c === ZERO) {
-    pos++;
-    c = s.charCodeAt(pos);
+    c = byteAt(++pos);
     return c >= ZERO && c <= NINE ? -1 : 0;
   }
   let value = 0;
@@ -126,31 +185,27 @@ function scanUint(s: string): number {
   while (c >= ZERO && c <= NINE) {
     if (++digits > 15) return -1;
     value = value * 10 + (c - ZERO);
-    c = s.charCodeAt(++pos);
+    c = byteAt(++pos);
   }
   return digits === 0 ? -1 : value;
 }
 
 /** At `pos`: STRING or `null` (a delta value). Returns the string's decoded length, 0 for null, -1 to decline. */
-function scanStringOrNull(s: string): number {
-  if (s.charCodeAt(pos) === QUOTE) {
+function scanStringOrNull(): number {
+  if (byteAt(pos) === QUOTE) {
     pos++;
-    return scanJsonString(s);
+    return scanJsonString();
   }
-  if (s.startsWith(NULL, pos)) {
-    pos += NULL.length;
-    return 0;
-  }
-  return -1;
+  return take(NULL) ? 0 : -1;
 }
 
 /**
  * At `pos` just after `{`: the delta's members and its `}`. Returns OUTPUT_BIT when it carries output, with
  * ANSWER_BIT too when that output includes content (reasoning is output, not an answer); 0 for none, -1 to decline.
  */
-function scanDelta(s: string): number {
+function scanDelta(): number {
   deltaChars = 0;
-  if (s.charCodeAt(pos) === CLOSE_BRACE) {
+  if (byteAt(pos) === CLOSE_BRACE) {
     pos++;
     return 0;
   }
@@ -159,34 +214,30 @@ function scanDelta(s: string): number {
   let reasoningChars = 0;
   for (;;) {
     let key: number;
-    if (s.startsWith('"content":', pos)) {
+    if (take(CONTENT_KEY)) {
       key = CONTENT;
-      pos += 10;
-    } else if (s.startsWith('"role":"', pos)) {
+    } else if (take(ROLE_KEY)) {
       if ((seen & ROLE) !== 0) return -1;
       seen |= ROLE;
-      pos += 8;
-      if (scanJsonString(s) < 0) return -1;
+      if (scanJsonString() < 0) return -1;
       key = 0;
-    } else if (s.startsWith('"reasoning":', pos)) {
+    } else if (take(REASONING_KEY)) {
       key = REASONING;
-      pos += 12;
-    } else if (s.startsWith('"reasoning_content":', pos)) {
+    } else if (take(REASONING_CONTENT_KEY)) {
       key = REASONING_CONTENT;
-      pos += 20;
     } else {
       return -1;
     }
     if (key !== 0) {
       if ((seen & key) !== 0) return -1;
       seen |= key;
-      const chars = scanStringOrNull(s);
+      const chars = scanStringOrNull();
       if (chars < 0) return -1;
       if (chars > 0) output |= key === CONTENT ? OUTPUT_BIT | ANSWER_BIT : OUTPUT_BIT;
       if (key === CONTENT) deltaChars += chars;
       else reasoningChars = Math.max(reasoningChars, chars);
     }
-    const c = s.charCodeAt(pos++);
+    const c = byteAt(pos++);
     if (c === CLOSE_BRACE) {
       deltaChars += reasoningChars;
       return output;
@@ -218,67 +269,87 @@ export function chunkScratch(): ChunkFacts {
 }
 
 /**
- * `data[start, end)` as a string: `known` itself when the text is the same (no new string), else a slice. A stream's
- * `id` and `model` are the same in every chunk, so a caller that passes the ones it has seen allocates none per event.
+ * `bytes[from, to)` (a plain string of the grammar, well-formed UTF-8) as a string: `known` itself when it is ASCII
+ * and the bytes spell it (no new string), else the bytes decoded. A stream's `id` and `model` are the same in every
+ * chunk, so a caller that passes the ones it has seen allocates none per event. Only ASCII units are compared with
+ * bytes: `"Ã©"` (U+00C3 U+00A9) has the code units of the bytes of `"é"` (C3 A9) and is not its text.
  */
-function textAt(data: string, start: number, end: number, known: string | undefined): string {
-  return known !== undefined && known.length === end - start && data.startsWith(known, start) ? known : data.slice(start, end);
+function textAt(bytes: Buffer, from: number, to: number, known: string | undefined): string {
+  if (known !== undefined && known.length === to - from) {
+    let k = 0;
+    while (k < known.length) {
+      const unit = known.charCodeAt(k);
+      if (unit >= 0x80 || unit !== bytes[from + k]) break;
+      k++;
+    }
+    if (k === known.length) return known;
+  }
+  return bytes.toString('utf8', from, to);
 }
 
 /**
- * The fast path alone: the facts for vLLM's ordinary one-choice, unfinished delta chunk (the grammar above), or
- * undefined when `data` is anything else. `knownId` and `knownModel`: the stream's id and model seen so far, reused
- * when this chunk names the same (the facts are equal either way). `into`: a `chunkScratch()` to fill and return
- * instead of new facts (the same facts but `outputChars`, 0 rather than absent for none). Exported for the tests;
- * callers use `classifyEventData`.
+ * The fast path on a decoded string: the same facts as `fastClassifyBytes` on its UTF-8 bytes, or undefined. A string
+ * with a lone surrogate declines (its UTF-8 would read U+FFFD where JSON.parse keeps the surrogate). Exported for the
+ * tests; callers use `classifyEventData`.
  */
 export function fastClassify(data: string, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts | undefined {
-  if (!data.startsWith(HEAD)) return undefined;
-  pos = HEAD.length;
+  if (!(data as unknown as { isWellFormed(): boolean }).isWellFormed()) return undefined;
+  const bytes = Buffer.from(data, 'utf8');
+  return fastClassifyBytes(bytes, 0, bytes.length, knownId, knownModel, into);
+}
+
+/**
+ * The fast path alone: the facts for vLLM's ordinary one-choice, unfinished delta chunk (the grammar above) in
+ * `bytes[from, to)`, or undefined when those bytes are anything else — the facts JSON.parse finds in the bytes decoded
+ * as UTF-8. Nothing is decoded but the id and model, and those only when they differ from `knownId` and `knownModel`
+ * (the stream's seen so far, reused when this chunk names the same: the facts are equal either way). `into`: a
+ * `chunkScratch()` to fill and return instead of new facts (the same facts but `outputChars`, 0 rather than absent for
+ * none). Exported for the tests; callers use `classifyDataLine`.
+ */
+export function fastClassifyBytes(bytes: Buffer, from: number, to: number, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts | undefined {
+  src = bytes;
+  pos = from;
+  end = to;
+  const facts = scan(bytes, knownId, knownModel, into);
+  src = HEAD; // the scan state holds no caller's buffer past the call
+  return facts;
+}
+
+function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | undefined, into: ChunkFacts | undefined): EventFacts | undefined {
+  if (!take(HEAD)) return undefined;
   const idStart = pos;
-  if (!scanPlainString(data)) return undefined;
+  if (!scanPlainString()) return undefined;
   const idEnd = pos - 1;
   let chat: boolean;
-  if (data.startsWith(CHAT_OBJECT, pos)) {
-    chat = true;
-    pos += CHAT_OBJECT.length;
-  } else if (data.startsWith(TEXT_OBJECT, pos)) {
-    chat = false;
-    pos += TEXT_OBJECT.length;
-  } else {
-    return undefined;
-  }
-  if (scanUint(data) < 0 || !data.startsWith(MODEL_KEY, pos)) return undefined;
-  pos += MODEL_KEY.length;
+  if (take(CHAT_OBJECT)) chat = true;
+  else if (take(TEXT_OBJECT)) chat = false;
+  else return undefined;
+  if (scanUint() < 0 || !take(MODEL_KEY)) return undefined;
   const modelStart = pos;
-  if (!scanPlainString(data)) return undefined;
+  if (!scanPlainString()) return undefined;
   const modelEnd = pos - 1;
-  if (!data.startsWith(CHOICES_INDEX, pos)) return undefined;
-  pos += CHOICES_INDEX.length;
-  const index = scanUint(data);
+  if (!take(CHOICES_INDEX)) return undefined;
+  const index = scanUint();
   if (index < 0) return undefined;
   let output: number;
   let chars: number;
   if (chat) {
-    if (!data.startsWith(DELTA_OPEN, pos)) return undefined;
-    pos += DELTA_OPEN.length;
-    output = scanDelta(data);
+    if (!take(DELTA_OPEN)) return undefined;
+    output = scanDelta();
     chars = deltaChars;
   } else {
-    if (!data.startsWith(TEXT_KEY, pos)) return undefined;
-    pos += TEXT_KEY.length;
-    chars = scanJsonString(data);
+    if (!take(TEXT_KEY)) return undefined;
+    chars = scanJsonString();
     output = chars > 0 ? OUTPUT_BIT | ANSWER_BIT : chars;
   }
-  if (output < 0 || !data.startsWith(TAIL, pos)) return undefined;
-  pos += TAIL.length;
-  if (data.startsWith(STOP_REASON_NULL, pos)) pos += STOP_REASON_NULL.length;
-  if (pos + END.length !== data.length || !data.endsWith(END)) return undefined;
+  if (output < 0 || !take(TAIL)) return undefined;
+  take(STOP_REASON_NULL);
+  if (!take(END) || pos !== end) return undefined;
   const only = indexOnly(index);
   const outputs = output !== 0 ? only : NO_INDICES;
   const answers = (output & ANSWER_BIT) !== 0 ? only : NO_INDICES;
-  const id = textAt(data, idStart, idEnd, knownId);
-  const model = textAt(data, modelStart, modelEnd, knownModel);
+  const id = textAt(bytes, idStart, idEnd, knownId);
+  const model = textAt(bytes, modelStart, modelEnd, knownModel);
   if (into !== undefined) {
     into.output = outputs;
     into.answers = answers;

@@ -22,11 +22,40 @@
 
 export interface SseEvent {
   /** The last `event:` field's value in the block, or 'message'. */
-  type: string;
+  readonly type: string;
   /** WHATWG data buffer: the `data:` field values joined with '\n' (no trailing LF). */
-  data: string;
+  readonly data: string;
   /** The `id:` field value if this block set one, else undefined. */
-  id: string | undefined;
+  readonly id: string | undefined;
+}
+
+/**
+ * The event of a block whose only field is one `data:` line (comments and blank lines aside) — every event vLLM
+ * sends — with its value not decoded: `raw[start, end)`, UTF-8. A byte classifier reads it there
+ * (sse/fast-classify.ts); `data` decodes it on first use, to the string a plain event would hold. No `event:` or `id:`
+ * field: the type is 'message', the id undefined. A fresh object per event, like any SseEvent.
+ */
+export class DataLineEvent implements SseEvent {
+  #data: string | undefined = undefined;
+
+  constructor(
+    /** The block's raw bytes: what onBlock was given with this event. */
+    readonly raw: Buffer,
+    readonly start: number,
+    readonly end: number,
+  ) {}
+
+  get type(): string {
+    return 'message';
+  }
+
+  get id(): undefined {
+    return undefined;
+  }
+
+  get data(): string {
+    return (this.#data ??= this.raw.toString('utf8', this.start, this.end));
+  }
 }
 
 export interface FramerCallbacks {
@@ -36,7 +65,8 @@ export interface FramerCallbacks {
    * raw bytes; concatenating all `raw` of a stream + the trailing unterminated bytes reproduces the input
    * exactly). `event` is null when the block dispatches nothing per WHATWG (comments only, no data field).
    * `raw` is a view (subarray) of a fed chunk when the block lies inside one chunk — no copy — and a fresh
-   * Buffer when it spans chunks.
+   * Buffer when it spans chunks. A block whose only field is one `data:` line comes with a `DataLineEvent`, its value
+   * undecoded in `raw`; read `data` to decode it.
    *
    * A blank line ended by a CR that is the last byte of a chunk is dispatched when the next chunk arrives (or at
    * `end()`): only the next byte tells whether the line end is CR or CRLF, and the LF of a CRLF belongs to this
@@ -104,8 +134,12 @@ class SseFramer implements Framer {
   /** ...and that CR ended a blank line: the block is complete, waiting for that LF (or not) to join its raw. */
   #blockComplete = false;
 
-  // WHATWG "data buffer" (without its trailing LF; undefined = empty), "event type buffer", and this block's id.
-  #data: string | undefined = undefined;
+  // WHATWG "data buffer" (without its trailing LF), "event type buffer", and this block's id. The data buffer is kept
+  // as its first value's place in the block's raw bytes, not decoded (#firstStart -1: no data field yet), and the
+  // values of later data fields, decoded, each after its '\n' ('' for none).
+  #firstStart = -1;
+  #firstEnd = 0;
+  #more = '';
   #type = '';
   #id: string | undefined = undefined;
 
@@ -164,13 +198,14 @@ class SseFramer implements Framer {
 
       let isBlank: boolean;
       if (this.#lineParts.length === 0) {
-        isBlank = this.#parseLine(chunk, pos, eol);
+        isBlank = this.#parseLine(chunk, pos, eol, this.#pendingBytes - blockStart);
       } else {
         // The line began in an earlier chunk (rare: only events split by the transport get here).
         this.#lineParts.push(chunk.subarray(pos, eol));
         const line = Buffer.concat(this.#lineParts);
         this.#lineParts = [];
-        isBlank = this.#parseLine(line, 0, line.length);
+        // Its first bytes are the last of the block's pieces.
+        isBlank = this.#parseLine(line, 0, line.length, this.#pendingBytes + eol - pos - line.length);
       }
 
       if (isBlank) {
@@ -218,9 +253,10 @@ class SseFramer implements Framer {
 
   /**
    * Applies one complete line (without its line end) to the block state, per WHATWG "process the field".
-   * Returns true for a blank line, which dispatches the block.
+   * Returns true for a blank line, which dispatches the block. `base`: where `buf[0]` is in the block's raw bytes
+   * (negative when the block begins later in `buf`), so a data value's place in them is known without decoding it.
    */
-  #parseLine(buf: Buffer, start: number, end: number): boolean {
+  #parseLine(buf: Buffer, start: number, end: number, base: number): boolean {
     if (this.#atStreamStart) {
       this.#atStreamStart = false;
       // "One leading U+FEFF BYTE ORDER MARK character must be ignored." Its 3 bytes can only be in the first line.
@@ -241,7 +277,7 @@ class SseFramer implements Framer {
     ) {
       let valueStart = start + 5;
       if (valueStart < end && buf[valueStart] === SPACE) valueStart++;
-      this.#appendData(buf.toString('utf8', valueStart, end));
+      this.#appendData(buf, valueStart, end, base);
       return false;
     }
 
@@ -257,7 +293,7 @@ class SseFramer implements Framer {
     switch (colon - start) {
       case 4:
         if (buf[start] === 0x64 && buf[start + 1] === 0x61 && buf[start + 2] === 0x74 && buf[start + 3] === 0x61) {
-          this.#appendData(buf.toString('utf8', valueStart, end));
+          this.#appendData(buf, valueStart, end, base);
         }
         break;
       case 5:
@@ -283,8 +319,14 @@ class SseFramer implements Framer {
     return false;
   }
 
-  #appendData(value: string): void {
-    this.#data = this.#data === undefined ? value : this.#data + '\n' + value;
+  /** A data field's value, `buf[start, end)`, `base` where buf[0] is in the block: the first is kept as its place. */
+  #appendData(buf: Buffer, start: number, end: number, base: number): void {
+    if (this.#firstStart < 0) {
+      this.#firstStart = base + start;
+      this.#firstEnd = base + end;
+    } else {
+      this.#more += '\n' + buf.toString('utf8', start, end);
+    }
   }
 
   /** Emits the completed block: the pending pieces plus chunk[start, end). Returns false if it was oversized. */
@@ -305,9 +347,16 @@ class SseFramer implements Framer {
       return false;
     }
     // WHATWG "dispatch the event": an empty data buffer dispatches nothing; type and data buffers reset either way.
-    const event: SseEvent | null =
-      this.#data === undefined ? null : { type: this.#type === '' ? 'message' : this.#type, data: this.#data, id: this.#id };
-    this.#data = undefined;
+    // One data field and no other: its value stays bytes, where it is in `raw`.
+    let event: SseEvent | null = null;
+    if (this.#firstStart >= 0) {
+      event =
+        this.#more === '' && this.#type === '' && this.#id === undefined
+          ? new DataLineEvent(raw, this.#firstStart, this.#firstEnd)
+          : { type: this.#type === '' ? 'message' : this.#type, data: raw.toString('utf8', this.#firstStart, this.#firstEnd) + this.#more, id: this.#id };
+    }
+    this.#firstStart = -1;
+    this.#more = '';
     this.#type = '';
     this.#id = undefined;
     this.#callbacks.onBlock(raw, event);
@@ -319,7 +368,8 @@ class SseFramer implements Framer {
     this.#pieces = [];
     this.#lineParts = [];
     this.#pendingBytes = 0;
-    this.#data = undefined;
+    this.#firstStart = -1;
+    this.#more = '';
     this.#callbacks.onOversized(bufferedBytes);
   }
 }

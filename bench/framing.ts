@@ -16,7 +16,8 @@ import { createRecord, currentAttempt, recordAttemptStart, recordClientEnd } fro
 import { recordStreamEnd, recordStreamEvent } from '../src/accounting/record-upstream.js';
 import { settleRequest } from '../src/accounting/settle.js';
 import { promptLenClasses } from '../src/accounting/prompt-len.js';
-import { classifyEventData } from '../src/sse/classify.js';
+import { classifyStreamEvent } from '../src/delivery/wire.js';
+import { chunkScratch } from '../src/sse/fast-classify.js';
 import { createFramer, type SseEvent } from '../src/sse/framer.js';
 import { generateCorpus, type FixtureStream } from '../test/fixtures/sse-fixtures.js';
 
@@ -135,6 +136,7 @@ export function ledgerObserver(): Pick<FramingBenchOptions, 'onEvent' | 'onStrea
   let current = -1;
   let clock = 0;
   let record = createRecord(LEDGER_INFO, 0);
+  const scratch = chunkScratch();
   return {
     onEvent(streamIndex, _raw, event) {
       if (streamIndex !== current) {
@@ -143,7 +145,8 @@ export function ledgerObserver(): Pick<FramingBenchOptions, 'onEvent' | 'onStrea
         recordAttemptStart(record, clock, 'u0');
         currentAttempt(record).status = 200;
       }
-      if (event !== null) recordStreamEvent(record, LEDGER_INFO, ++clock, classifyEventData(event.data));
+      // As the gateway classifies (delivery/phases/attempt.ts): the stream's id and model reused, the facts in a scratch.
+      if (event !== null) recordStreamEvent(record, LEDGER_INFO, ++clock, classifyStreamEvent('chat_completions', event, false, record.responseId, record.responseModel, scratch));
     },
     onStreamEnd() {
       recordStreamEnd(record, LEDGER_INFO, clock, 'eof');

@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { createFramer, type SseEvent } from '../src/sse/framer.js';
+import { createFramer, DataLineEvent, type SseEvent } from '../src/sse/framer.js';
 import { generateChatPayloads, mulberry32, splitAt } from './fixtures/sse-fixtures.js';
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -11,6 +11,8 @@ import { generateChatPayloads, mulberry32, splitAt } from './fixtures/sse-fixtur
 interface RefBlock {
   raw: string;
   event: SseEvent | null;
+  /** The framer's promise (framer.ts DataLineEvent): one `data:` line, no `event:` type, no id, so left undecoded. */
+  undecoded: boolean;
 }
 
 function referenceParse(bytes: Uint8Array): { blocks: RefBlock[]; trailing: string } {
@@ -20,6 +22,7 @@ function referenceParse(bytes: Uint8Array): { blocks: RefBlock[]; trailing: stri
   let dataBuffer = '';
   let eventType = '';
   let id: string | undefined;
+  let dataLines = 0;
   let blockStart = 0;
   // "One leading U+FEFF BYTE ORDER MARK character must be ignored if any are present."
   let pos = text.startsWith('\uFEFF') ? 1 : 0;
@@ -36,7 +39,8 @@ function referenceParse(bytes: Uint8Array): { blocks: RefBlock[]; trailing: stri
         const data = dataBuffer.endsWith('\n') ? dataBuffer.slice(0, -1) : dataBuffer;
         event = { type: eventType === '' ? 'message' : eventType, data, id };
       }
-      blocks.push({ raw: text.slice(blockStart, next), event });
+      blocks.push({ raw: text.slice(blockStart, next), event, undecoded: event !== null && dataLines === 1 && eventType === '' && id === undefined });
+      dataLines = 0;
       dataBuffer = '';
       eventType = '';
       id = undefined;
@@ -46,7 +50,10 @@ function referenceParse(bytes: Uint8Array): { blocks: RefBlock[]; trailing: stri
       const name = colon === -1 ? line : line.slice(0, colon);
       let value = colon === -1 ? '' : line.slice(colon + 1);
       if (value.startsWith(' ')) value = value.slice(1);
-      if (name === 'data') dataBuffer += value + '\n';
+      if (name === 'data') {
+        dataBuffer += value + '\n';
+        dataLines++;
+      }
       else if (name === 'event') eventType = value;
       else if (name === 'id' && !value.includes('\u0000')) id = value;
     }
@@ -60,7 +67,7 @@ function referenceParse(bytes: Uint8Array): { blocks: RefBlock[]; trailing: stri
 // ---------------------------------------------------------------------------------------------------------------
 
 interface Outcome {
-  blocks: { raw: string; event: SseEvent | null }[];
+  blocks: { raw: string; event: SseEvent | null; undecoded: boolean }[];
   trailing: number;
   failed: boolean;
 }
@@ -71,7 +78,8 @@ function frame(chunks: readonly Buffer[], maxEventBytes?: number): Outcome {
   const framer = createFramer(
     {
       // As plain fields: a DataLineEvent's are getters, and toEqual reads own properties only.
-      onBlock: (raw, event) => blocks.push({ raw: raw.toString('latin1'), event: event === null ? null : { type: event.type, data: event.data, id: event.id } }),
+      onBlock: (raw, event) =>
+        blocks.push({ raw: raw.toString('latin1'), event: event === null ? null : { type: event.type, data: event.data, id: event.id }, undecoded: event instanceof DataLineEvent }),
       onOversized: () => void oversizedCalls++,
     },
     maxEventBytes === undefined ? {} : { maxEventBytes },
@@ -96,6 +104,7 @@ function rechunk(bytes: Buffer, chunking: number[] | 'bytewise'): Buffer[] {
 function expectMatchesReference(bytes: Buffer, outcome: Outcome, compareRaw: boolean): void {
   const ref = referenceParse(bytes);
   expect(outcome.blocks.map((b) => b.event)).toEqual(ref.blocks.map((b) => b.event));
+  expect(outcome.blocks.map((b) => b.undecoded)).toEqual(ref.blocks.map((b) => b.undecoded));
   if (compareRaw) {
     expect(outcome.blocks.map((b) => Buffer.from(b.raw, 'latin1').toString('utf8'))).toEqual(ref.blocks.map((b) => b.raw));
     expect(outcome.trailing).toBe(Buffer.byteLength(ref.trailing, 'utf8'));

@@ -32,7 +32,8 @@ export interface SseEvent {
 /**
  * The event of a block whose only field is one `data:` line (comments and blank lines aside) — every event vLLM
  * sends — with its value not decoded: `raw[start, end)`, UTF-8. A byte classifier reads it there
- * (sse/fast-classify.ts); `data` decodes it on first use, to the string a plain event would hold. No `event:` or `id:`
+ * (sse/fast-classify.ts); `data` decodes it on first use, to the string a plain event would hold — from `raw`,
+ * which may be a view of the chunk fed (see Framer.feed). No `event:` or `id:`
  * field: the type is 'message', the id undefined. A fresh object per event, like any SseEvent.
  */
 export class DataLineEvent implements SseEvent {
@@ -89,7 +90,8 @@ export interface FramerOptions {
 export interface Framer {
   /**
    * Parses one chunk, calling `onBlock` for every block it completes. The framer keeps views of `chunk` only
-   * while they hold an unfinished block; do not mutate a chunk after feeding it. If a callback throws, the
+   * while they hold an unfinished block, but the events it hands out may be views of it too (a `DataLineEvent`
+   * decodes its `data` from `raw` when first read): do not mutate a chunk after feeding it. If a callback throws, the
    * exception propagates and the rest of the chunk is not parsed: discard the framer.
    */
   feed(chunk: Buffer): void;

@@ -43,3 +43,53 @@ export function createLogger(logging: Config['logging'], destination: NodeJS.Wri
   });
   return pino(options, pretty);
 }
+
+const SYMBOLS = pino.symbols as unknown as Record<string, symbol>;
+const sym = (name: string): symbol => {
+  const found = SYMBOLS[name];
+  if (found === undefined) throw new Error(`pino.symbols.${name} is missing: this pino is not the one logger.ts was written for`);
+  return found;
+};
+
+/**
+ * `logger.info(record, msg)` for a record of data only (strings, numbers, booleans, arrays and plain objects of them,
+ * undefined fields left out), built as one `JSON.stringify` instead of pino's walk over its fields and one string per
+ * field: the request's wide line (one per request) was the largest allocation of a request's settlement (issue 27).
+ * The line is the one pino writes — its level, time, bindings, the record's fields in order, the message and its
+ * line end, read from the logger itself — to the logger's own stream, so it goes out in order with every other line.
+ * A logger configured so that pino would change the record (a mixin, hooks, a log formatter, a nested key,
+ * redaction, serializers, a message prefix) gets `logger.info` itself. Strings differ from pino's in one respect only:
+ * a lone surrogate is escaped (`\udXXX`, valid JSON) where pino writes it raw, to be replaced by U+FFFD on output.
+ */
+export function dataRecordWriter(logger: Logger): (record: object, msg: string) => void {
+  const l = logger as unknown as Record<symbol, unknown>;
+  const hooks = l[sym('hooksSym')] as { logMethod?: unknown; streamWrite?: unknown } | undefined;
+  const formatters = l[sym('formattersSym')] as { log?: unknown } | undefined;
+  const serializers = l[sym('serializersSym')] as Record<string, unknown> | undefined;
+  const stringifiers = l[sym('stringifiersSym')] as Record<string | symbol, unknown> | undefined;
+  const stream = l[sym('streamSym')] as { write(line: string): unknown } & Record<symbol, unknown>;
+  const plain =
+    !l[sym('mixinSym')] &&
+    hooks?.logMethod === undefined &&
+    hooks?.streamWrite === undefined &&
+    formatters?.log === undefined &&
+    !l[sym('nestedKeySym')] &&
+    typeof l[sym('msgPrefixSym')] !== 'string' &&
+    (stringifiers === undefined || Reflect.ownKeys(stringifiers).length === 0) &&
+    // pino's default serializers hold only `err` (for the error key), which a data record has no use for.
+    (serializers === undefined || Object.keys(serializers).every((key) => key === 'err')) &&
+    stream[sym('needsMetadataGsym')] !== true;
+  if (!plain) return (record, msg) => logger.info(record, msg);
+  const time = l[sym('timeSym')] as () => string;
+  const end = l[sym('endSym')] as string;
+  const messageKey = JSON.stringify(l[sym('messageKeySym')]);
+  // Read at each line: a level change rebuilds the level cache, setBindings the bindings.
+  const lsCache = sym('lsCacheSym');
+  const chindings = sym('chindingsSym');
+  return (record, msg) => {
+    if (!logger.isLevelEnabled('info')) return;
+    const fields = JSON.stringify(record);
+    const head = (l[lsCache] as Record<number, string>)[30] as string;
+    stream.write(head + time.call(logger) + (l[chindings] as string) + (fields.length > 2 ? ',' + fields.slice(1, -1) : '') + ',' + messageKey + ':' + JSON.stringify(msg) + end);
+  };
+}

@@ -9,6 +9,7 @@ import type { Settlement } from '../accounting/ledger.js';
 import { evaluationSample, type EvaluationSettings } from './evaluation.js';
 import type { ObserverGuard } from './guard.js';
 import type { GatewayMetrics } from './metrics.js';
+import { dataRecordWriter } from './logger.js';
 import { requestLogLine } from './request-log.js';
 import type { RequestTrace } from './request-trace.js';
 
@@ -35,6 +36,7 @@ export type PublishSettlement = (settlement: Settlement, requestId: string, trac
 
 export function createSettlementRecorder(deps: SettlementRecorderDeps): PublishSettlement {
   const { metrics, logger, guard, logRequests, onSettled, evaluation } = deps;
+  const writeLine = dataRecordWriter(logger);
   return (settlement, requestId, trace, inflightLabel, at) => {
     const traceId = trace.traceId;
     const sample = evaluation === undefined ? undefined : guard.run('hook', () => evaluationSample(evaluation, settlement, requestId, traceId), undefined);
@@ -45,7 +47,7 @@ export function createSettlementRecorder(deps: SettlementRecorderDeps): PublishS
       // Its own line, so a collector can route samples to the evaluator without parsing every request's line.
       guard.run('logging', () => logger.info({ evaluation_sample: sample }, 'evaluation sample'));
     }
-    if (logRequests) guard.run('logging', () => logger.info(requestLogLine(settlement, requestId, traceId, sample?.inclusion_probability), 'request'));
+    if (logRequests) guard.run('logging', () => writeLine(requestLogLine(settlement, requestId, traceId, sample?.inclusion_probability), 'request'));
     for (const subscriber of onSettled ?? []) guard.run('hook', () => subscriber(settlement, requestId, traceId));
   };
 }

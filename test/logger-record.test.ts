@@ -1,0 +1,107 @@
+import fc from 'fast-check';
+import { pino, type LoggerOptions } from 'pino';
+import { describe, expect, it } from 'vitest';
+import { Writable } from 'node:stream';
+import { createLogger, dataRecordWriter } from '../src/telemetry/logger.js';
+
+// The oracle is pino itself: the writer must write, byte for byte, the line `logger.info(record, msg)` writes.
+
+function capture(options: LoggerOptions): { logger: pino.Logger; lines: string[] } {
+  const lines: string[] = [];
+  const logger = pino({ timestamp: () => ',"time":1764547200000', ...options }, { write: (line: string) => void lines.push(line) });
+  return { logger, lines };
+}
+
+/** Both ways, on two loggers of the same options: what pino writes and what the writer writes. */
+function both(options: LoggerOptions, record: object, msg: string, child?: Record<string, unknown>): { pino: string[]; writer: string[] } {
+  const a = capture(options);
+  const b = capture(options);
+  const la = child === undefined ? a.logger : a.logger.child(child);
+  const lb = child === undefined ? b.logger : b.logger.child(child);
+  la.info(record, msg);
+  dataRecordWriter(lb)(record, msg);
+  return { pino: a.lines, writer: b.lines };
+}
+
+/** Strings without lone surrogates (where the two differ on purpose: see dataRecordWriter), any other character. */
+const text = fc.string({ unit: 'grapheme', maxLength: 12 });
+const scalar = fc.oneof(text, fc.integer(), fc.double(), fc.boolean(), fc.constant(undefined), fc.constant(null));
+const value = fc.letrec((tie) => ({
+  leaf: scalar,
+  node: fc.oneof({ depthSize: 'small' }, tie('leaf'), fc.array(tie('node'), { maxLength: 3 }), fc.dictionary(text, tie('node'), { maxKeys: 3 })),
+})).node;
+const record = fc.dictionary(text, value, { maxKeys: 8 });
+
+describe('dataRecordWriter: the line logger.info writes, built in one JSON.stringify', () => {
+  it('equals pino on generated records (control characters, quotes, non-BMP text, NaN, nesting, undefined)', () => {
+    fc.assert(
+      fc.property(record, text, (rec, msg) => {
+        const { pino: expected, writer } = both({ base: { service: 'waybill' } }, rec, msg);
+        expect(expected).toHaveLength(1);
+        expect(writer).toEqual(expected);
+      }),
+      { numRuns: 500 },
+    );
+  });
+
+  it("equals pino for a request's wide line, a child's bindings, another message key and a CRLF line end", () => {
+    const line = { request_id: 'r-1', trace_id: undefined, model: 'm', stream: true, code: 200, attempts: [{ upstream: 'a', status: undefined, duration_ms: 1.5 }], tokens: { prompt: 3 }, finish_reasons: ['stop'] };
+    for (const options of [{}, { base: { service: 'waybill' } }, { messageKey: 'message' }, { crlf: true }, { base: null }] as LoggerOptions[]) {
+      const { pino: expected, writer } = both(options, line, 'request');
+      expect(writer).toEqual(expected);
+    }
+    const { pino: expected, writer } = both({}, line, 'request', { worker: 2, name: 'x"y' });
+    expect(writer[0]).toContain('"worker":2');
+    expect(writer).toEqual(expected);
+    expect(JSON.parse(writer[0] as string)).toMatchObject({ level: 30, msg: 'request', request_id: 'r-1', attempts: [{ upstream: 'a', duration_ms: 1.5 }] });
+  });
+
+  it('writes nothing when info is off, and follows a level changed after it was made', () => {
+    const { logger, lines } = capture({ level: 'warn' });
+    const write = dataRecordWriter(logger);
+    write({ a: 1 }, 'request');
+    expect(lines).toEqual([]);
+    logger.level = 'info';
+    write({ a: 1 }, 'request');
+    expect(lines).toEqual(['{"level":30,"time":1764547200000,"pid":' + process.pid + ',"hostname":' + JSON.stringify((JSON.parse(lines[0] as string) as { hostname: string }).hostname) + ',"a":1,"msg":"request"}\n']);
+  });
+
+  it('hands the record to pino where pino would change it: a mixin, a log formatter, redaction, serializers, a message prefix, a nested key', () => {
+    const changing: LoggerOptions[] = [
+      { mixin: () => ({ mixed: true }) },
+      { formatters: { log: (o) => ({ ...o, formatted: true }) } },
+      { redact: ['secret'] },
+      { serializers: { secret: () => 'hidden' } },
+      { msgPrefix: '[gw] ' },
+      { nestedKey: 'payload' },
+      { hooks: { streamWrite: (s: string) => s.replace('"a":1', '"a":2') } },
+    ];
+    for (const options of changing) {
+      const { pino: expected, writer } = both(options, { a: 1, secret: 's' }, 'request');
+      expect(writer, JSON.stringify(Object.keys(options))).toEqual(expected);
+      // Each really changes the line: a writer that ignored the option would not match.
+      expect(expected[0]).not.toBe(both({}, { a: 1, secret: 's' }, 'request').pino[0]);
+    }
+  });
+
+  it("takes its own path, not logger.info, for the gateway's loggers (json and pretty)", () => {
+    for (const format of ['json', 'pretty'] as const) {
+      const out: string[] = [];
+      const destination = new Writable({ write: (chunk: Buffer, _e, done) => void (out.push(chunk.toString()), done()) });
+      const logger = createLogger({ level: 'info', format, requests: true }, destination);
+      let infos = 0;
+      const info = logger.info.bind(logger);
+      logger.info = ((...args: Parameters<typeof info>) => (infos++, info(...args)));
+      dataRecordWriter(logger)({ model: 'm', code: 200 }, 'request');
+      expect(infos, format).toBe(0);
+      expect(out.join(''), format).toMatch(format === 'json' ? /"model":"m","code":200,"msg":"request"}\n$/ : / INFO {2}request model=m code=200\n$/);
+    }
+  });
+
+  it('a lone surrogate is escaped, so the line stays one valid JSON object with the same string', () => {
+    const { logger, lines } = capture({});
+    dataRecordWriter(logger)({ id: 'a\uD800b' }, 'request');
+    expect(lines[0]).toContain('"id":"a\\ud800b"');
+    expect((JSON.parse(lines[0] as string) as { id: string }).id).toBe('a\uD800b');
+  });
+});

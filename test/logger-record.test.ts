@@ -1,6 +1,7 @@
 import fc from 'fast-check';
 import { pino, type LoggerOptions } from 'pino';
 import { describe, expect, it } from 'vitest';
+import { tracingChannel } from 'node:diagnostics_channel';
 import { Writable } from 'node:stream';
 import { createLogger, dataRecordWriter } from '../src/telemetry/logger.js';
 
@@ -75,6 +76,9 @@ describe('dataRecordWriter: the line logger.info writes, built in one JSON.strin
       { msgPrefix: '[gw] ' },
       { nestedKey: 'payload' },
       { hooks: { streamWrite: (s: string) => s.replace('"a":1', '"a":2') } },
+      { hooks: { logMethod(args, method) { method.apply(this, [{ ...(args[0] as object), hooked: 1 }, ...args.slice(1)] as Parameters<typeof method>); } } },
+      { mixin: () => ({ m: 1 }), mixinMergeStrategy: (merge: object, mixin: object) => ({ ...merge, ...mixin, merged: true }) },
+      { customLevels: { info: 35 }, useOnlyCustomLevels: true, level: 'info' },
     ];
     for (const options of changing) {
       const { pino: expected, writer } = both(options, { a: 1, secret: 's' }, 'request');
@@ -95,6 +99,43 @@ describe('dataRecordWriter: the line logger.info writes, built in one JSON.strin
       dataRecordWriter(logger)({ model: 'm', code: 200 }, 'request');
       expect(infos, format).toBe(0);
       expect(out.join(''), format).toMatch(format === 'json' ? /"model":"m","code":200,"msg":"request"}\n$/ : / INFO {2}request model=m code=200\n$/);
+    }
+  });
+
+  it("reads the bindings and the level at each line: setBindings, and a level changed on a worker's child", () => {
+    const a = capture({ level: 'warn' });
+    const b = capture({ level: 'warn' });
+    const [ca, cb] = [a.logger.child({ worker: 1 }), b.logger.child({ worker: 1 })];
+    const write = dataRecordWriter(cb);
+    write({ x: 1 }, 'request');
+    expect(b.lines).toEqual([]);
+    for (const c of [ca, cb]) {
+      c.level = 'info';
+      c.setBindings({ worker: 2 });
+    }
+    ca.info({ x: 1 }, 'request');
+    write({ x: 1 }, 'request');
+    expect(b.lines[0]).toContain('"worker":2');
+    expect(b.lines).toEqual(a.lines);
+  });
+
+  it("gives the line to pino while pino's formatting channel has a subscriber, and where JSON.stringify refuses the record", () => {
+    const channel = tracingChannel('pino_asJson');
+    const handlers = { start: (message: unknown) => void ((message as { arguments: [Record<string, unknown>] }).arguments[0]['agent'] = 'x'), end() {}, asyncStart() {}, asyncEnd() {}, error() {} };
+    channel.subscribe(handlers);
+    try {
+      const { pino: expected, writer } = both({}, { a: 1 }, 'request');
+      expect(expected[0]).toContain('"agent":"x"');
+      expect(writer).toEqual(expected);
+    } finally {
+      channel.unsubscribe(handlers);
+    }
+    const cyclic: Record<string, unknown> = { a: 1 };
+    cyclic['self'] = cyclic;
+    for (const odd of [{ n: 10n }, cyclic]) {
+      const { pino: expected, writer } = both({}, odd, 'request');
+      expect(expected).toHaveLength(1);
+      expect(writer).toEqual(expected);
     }
   });
 

@@ -2,6 +2,7 @@
  * Structured logs: pino, one JSON object per line by default; `pretty` for a terminal. Never prompts, completions,
  * API keys or Authorization headers: nothing logs a request body or headers.
  */
+import { tracingChannel } from 'node:diagnostics_channel';
 import { Writable } from 'node:stream';
 import { pino, type Logger } from 'pino';
 import type { Config } from '../config/load.js';
@@ -44,6 +45,9 @@ export function createLogger(logging: Config['logging'], destination: NodeJS.Wri
   return pino(options, pretty);
 }
 
+/** pino traces each line's formatting here (lib/tools.js asJson); a subscriber may change the record. */
+const asJsonChannel = tracingChannel('pino_asJson');
+
 const SYMBOLS = pino.symbols as unknown as Record<string, symbol>;
 const sym = (name: string): symbol => {
   const found = SYMBOLS[name];
@@ -58,8 +62,11 @@ const sym = (name: string): symbol => {
  * The line is the one pino writes — its level, time, bindings, the record's fields in order, the message and its
  * line end, read from the logger itself — to the logger's own stream, so it goes out in order with every other line.
  * A logger configured so that pino would change the record (a mixin, hooks, a log formatter, a nested key,
- * redaction, serializers, a message prefix) gets `logger.info` itself. Strings differ from pino's in one respect only:
- * a lone surrogate is escaped (`\udXXX`, valid JSON) where pino writes it raw, to be replaced by U+FFFD on output.
+ * redaction, serializers, a message prefix, `info` at another level number) gets `logger.info` itself; so does a line
+ * while something subscribes to pino's `tracing:pino_asJson` channel (an agent may add fields there), and a record
+ * JSON.stringify refuses (a BigInt, a cycle: pino's safe stringify writes them). Strings differ from pino's in one
+ * respect only: a lone surrogate in a short top-level string is escaped (`\udXXX`, valid JSON) where pino writes it
+ * raw, to be replaced by U+FFFD on output.
  */
 export function dataRecordWriter(logger: Logger): (record: object, msg: string) => void {
   const l = logger as unknown as Record<symbol, unknown>;
@@ -78,17 +85,24 @@ export function dataRecordWriter(logger: Logger): (record: object, msg: string) 
     (stringifiers === undefined || Reflect.ownKeys(stringifiers).length === 0) &&
     // pino's default serializers hold only `err` (for the error key), which a data record has no use for.
     (serializers === undefined || Object.keys(serializers).every((key) => key === 'err')) &&
-    stream[sym('needsMetadataGsym')] !== true;
+    stream[sym('needsMetadataGsym')] !== true &&
+    (logger.levels.values as Record<string, number | undefined>)['info'] === 30;
   if (!plain) return (record, msg) => logger.info(record, msg);
   const time = l[sym('timeSym')] as () => string;
   const end = l[sym('endSym')] as string;
   const messageKey = JSON.stringify(l[sym('messageKeySym')]);
-  // Read at each line: a level change rebuilds the level cache, setBindings the bindings.
+  // Read at each line: setBindings replaces the bindings.
   const lsCache = sym('lsCacheSym');
   const chindings = sym('chindingsSym');
   return (record, msg) => {
     if (!logger.isLevelEnabled('info')) return;
-    const fields = JSON.stringify(record);
+    if (asJsonChannel.hasSubscribers) return void logger.info(record, msg);
+    let fields: string;
+    try {
+      fields = JSON.stringify(record);
+    } catch {
+      return void logger.info(record, msg);
+    }
     const head = (l[lsCache] as Record<number, string>)[30] as string;
     stream.write(head + time.call(logger) + (l[chindings] as string) + (fields.length > 2 ? ',' + fields.slice(1, -1) : '') + ',' + messageKey + ':' + JSON.stringify(msg) + end);
   };

@@ -107,7 +107,7 @@ async function main(): Promise<void> {
       };
       rounds.push(round);
       console.log(
-        `  ${build} ${round.usPerEvent.toFixed(1)} µs/ev ${round.usPerRequest.toFixed(0)} µs/req TTFT p50 ${round.ttftP50.toFixed(2)} p99 ${round.ttftP99.toFixed(2)} ms (${result.events} events, ${result.errors} errors)`,
+        `  ${build} ${result.events > 0 ? `${round.usPerEvent.toFixed(1)} µs/ev ` : ''}${round.usPerRequest.toFixed(0)} µs/req TTFT p50 ${round.ttftP50.toFixed(2)} p99 ${round.ttftP99.toFixed(2)} ms (${result.events} events, ${result.errors} errors)`,
       );
     }
   } finally {

@@ -2,6 +2,7 @@
  * src/telemetry/metric-kinds.ts: a counter is one object in both registries (one increment, one hash lookup), and
  * each exposition still names it as its format requires, whatever order or overlap the scrapes come in.
  */
+import fc from 'fast-check';
 import { Counter, Registry, type OpenMetricsContentType } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import { SharedCounter, openMetricsRegistry, type Registries } from '../src/telemetry/metric-kinds.js';
@@ -97,5 +98,70 @@ describe('process metrics in both expositions', () => {
     expect(lagMax(open)).toBeGreaterThanOrEqual(0.08);
     expect(open).toContain('# TYPE process_cpu_seconds counter');
     expect(text).toContain('# TYPE process_cpu_seconds_total counter');
+  });
+});
+
+describe("SharedCounter's samples found by their label values", () => {
+  const SPEC3 = { name: 'demo_tokens_total', type: 'counter', labels: ['model', 'tenant', 'kind'], help: 'Demo.' } as const;
+  const value = fc.constantFrom('a', 'b', 'a,b', 'b:', '', undefined);
+  const step = fc.record({
+    labels: fc.record({ model: value, tenant: value, kind: value }),
+    // A key order of its own, as callers write them.
+    reversed: fc.boolean(),
+    by: fc.oneof(fc.constant(1), fc.constant(0), fc.double({ min: 0, max: 1e6, noNaN: true }), fc.constantFrom(-1, Number.NaN, Infinity)),
+  });
+
+  it("counts as prom-client's own counter does, in both expositions, for any increments (refusing what it refuses)", async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.array(step, { maxLength: 40 }), async (steps) => {
+        const r = registries();
+        const shared = new SharedCounter(r, SPEC3);
+        // The oracle: a plain prom-client counter, in a registry of its own.
+        const oracleRegistry = new Registry();
+        const oracle = new Counter({ name: SPEC3.name, help: SPEC3.help, labelNames: SPEC3.labels, registers: [oracleRegistry] });
+        for (const { labels, reversed, by } of steps) {
+          const set = Object.fromEntries(Object.entries(labels).filter(([, v]) => v !== undefined));
+          const given = reversed ? Object.fromEntries(Object.entries(set).reverse()) : set;
+          let oracleError: unknown;
+          let sharedError: unknown;
+          try {
+            oracle.inc(given, by);
+          } catch (error) {
+            oracleError = error;
+          }
+          try {
+            shared.inc(given, by);
+          } catch (error) {
+            sharedError = error;
+          }
+          expect(String(sharedError)).toBe(String(oracleError));
+        }
+        const expected = samples(await oracleRegistry.metrics()).sort();
+        expect(samples(await r.text.metrics()).sort()).toEqual(expected);
+        expect(samples(await r.open.metrics()).sort()).toEqual(expected);
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it('adds to the sample prom-client made for a label set, without a new one per increment', async () => {
+    const r = registries();
+    const shared = new SharedCounter(r, SPEC3);
+    shared.inc({ model: 'm', tenant: 't', kind: 'prompt' }, 5);
+    const metric = r.text.getSingleMetric(SPEC3.name) as unknown as { hashMap: Record<string, { value: number }>; inc: (...args: unknown[]) => unknown };
+    const [sample] = Object.values(metric.hashMap);
+    // prom-client's own increment (its key string) is not called again for a set seen before; a new set goes to it.
+    const promInc = metric.inc.bind(metric);
+    let promCalls = 0;
+    metric.inc = (...args: unknown[]) => (promCalls++, promInc(...args));
+    shared.inc({ kind: 'prompt', tenant: 't', model: 'm' }, 2);
+    shared.inc({ model: 'm', tenant: 't', kind: 'prompt' });
+    expect(promCalls).toBe(0);
+    shared.inc({ model: 'm', tenant: 't', kind: 'completion' });
+    expect(promCalls).toBe(1);
+    expect(Object.values(metric.hashMap)).toHaveLength(2);
+    expect(Object.values(metric.hashMap)[0]).toBe(sample);
+    expect(sample?.value).toBe(8);
+    expect(samples(await r.text.metrics())).toEqual(['demo_tokens_total{model="m",tenant="t",kind="prompt"} 8', 'demo_tokens_total{model="m",tenant="t",kind="completion"} 1']);
   });
 });

@@ -17,6 +17,14 @@ export type LabelSet<S extends MetricSpec> = Partial<Record<Labels<S>, string>>;
  */
 export class SharedCounter<S extends MetricSpec> {
   private readonly counter: Counter<Labels<S>>;
+  private readonly labelNames: readonly Labels<S>[];
+  /**
+   * prom-client's sample of each label set seen, found by the set's values in label order, one Map per label: an
+   * increment of a set seen before adds to its sample without prom-client's key string (a string per increment, ~20
+   * per settlement). The samples are prom-client's own objects (`hashMap`, which nothing here resets or removes from),
+   * so its expositions read them as before; bounded as they are, by the label sets the process uses.
+   */
+  private readonly seen = new Map<string | undefined, unknown>();
 
   constructor(
     registries: Registries,
@@ -26,15 +34,44 @@ export class SharedCounter<S extends MetricSpec> {
     // One with exemplars must be created in the OpenMetrics registry (prom-client refuses it in a Prometheus one).
     this.counter = new Counter({ name: spec.name, help: spec.help, labelNames: spec.labels, registers: [registries.open], enableExemplars: exemplars });
     registries.text.registerMetric(this.counter);
+    this.labelNames = spec.labels;
   }
 
   inc(labels: LabelSet<S>, value = 1, exemplarLabels?: Record<string, string>): void {
-    if (!this.exemplars) this.counter.inc(labels, value);
+    if (!this.exemplars) this.incSeen(labels, value);
     // Without a trace, no exemplar label set at all: prom-client's counter skips only its own default empty set,
     // and would record any other `{}` as an exemplar, replacing a real one. prom-client types exemplar labels as
     // the metric's own label names; trace_id is not one of them.
     else if (exemplarLabels === undefined) this.counter.inc({ labels, value });
     else this.counter.inc({ labels, value, exemplarLabels: exemplarLabels as LabelSet<S> });
+  }
+
+  private incSeen(labels: LabelSet<S>, value: number): void {
+    const names = this.labelNames;
+    let level: Map<string | undefined, unknown> | undefined = this.seen;
+    for (let i = 0; i < names.length && level !== undefined; i++) {
+      const next: unknown = level.get(labels[names[i] as Labels<S>]);
+      if (i === names.length - 1) {
+        // A value prom-client would refuse (negative, not finite) goes to it, to be refused as before.
+        if (next !== undefined && value >= 0 && Number.isFinite(value)) {
+          (next as { value: number }).value += value;
+          return;
+        }
+        break;
+      }
+      level = next as Map<string | undefined, unknown> | undefined;
+    }
+    const { labelHash } = (this.counter.inc as (labels: LabelSet<S>, value: number) => { labelHash?: string } | undefined)(labels, value) ?? {};
+    const sample = labelHash === undefined ? undefined : (this.counter as unknown as { hashMap?: Record<string, { value: number }> }).hashMap?.[labelHash];
+    if (sample === undefined || names.length === 0) return;
+    let map = this.seen;
+    for (let i = 0; i < names.length - 1; i++) {
+      const key = labels[names[i] as Labels<S>];
+      let next = map.get(key) as Map<string | undefined, unknown> | undefined;
+      if (next === undefined) map.set(key, (next = new Map()));
+      map = next;
+    }
+    map.set(labels[names[names.length - 1] as Labels<S>], sample);
   }
 }
 

@@ -21,10 +21,14 @@ export class SharedCounter<S extends MetricSpec> {
   /**
    * prom-client's sample of each label set seen, found by the set's values in label order, one Map per label: an
    * increment of a set seen before adds to its sample without prom-client's key string (a string per increment, ~20
-   * per settlement). The samples are prom-client's own objects (`hashMap`, which nothing here resets or removes from),
-   * so its expositions read them as before; bounded as they are, by the label sets the process uses.
+   * per settlement). The samples are prom-client's own objects, so its expositions read them as before; bounded as
+   * they are, by the label sets the process uses. Forgotten when prom-client's map of them is replaced (`reset`,
+   * a registry's `resetMetrics`) or a sample is removed (`remove`).
    */
   private readonly seen = new Map<string | undefined, unknown>();
+  /** The prom-client map `seen` holds samples of. */
+  private seenIn: unknown;
+  private readonly labelNameSet: ReadonlySet<string>;
 
   constructor(
     registries: Registries,
@@ -35,6 +39,13 @@ export class SharedCounter<S extends MetricSpec> {
     this.counter = new Counter({ name: spec.name, help: spec.help, labelNames: spec.labels, registers: [registries.open], enableExemplars: exemplars });
     registries.text.registerMetric(this.counter);
     this.labelNames = spec.labels;
+    this.labelNameSet = new Set(spec.labels);
+    const counter = this.counter as unknown as { remove: (...args: unknown[]) => void };
+    const remove = counter.remove.bind(this.counter);
+    counter.remove = (...args: unknown[]) => {
+      this.seen.clear();
+      remove(...args);
+    };
   }
 
   inc(labels: LabelSet<S>, value = 1, exemplarLabels?: Record<string, string>): void {
@@ -48,6 +59,13 @@ export class SharedCounter<S extends MetricSpec> {
 
   private incSeen(labels: LabelSet<S>, value: number): void {
     const names = this.labelNames;
+    const samples = (this.counter as unknown as { hashMap?: Record<string, { value: number }> }).hashMap;
+    if (samples !== this.seenIn) {
+      this.seen.clear();
+      this.seenIn = samples;
+    }
+    // A label prom-client does not know goes to it, to be refused as before (its check walks inherited keys too).
+    for (const key in labels) if (!this.labelNameSet.has(key)) return void this.counter.inc(labels, value);
     let level: Map<string | undefined, unknown> | undefined = this.seen;
     for (let i = 0; i < names.length && level !== undefined; i++) {
       const next: unknown = level.get(labels[names[i] as Labels<S>]);
@@ -62,7 +80,7 @@ export class SharedCounter<S extends MetricSpec> {
       level = next as Map<string | undefined, unknown> | undefined;
     }
     const { labelHash } = (this.counter.inc as (labels: LabelSet<S>, value: number) => { labelHash?: string } | undefined)(labels, value) ?? {};
-    const sample = labelHash === undefined ? undefined : (this.counter as unknown as { hashMap?: Record<string, { value: number }> }).hashMap?.[labelHash];
+    const sample = labelHash === undefined ? undefined : samples?.[labelHash];
     if (sample === undefined || names.length === 0) return;
     let map = this.seen;
     for (let i = 0; i < names.length - 1; i++) {

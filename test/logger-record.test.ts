@@ -139,6 +139,13 @@ describe('dataRecordWriter: the line logger.info writes, built in one JSON.strin
     }
   });
 
+  it('calls info on something that only looks like a logger (no pino stream, no levels)', () => {
+    const seen: unknown[] = [];
+    const stub = { info: (record: object, msg: string) => void seen.push([record, msg]) } as unknown as pino.Logger;
+    dataRecordWriter(stub)({ a: 1 }, 'request');
+    expect(seen).toEqual([[{ a: 1 }, 'request']]);
+  });
+
   it('a lone surrogate is escaped, so the line stays one valid JSON object with the same string', () => {
     const { logger, lines } = capture({});
     dataRecordWriter(logger)({ id: 'a\uD800b' }, 'request');

@@ -74,8 +74,11 @@ export function dataRecordWriter(logger: Logger): (record: object, msg: string) 
   const formatters = l[sym('formattersSym')] as { log?: unknown } | undefined;
   const serializers = l[sym('serializersSym')] as Record<string, unknown> | undefined;
   const stringifiers = l[sym('stringifiersSym')] as Record<string | symbol, unknown> | undefined;
-  const stream = l[sym('streamSym')] as { write(line: string): unknown } & Record<symbol, unknown>;
+  const stream = l[sym('streamSym')] as ({ write?: unknown } & Record<symbol, unknown>) | undefined;
+  const levels = (logger as { levels?: { values?: Record<string, number | undefined> } }).levels;
   const plain =
+    // Something that only looks like a pino logger (a test's stub) is simply called.
+    typeof stream?.write === 'function' &&
     !l[sym('mixinSym')] &&
     hooks?.logMethod === undefined &&
     hooks?.streamWrite === undefined &&
@@ -86,8 +89,9 @@ export function dataRecordWriter(logger: Logger): (record: object, msg: string) 
     // pino's default serializers hold only `err` (for the error key), which a data record has no use for.
     (serializers === undefined || Object.keys(serializers).every((key) => key === 'err')) &&
     stream[sym('needsMetadataGsym')] !== true &&
-    (logger.levels.values as Record<string, number | undefined>)['info'] === 30;
+    levels?.values?.['info'] === 30;
   if (!plain) return (record, msg) => logger.info(record, msg);
+  const out = stream as { write(line: string): unknown };
   const time = l[sym('timeSym')] as () => string;
   const end = l[sym('endSym')] as string;
   const messageKey = JSON.stringify(l[sym('messageKeySym')]);
@@ -104,6 +108,6 @@ export function dataRecordWriter(logger: Logger): (record: object, msg: string) 
       return void logger.info(record, msg);
     }
     const head = (l[lsCache] as Record<number, string>)[30] as string;
-    stream.write(head + time.call(logger) + (l[chindings] as string) + (fields.length > 2 ? ',' + fields.slice(1, -1) : '') + ',' + messageKey + ':' + JSON.stringify(msg) + end);
+    out.write(head + time.call(logger) + (l[chindings] as string) + (fields.length > 2 ? ',' + fields.slice(1, -1) : '') + ',' + messageKey + ':' + JSON.stringify(msg) + end);
   };
 }

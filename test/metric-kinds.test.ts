@@ -1,5 +1,5 @@
 /**
- * src/telemetry/metric-kinds.ts: a counter is one object in both registries (one increment, one hash lookup), and
+ * src/telemetry/metric-kinds.ts: a counter is one object in both registries (an increment counted once, found by its label values), and
  * each exposition still names it as its format requires, whatever order or overlap the scrapes come in.
  */
 import fc from 'fast-check';

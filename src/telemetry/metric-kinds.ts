@@ -9,7 +9,7 @@ export type Labels<S extends MetricSpec> = S['labels'][number];
 export type LabelSet<S extends MetricSpec> = Partial<Record<Labels<S>, string>>;
 
 /**
- * A counter in both expositions: one object, registered in both registries, so an increment is one hash lookup.
+ * A counter in both expositions: one object, registered in both registries, so an increment is counted once.
  * prom-client names a counter differently by exposition (OpenMetrics drops `_total` from the family name and prints
  * it only on samples), and its own OpenMetrics `metrics()` does so by renaming the counter object itself, which would
  * rename it in the Prometheus text too; `OpenMetricsRegistry` below formats a renamed view instead. With exemplars,
@@ -59,6 +59,7 @@ export class SharedCounter<S extends MetricSpec> {
 
   private incSeen(labels: LabelSet<S>, value: number): void {
     const names = this.labelNames;
+    if (names.length === 0) return void this.counter.inc(labels, value);
     const samples = (this.counter as unknown as { hashMap?: Record<string, { value: number }> }).hashMap;
     if (samples !== this.seenIn) {
       this.seen.clear();
@@ -66,30 +67,32 @@ export class SharedCounter<S extends MetricSpec> {
     }
     // A label prom-client does not know goes to it, to be refused as before (its check walks inherited keys too).
     for (const key in labels) if (!this.labelNameSet.has(key)) return void this.counter.inc(labels, value);
-    let level: Map<string | undefined, unknown> | undefined = this.seen;
-    for (let i = 0; i < names.length && level !== undefined; i++) {
-      const next: unknown = level.get(labels[names[i] as Labels<S>]);
-      if (i === names.length - 1) {
-        // A value prom-client would refuse (negative, not finite) goes to it, to be refused as before.
-        if (next !== undefined && value >= 0 && Number.isFinite(value)) {
-          (next as { value: number }).value += value;
-          return;
-        }
-        break;
-      }
-      level = next as Map<string | undefined, unknown> | undefined;
+    const last = labels[names[names.length - 1] as Labels<S>];
+    const seen = this.lastLevel(labels, false)?.get(last) as { value: number } | undefined;
+    // A value prom-client would refuse (negative, not finite) goes to it, to be refused as before.
+    if (seen !== undefined && value >= 0 && Number.isFinite(value)) {
+      seen.value += value;
+      return;
     }
     const { labelHash } = (this.counter.inc as (labels: LabelSet<S>, value: number) => { labelHash?: string } | undefined)(labels, value) ?? {};
     const sample = labelHash === undefined ? undefined : samples?.[labelHash];
-    if (sample === undefined || names.length === 0) return;
+    if (sample !== undefined) this.lastLevel(labels, true)?.set(last, sample);
+  }
+
+  /** The Map holding the samples under `labels`' values but the last; made on the way down when `create`. */
+  private lastLevel(labels: LabelSet<S>, create: boolean): Map<string | undefined, unknown> | undefined {
+    const names = this.labelNames;
     let map = this.seen;
     for (let i = 0; i < names.length - 1; i++) {
       const key = labels[names[i] as Labels<S>];
       let next = map.get(key) as Map<string | undefined, unknown> | undefined;
-      if (next === undefined) map.set(key, (next = new Map()));
+      if (next === undefined) {
+        if (!create) return undefined;
+        map.set(key, (next = new Map()));
+      }
       map = next;
     }
-    map.set(labels[names[names.length - 1] as Labels<S>], sample);
+    return map;
   }
 }
 

@@ -221,6 +221,17 @@ Ctrl-C to stop.`);
   return 0;
 }
 
+/**
+ * Runs a command that logs JSON lines, then waits for stdout to take the last of them (the drain's): the exit that
+ * follows does not wait for a write in flight. A stalled stdout costs the wait, never a hang (telemetry/log-destination.ts).
+ */
+async function logsFlushed(command: () => Promise<number>): Promise<number> {
+  const code = await command();
+  const { flushStdout, EXIT_FLUSH_TIMEOUT_MS } = await import('./telemetry/log-destination.js');
+  await flushStdout(EXIT_FLUSH_TIMEOUT_MS);
+  return code;
+}
+
 export async function main(argv: string[]): Promise<number> {
   const [command, ...rest] = argv;
   try {
@@ -231,11 +242,11 @@ export async function main(argv: string[]): Promise<number> {
     }
     switch (command) {
       case 'serve':
-        return await (await import('./app/serve.js')).serve(rest);
+        return await logsFlushed(async () => (await import('./app/serve.js')).serve(rest));
       case 'sim':
-        return await (await import('./sim/main.js')).runSim(rest);
+        return await logsFlushed(async () => (await import('./sim/main.js')).runSim(rest));
       case 'demo':
-        return await demo(rest);
+        return await logsFlushed(() => demo(rest));
       case 'load':
         return await (await import('../load/main.js')).runLoad(rest);
       case 'check-config':

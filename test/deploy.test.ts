@@ -13,6 +13,7 @@ import { parseAllDocuments } from 'yaml';
 import { describe, expect, it } from 'vitest';
 import { parseConfig, type Config } from '../src/config/load.js';
 import { configSchema } from '../src/config/schema.js';
+import { EXIT_FLUSH_TIMEOUT_MS } from '../src/telemetry/log-destination.js';
 import { METRICS } from '../src/telemetry/metrics.js';
 
 const ROOT = join(import.meta.dirname, '..');
@@ -339,12 +340,12 @@ describe('Kubernetes manifests', () => {
     for (const probe of [container.readinessProbe, container.livenessProbe, container.startupProbe]) expect(probePort(probe)).toBe(port);
   });
 
-  it('gives the drain time: preStop, then grace + drain_timeout, within terminationGracePeriodSeconds', () => {
+  it('gives the drain time: preStop, then grace + drain_timeout and the log flush, within terminationGracePeriodSeconds', () => {
     const { shutdown } = mountedConfig();
     const preStop = container.lifecycle?.preStop;
     const sleep = preStop?.sleep?.seconds ?? (preStop?.exec?.command[0] === 'sleep' ? Number(preStop.exec.command[1]) : Number.NaN);
     expect(sleep).toBeGreaterThan(0);
-    const needed = sleep + (shutdown.graceMs + shutdown.drainTimeoutMs) / 1000;
+    const needed = sleep + (shutdown.graceMs + shutdown.drainTimeoutMs + EXIT_FLUSH_TIMEOUT_MS) / 1000;
     expect(pod.terminationGracePeriodSeconds ?? 30).toBeGreaterThan(needed);
   });
 

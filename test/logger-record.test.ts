@@ -92,7 +92,7 @@ describe('dataRecordWriter: the line logger.info writes, built in one JSON.strin
     for (const format of ['json', 'pretty'] as const) {
       const out: string[] = [];
       const destination = new Writable({ write: (chunk: Buffer, _e, done) => void (out.push(chunk.toString()), done()) });
-      const logger = createLogger({ level: 'info', format, requests: true }, destination);
+      const logger = createLogger({ level: 'info', format, requests: true, buffer_bytes: 1 << 20 }, destination);
       let infos = 0;
       const info = logger.info.bind(logger);
       logger.info = ((...args: Parameters<typeof info>) => (infos++, info(...args)));

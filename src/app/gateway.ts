@@ -25,6 +25,7 @@ import type { UpstreamRegistry } from '../proxy/upstreams.js';
 import { RouteBus } from '../routing/route-bus.js';
 import { ObserverGuard } from '../telemetry/guard.js';
 import { BACKGROUND_HOLD_ENDS, ROUTE_SHARE_RESULTS } from '../telemetry/labels.js';
+import { onStdoutDrops } from '../telemetry/log-destination.js';
 import { createLogger } from '../telemetry/logger.js';
 import { GatewayMetrics } from '../telemetry/metrics.js';
 import { createSettlementRecorder } from '../telemetry/settlement.js';
@@ -189,6 +190,8 @@ export function createGateway(config: Config, options: GatewayOptions = {}): Gat
   });
   for (const how of BACKGROUND_HOLD_ENDS) metrics.backgroundHoldEnded(how, 0);
   metrics.backgroundHolding(0);
+  // stdout's dropped log lines, counted here whichever logger dropped them (one destination per process).
+  onStdoutDrops((lines) => guard.run('metrics', () => metrics.logLinesDropped(lines)));
   // One per process, whatever the generation: the event loop's turns are the process's.
   const readTurns = new ReadTurns({ onYield: () => guard.run('metrics', () => metrics.turnYielded()) });
 

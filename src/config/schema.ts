@@ -495,6 +495,11 @@ export const configSchema = z.strictObject({
       format: z.enum(['json', 'pretty']).default('json'),
       /** One wide log line per logical request when it ends. */
       requests: z.boolean().default(true),
+      /**
+       * JSON lines held in memory while stdout does not take them (a stalled pipe); a line past it is dropped and
+       * counted in waybill_log_lines_dropped_total (telemetry/log-destination.ts).
+       */
+      buffer_bytes: z.number().int().min(64 * 1024).default(16 * 1024 * 1024),
     })
     .prefault({}),
   tracing: z

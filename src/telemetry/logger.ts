@@ -6,6 +6,7 @@ import { tracingChannel } from 'node:diagnostics_channel';
 import { Writable } from 'node:stream';
 import { pino, type Logger } from 'pino';
 import type { Config } from '../config/load.js';
+import { stdoutDestination } from './log-destination.js';
 
 const LEVELS: Record<number, string> = { 10: 'TRACE', 20: 'DEBUG', 30: 'INFO', 40: 'WARN', 50: 'ERROR', 60: 'FATAL' };
 const OMITTED = new Set(['level', 'time', 'msg', 'pid', 'hostname', 'service']);
@@ -35,7 +36,8 @@ export function prettyLine(line: string): string {
 
 export function createLogger(logging: Config['logging'], destination: NodeJS.WritableStream = process.stdout): Logger {
   const options = { level: logging.level, base: { service: 'waybill' } };
-  if (logging.format === 'json') return destination === process.stdout ? pino(options) : pino(options, destination);
+  // stdout: bounded, never waited for, flushed once at exit (log-destination.ts); pino's own would hold without bound.
+  if (logging.format === 'json') return pino(options, destination === process.stdout ? stdoutDestination(logging.buffer_bytes) : destination);
   const pretty = new Writable({
     write(chunk: Buffer, _encoding, callback) {
       for (const line of chunk.toString('utf8').split('\n')) if (line !== '') destination.write(prettyLine(line));

@@ -196,6 +196,12 @@ export const METRICS = {
     labels: [],
     help: 'Reads of answering streams that ended past their event-loop turn\'s budget (streaming.turn_budget) and paused their upstream until a later turn; steady growth: the process is behind.',
   },
+  logLinesDropped: {
+    name: 'waybill_log_lines_dropped_total',
+    type: 'counter',
+    labels: [],
+    help: 'JSON log lines dropped instead of held: stdout did not take them within logging.buffer_bytes (its reader stalled), or stdout was gone.',
+  },
   probeFailures: {
     name: 'waybill_upstream_probe_failures_total',
     type: 'counter',

@@ -111,6 +111,7 @@ export class GatewayMetrics {
   private readonly upstreamEjections = new SharedCounter(this.registries, METRICS.upstreamEjections);
   private readonly internalErrors = new SharedCounter(this.registries, METRICS.internalErrors);
   private readonly turnYields = new SharedCounter(this.registries, METRICS.turnYields);
+  private readonly logDrops = new SharedCounter(this.registries, METRICS.logLinesDropped);
   private readonly probeFailures = new SharedCounter(this.registries, METRICS.probeFailures);
   private readonly readsStopped = new SharedCounter(this.registries, METRICS.readsStopped);
   private readonly discoveredModelsRefused = new SharedCounter(this.registries, METRICS.discoveredModelsRefused);
@@ -180,6 +181,7 @@ export class GatewayMetrics {
     for (const component of INTERNAL_ERROR_COMPONENTS) this.internalErrors.inc({ component }, 0);
     for (const result of CONFIG_RELOAD_RESULTS) this.configReloads.inc({ result }, 0);
     this.turnYields.inc({}, 0);
+    this.logDrops.inc({}, 0);
     // Counted by a workers' primary (app/primary.ts), never by the process itself: at zero, so the series exists.
     this.workerLostRequests.inc({}, 0);
     this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
@@ -376,6 +378,11 @@ export class GatewayMetrics {
   /** An answering stream's read yielded the rest of the turn (proxy/read-turns.ts). */
   turnYielded(): void {
     this.turnYields.inc({});
+  }
+
+  /** JSON log lines stdout did not take (telemetry/log-destination.ts). */
+  logLinesDropped(lines: number): void {
+    this.logDrops.inc({}, lines);
   }
 
   probeFailed(upstream: string, probe: 'health' | 'discovery'): void {

@@ -1,0 +1,242 @@
+/**
+ * Where the JSON log lines of `serve` go: the process's stdout, written asynchronously, never more than
+ * `logging.buffer_bytes` held in memory, and never a reason the process cannot exit.
+ *
+ * pino's own stdout destination (sonic-boom, as pino builds it) holds every line it could not write yet, without a
+ * bound: with stdout a pipe whose reader stalls (a log shipper that is stuck, a terminal paused with ^S) the gateway's
+ * memory grew by its whole log stream, 118 → 640 MB in 40 s at 5,000 requests/s. At exit it flushed what it held
+ * with a loop that retries every 100 ms for as long as the write fails, EPIPE included, so `serve` never exited
+ * after SIGTERM once its reader had stalled or gone. And it appends each line to the string it holds and measures
+ * that string's byte length again per line, which copies the whole held batch per line (~3.9 KB allocated per
+ * request at 1,200 requests/s).
+ *
+ * Here: lines are kept as they come (each measured once) and joined per write; a line that would take the held bytes
+ * past the bound is dropped and counted (`waybill_log_lines_dropped_total`), as is everything held once stdout is
+ * gone (EPIPE, or any error but EAGAIN); EAGAIN (a non-blocking stdout that is full) is retried after a short delay.
+ * One write is in flight at a time, so the lines stay in order. At exit what is held is written synchronously, once,
+ * unless a write is still in flight (a blocked pipe: writing beside it could reorder lines, and the process must be
+ * able to end); what does not fit in that one attempt is lost. docs/operations.md, "Logs".
+ */
+import { write as fsWrite, writeSync } from 'node:fs';
+
+/** The largest single write: a batch of held lines is cut here (a line longer than it goes alone). */
+const MAX_WRITE_BYTES = 64 * 1024;
+/** How long a command that logged waits at its end for stdout to take what is held (cli.ts; docs/operations.md). */
+export const EXIT_FLUSH_TIMEOUT_MS = 2000;
+/** A full non-blocking stdout is tried again after this long. */
+const EAGAIN_RETRY_MS = 10;
+
+export interface LogDestinationOptions {
+  fd: number;
+  /** The most bytes held while stdout does not take them; a line past it is dropped. */
+  bufferBytes: number;
+  /** Lines were dropped (how many). */
+  onDrop?: (lines: number) => void;
+  /** Writes: fs.write / fs.writeSync, injectable for tests. */
+  write?: typeof fsWrite;
+  writeSync?: typeof writeSync;
+  /** Schedules an EAGAIN retry: setTimeout, injectable for tests. */
+  later?: (callback: () => void, ms: number) => void;
+}
+
+export class LogDestination {
+  /** Lines held, oldest first, with each one's bytes; heldBytes is their sum plus the write in flight's. */
+  private readonly lines: string[] = [];
+  private readonly sizes: number[] = [];
+  private heldBytes = 0;
+  /** The write in flight: its bytes, what they count in heldBytes, and how many went out already. */
+  private inFlight: Buffer | undefined;
+  private inFlightBytes = 0;
+  private written = 0;
+  /** stdout is gone: nothing more is written. */
+  private broken = false;
+  private droppedLines = 0;
+  private inDropHook = false;
+  /** flush() callers waiting for heldBytes to reach 0. */
+  private readonly waiters: (() => void)[] = [];
+  private readonly fsWrite: typeof fsWrite;
+  private readonly fsWriteSync: typeof writeSync;
+  private readonly later: (callback: () => void, ms: number) => void;
+  private readonly afterWrite = (error: NodeJS.ErrnoException | null, bytes: number) => this.wrote(error, bytes);
+
+  constructor(private readonly options: LogDestinationOptions) {
+    this.fsWrite = options.write ?? fsWrite;
+    this.fsWriteSync = options.writeSync ?? writeSync;
+    this.later = options.later ?? ((callback, ms) => setTimeout(callback, ms).unref());
+  }
+
+  /** Lines dropped so far: past the bound, or held when stdout went away. */
+  get dropped(): number {
+    return this.droppedLines;
+  }
+
+  /** Bytes held, the write in flight included. */
+  get held(): number {
+    return this.heldBytes;
+  }
+
+  /** pino's stream interface: one or more whole lines. Returns false once the bound is reached (never blocks). */
+  write(line: string): boolean {
+    const bytes = Buffer.byteLength(line);
+    if (this.broken || this.heldBytes + bytes > this.options.bufferBytes) {
+      this.drop(1);
+      return false;
+    }
+    this.lines.push(line);
+    this.sizes.push(bytes);
+    this.heldBytes += bytes;
+    if (this.inFlight === undefined) this.next();
+    return true;
+  }
+
+  /** Resolves once everything held is written (or stdout is gone), or after `timeoutMs`, whichever comes first. */
+  flush(timeoutMs: number): Promise<void> {
+    if (this.heldBytes === 0 || this.broken) return Promise.resolve();
+    return new Promise((resolve) => {
+      // Not unref'd: it keeps the process alive for the retries of a full stdout (EAGAIN), whose timers are.
+      const timer = setTimeout(done, timeoutMs);
+      const waiters = this.waiters;
+      function done(): void {
+        clearTimeout(timer);
+        const at = waiters.indexOf(done);
+        if (at >= 0) waiters.splice(at, 1);
+        resolve();
+      }
+      waiters.push(done);
+    });
+  }
+
+  /** At exit: what is held, written synchronously in one attempt each, unless an asynchronous write is in flight. */
+  flushSync(): void {
+    if (this.inFlight !== undefined || this.broken) return;
+    while (this.lines.length > 0) {
+      const [batch, counted] = this.take();
+      let at = 0;
+      try {
+        while (at < batch.length) at += this.fsWriteSync(this.options.fd, batch, at);
+      } catch {
+        // EAGAIN (full) or gone: what is left cannot be written without waiting, and the process is ending.
+        this.fail(lineCount(batch.subarray(at)));
+        return;
+      }
+      this.heldBytes -= counted;
+    }
+  }
+
+  /** stdout will not take lines again: the lines held (and `extra` taken out of them) are dropped. */
+  private fail(extra: number): void {
+    this.broken = true;
+    const lines = this.lines.length + extra;
+    this.lines.length = 0;
+    this.sizes.length = 0;
+    this.heldBytes = 0;
+    this.inFlight = undefined;
+    this.inFlightBytes = 0;
+    this.drop(lines);
+    this.settled();
+  }
+
+  /** Nothing is held: whoever waits in flush() goes on. */
+  private settled(): void {
+    for (const waiter of this.waiters.slice()) waiter();
+  }
+
+  private drop(lines: number): void {
+    this.droppedLines += lines;
+    // A hook that logs (an observer's error report) drops again while stdout is full: counted, not called again.
+    if (this.inDropHook) return;
+    this.inDropHook = true;
+    try {
+      this.options.onDrop?.(lines);
+    } finally {
+      this.inDropHook = false;
+    }
+  }
+
+  /** Joins held lines, oldest first, up to MAX_WRITE_BYTES (at least one line); with the bytes they counted. */
+  private take(): [Buffer, number] {
+    let count = 0;
+    let bytes = 0;
+    while (count < this.lines.length) {
+      const size = this.sizes[count] as number;
+      if (count > 0 && bytes + size > MAX_WRITE_BYTES) break;
+      bytes += size;
+      count++;
+    }
+    const text = count === 1 ? (this.lines[0] as string) : this.lines.slice(0, count).join('');
+    this.lines.splice(0, count);
+    this.sizes.splice(0, count);
+    return [Buffer.from(text, 'utf8'), bytes];
+  }
+
+  private next(): void {
+    if (this.lines.length === 0 || this.broken) {
+      this.settled();
+      return;
+    }
+    [this.inFlight, this.inFlightBytes] = this.take();
+    this.written = 0;
+    this.send();
+  }
+
+  private send(): void {
+    const buffer = this.inFlight as Buffer;
+    this.fsWrite(this.options.fd, buffer, this.written, buffer.length - this.written, null, this.afterWrite);
+  }
+
+  private wrote(error: NodeJS.ErrnoException | null, bytes: number): void {
+    const buffer = this.inFlight as Buffer;
+    if (error !== null) {
+      if (error.code === 'EAGAIN') {
+        this.later(() => this.send(), EAGAIN_RETRY_MS);
+        return;
+      }
+      // EPIPE (the reader is gone), EBADF, ...: stdout will not take lines again. What is left of the batch in
+      // flight counts one line per line end.
+      this.fail(lineCount(buffer.subarray(this.written)));
+      return;
+    }
+    this.written += bytes;
+    if (this.written < buffer.length) {
+      this.send();
+      return;
+    }
+    this.heldBytes -= this.inFlightBytes;
+    this.inFlight = undefined;
+    this.inFlightBytes = 0;
+    this.next();
+  }
+}
+
+function lineCount(buffer: Buffer): number {
+  let lines = 0;
+  for (let at = buffer.indexOf(0x0a); at >= 0; at = buffer.indexOf(0x0a, at + 1)) lines++;
+  return Math.max(lines, 1);
+}
+
+let stdout: LogDestination | undefined;
+let dropHook: ((lines: number) => void) | undefined;
+
+/**
+ * The process's stdout destination, one per process whatever the number of loggers writing to it, made on first use
+ * with the bound of the first configuration that asks (a reload does not change it). Flushed at exit.
+ */
+export function stdoutDestination(bufferBytes: number): LogDestination {
+  if (stdout !== undefined) return stdout;
+  const destination = new LogDestination({ fd: 1, bufferBytes, onDrop: (lines) => dropHook?.(lines) });
+  stdout = destination;
+  process.on('exit', () => destination.flushSync());
+  return destination;
+}
+
+/** Waits up to `timeoutMs` for stdout to take the lines held (none held, or no destination: at once). */
+export function flushStdout(timeoutMs: number): Promise<void> {
+  return stdout?.flush(timeoutMs) ?? Promise.resolve();
+}
+
+/** Counts stdout's dropped lines from now on, after the ones dropped before (one counter per process: the last set). */
+export function onStdoutDrops(count: (lines: number) => void): void {
+  dropHook = count;
+  const before = stdout?.dropped ?? 0;
+  if (before > 0) count(before);
+}

@@ -1,0 +1,281 @@
+/**
+ * stdout's JSON log destination (src/telemetry/log-destination.ts): bounded while stdout does not take lines, every
+ * line either written once, in order, or dropped and counted, and never a reason the process cannot exit.
+ *
+ * - a property over writes that complete in any order with the lines, partial writes, EAGAIN and a failure: the bytes
+ *   written are the accepted lines in order, each once; accepted + dropped = lines given; held never past the bound;
+ * - `waybill serve` with its stdout a socket the test stops reading: requests still answered, the lines past
+ *   `logging.buffer_bytes` counted in waybill_log_lines_dropped_total, and lines read + dropped = lines logged;
+ * - the same with stdout never read again: SIGTERM ends the process (pino's own destination retried forever).
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import fc from 'fast-check';
+import { request } from 'undici';
+import { stringify } from 'yaml';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ConfigInput } from '../src/config/schema.js';
+import { LogDestination } from '../src/telemetry/log-destination.js';
+import { metricValue } from './helpers/stack.js';
+import { startScripted, type Scripted } from './helpers/scripted.js';
+
+type WriteCallback = (error: NodeJS.ErrnoException | null, bytes: number) => void;
+interface PendingWrite {
+  bytes: Buffer;
+  callback: WriteCallback;
+}
+
+/** A destination over a fake fd: writes wait in `pending` until the test completes them. */
+function rig(bufferBytes: number) {
+  const pending: PendingWrite[] = [];
+  const out: Buffer[] = [];
+  const retries: Array<() => void> = [];
+  let dropped = 0;
+  const write = ((_fd: number, buffer: Buffer, offset: number, length: number, _position: null, callback: WriteCallback) => {
+    pending.push({ bytes: buffer.subarray(offset, offset + length), callback });
+  }) as unknown as typeof import('node:fs').write;
+  const destination = new LogDestination({
+    fd: 99,
+    bufferBytes,
+    onDrop: (lines) => (dropped += lines),
+    write,
+    writeSync: ((_fd: number, buffer: Buffer, offset: number) => {
+      out.push(buffer.subarray(offset));
+      return buffer.length - offset;
+    }) as unknown as typeof import('node:fs').writeSync,
+    later: (callback) => retries.push(callback),
+  });
+  return { destination, pending, out, retries, dropped: () => dropped };
+}
+
+describe('LogDestination', () => {
+  it('writes accepted lines once and in order, drops and counts the rest, never holds past its bound', () => {
+    const line = fc.string({ unit: 'grapheme', maxLength: 40 }).map((text) => `${JSON.stringify({ msg: text })}\n`);
+    const step = fc.oneof(
+      fc.record({ kind: fc.constant('log' as const), line }),
+      fc.record({ kind: fc.constant('complete' as const), part: fc.double({ min: 0, max: 1, noNaN: true }) }),
+      fc.record({ kind: fc.constant('eagain' as const) }),
+      fc.record({ kind: fc.constant('retry' as const) }),
+    );
+    fc.assert(
+      fc.property(fc.integer({ min: 1, max: 300 }), fc.array(step, { maxLength: 80 }), fc.boolean(), (bound, steps, failAtEnd) => {
+        const r = rig(bound);
+        const accepted: string[] = [];
+        let given = 0;
+        const written: Buffer[] = [];
+        for (const s of steps) {
+          if (s.kind === 'log') {
+            given++;
+            if (r.destination.write(s.line)) accepted.push(s.line);
+          } else if (s.kind === 'complete' || s.kind === 'eagain') {
+            const write = r.pending.shift();
+            if (write === undefined) continue;
+            if (s.kind === 'eagain') {
+              write.callback(Object.assign(new Error('EAGAIN'), { code: 'EAGAIN' }), 0);
+              continue;
+            }
+            // Part of the bytes, at least one: the destination must write the rest.
+            const n = Math.max(1, Math.floor(write.bytes.length * s.part));
+            written.push(write.bytes.subarray(0, n));
+            write.callback(null, n);
+          } else {
+            r.retries.shift()?.();
+          }
+          expect(r.destination.held).toBeLessThanOrEqual(bound);
+          expect(r.pending.length).toBeLessThanOrEqual(1);
+        }
+        // Drain: complete everything, or fail the write in flight (EPIPE: the rest is dropped).
+        for (let guard = 0; guard < 10_000; guard++) {
+          r.retries.shift()?.();
+          const write = r.pending.shift();
+          if (write === undefined) break;
+          if (failAtEnd) {
+            write.callback(Object.assign(new Error('EPIPE'), { code: 'EPIPE' }), 0);
+            break;
+          }
+          written.push(write.bytes);
+          write.callback(null, write.bytes.length);
+        }
+        const text = Buffer.concat(written).toString('utf8');
+        const writtenLines = text === '' ? [] : text.split(/(?<=\n)/);
+        if (!failAtEnd) {
+          expect(writtenLines).toEqual(accepted);
+          expect(r.destination.held).toBe(0);
+        } else {
+          // Whatever went out is a prefix of the accepted lines (a line cut by the failure counts as dropped).
+          const whole = writtenLines.filter((l) => l.endsWith('\n'));
+          expect(whole).toEqual(accepted.slice(0, whole.length));
+          expect(whole.length + r.dropped() - (given - accepted.length)).toBe(accepted.length);
+        }
+        if (!failAtEnd) expect(r.dropped()).toBe(given - accepted.length);
+        expect(r.destination.dropped).toBe(r.dropped());
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it('after stdout is gone, drops and counts every line; flush resolves at once', async () => {
+    const r = rig(1 << 20);
+    r.destination.write('{"a":1}\n');
+    r.destination.write('{"a":2}\n');
+    r.pending.shift()?.callback(Object.assign(new Error('EPIPE'), { code: 'EPIPE' }), 0);
+    expect(r.dropped()).toBe(2);
+    expect(r.destination.write('{"a":3}\n')).toBe(false);
+    expect(r.dropped()).toBe(3);
+    expect(r.pending).toHaveLength(0);
+    await r.destination.flush(60_000);
+  });
+
+  it('flush waits for the held lines to be written, and gives up after its timeout while a write hangs', async () => {
+    const r = rig(1 << 20);
+    r.destination.write('{"a":1}\n');
+    r.destination.write('{"a":2}\n');
+    let flushed = false;
+    const flushing = r.destination.flush(60_000).then(() => (flushed = true));
+    const first = r.pending.shift() as PendingWrite;
+    first.callback(null, first.bytes.length);
+    expect(flushed).toBe(false);
+    const second = r.pending.shift() as PendingWrite;
+    expect(second.bytes.toString()).toBe('{"a":2}\n');
+    second.callback(null, second.bytes.length);
+    await flushing;
+    expect(flushed).toBe(true);
+    // A write that never completes: the flush ends on its timeout, with the line still held.
+    r.destination.write('{"a":3}\n');
+    await r.destination.flush(5);
+    expect(r.destination.held).toBe(8);
+  });
+
+  it('at exit writes what is held when no write is in flight, and skips it while one is', () => {
+    const r = rig(1 << 20);
+    r.destination.write('{"a":1}\n');
+    r.destination.flushSync();
+    // The write in flight may be blocked on a stalled pipe: writing beside it could reorder; nothing written.
+    expect(r.out).toHaveLength(0);
+    const first = r.pending.shift() as PendingWrite;
+    r.destination.write('{"a":2}\n');
+    // Held behind the write in flight until it completes; then it goes out asynchronously, not at exit.
+    first.callback(null, first.bytes.length);
+    expect(r.pending).toHaveLength(1);
+  });
+});
+
+const COMPLETION = JSON.stringify({
+  id: 'c',
+  object: 'chat.completion',
+  created: 1,
+  model: 'sim-model',
+  choices: [{ index: 0, message: { role: 'assistant', content: 'hi' }, finish_reason: 'stop' }],
+  usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
+});
+const CHAT = JSON.stringify({ model: 'sim-model', messages: [{ role: 'user', content: 'hi' }] });
+const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
+
+describe('waybill serve with a stdout nobody reads', () => {
+  let upstream: Scripted;
+  let dir: string;
+  beforeAll(async () => {
+    upstream = await startScripted((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(COMPLETION);
+    });
+    dir = mkdtempSync(join(tmpdir(), 'waybill-logdest-'));
+  });
+  afterAll(async () => {
+    await upstream.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  /** Starts serve with stdout a socket; reads its lines until it listens, then stops reading. */
+  async function start(name: string): Promise<{ child: ChildProcess; base: string; lines: string[]; resume: () => void }> {
+    const config: ConfigInput = {
+      server: { host: '127.0.0.1', port: 0 },
+      pools: [{ name: 'p', models: ['sim-model'], upstreams: [{ name: 'u', url: upstream.url }] }],
+      health: { interval: '1h' },
+      engine_signals: { enabled: false },
+      shutdown: { grace: '0s', drain_timeout: '1s' },
+      logging: { buffer_bytes: 65536 },
+    };
+    const file = join(dir, `${name}.yaml`);
+    writeFileSync(file, stringify(config));
+    const child = spawn(process.execPath, [BIN, 'serve', '--config', file, '--workers', '1'], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const stdout = child.stdout;
+    const lines: string[] = [];
+    let rest = '';
+    let paused = false;
+    let listening: (url: string) => void = () => undefined;
+    const url = new Promise<string>((resolve) => (listening = resolve));
+    stdout.setEncoding('utf8');
+    stdout.on('data', (text: string) => {
+      const parts = (rest + text).split('\n');
+      rest = parts.pop() as string;
+      for (const part of parts) {
+        lines.push(part);
+        const record = JSON.parse(part) as { msg?: string; url?: string };
+        if (record.msg === 'waybill listening' && !paused) {
+          // Nothing read from here on until resume(): the socket fills, then the gateway's writes wait.
+          paused = true;
+          stdout.pause();
+          listening(record.url ?? '');
+        }
+      }
+    });
+    return { child, base: await url, lines, resume: () => stdout.resume() };
+  }
+
+  async function send(base: string, count: number): Promise<void> {
+    let next = 0;
+    const worker = async () => {
+      while (next < count) {
+        next++;
+        const response = await request(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: CHAT });
+        expect(response.statusCode).toBe(200);
+        await response.body.text();
+      }
+    };
+    await Promise.all(Array.from({ length: 16 }, worker));
+  }
+
+  const REQUESTS = 3000;
+
+  it('answers every request, counts the lines past logging.buffer_bytes, and every request line is read or counted', async () => {
+    const { child, base, lines, resume } = await start('count');
+    try {
+      await send(base, REQUESTS);
+      const dropped = metricValue(await (await request(`${base}/metrics`)).body.text(), 'waybill_log_lines_dropped_total');
+      // ~3000 lines of several hundred bytes against 64 KiB held and a socket's buffer: most cannot be held.
+      expect(dropped).toBeGreaterThan(0);
+      const metrics = await (await request(`${base}/metrics`)).body.text();
+      expect(metricValue(metrics, 'waybill_requests_total', { outcome: 'delivered' })).toBe(REQUESTS);
+      resume();
+      child.kill('SIGTERM');
+      // 'close': the process exited and its stdout was read to the end.
+      expect((await once(child, 'close'))[0]).toBe(0);
+      const requestLines = lines.filter((line) => (JSON.parse(line) as { msg?: string }).msg === 'request').length;
+      // Only request lines were logged while stdout was not read (health checks hourly, engine signals off); the
+      // lines held when SIGTERM came were written before the exit (the shutdown's own lines after them).
+      expect(requestLines + dropped).toBe(REQUESTS);
+      expect(lines.some((line) => (JSON.parse(line) as { msg?: string }).msg === 'shutting down')).toBe(true);
+    } finally {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    }
+  }, 120_000);
+
+  it('exits on SIGTERM while stdout is still not read (within drain_timeout + the 2 s log flush + 20 s of margin)', async () => {
+    const { child, base } = await start('exit');
+    try {
+      await send(base, REQUESTS);
+      child.kill('SIGTERM');
+      const exited = once(child, 'exit');
+      const deadline = new Promise<'hung'>((resolve) => setTimeout(() => resolve('hung'), 23_000).unref());
+      const result = await Promise.race([exited, deadline]);
+      expect(result).not.toBe('hung');
+      expect((result as unknown[])[0]).toBe(0);
+    } finally {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    }
+  }, 120_000);
+});

@@ -3,7 +3,7 @@
  * `logging.buffer_bytes` held in memory, and never a reason the process cannot exit.
  *
  * pino's own stdout destination (sonic-boom, as pino builds it) holds every line it could not write yet, without a
- * bound: with stdout a pipe whose reader stalls (a log shipper that is stuck, a terminal paused with ^S) the gateway's
+ * bound: with stdout a pipe whose reader stalls (a log shipper or container runtime that is stuck) the gateway's
  * memory grew by its whole log stream, 118 → 640 MB in 40 s at 5,000 requests/s. At exit it flushed what it held
  * with a loop that retries every 100 ms for as long as the write fails, EPIPE included, so `serve` never exited
  * after SIGTERM once its reader had stalled or gone. And it appends each line to the string it holds and measures
@@ -13,14 +13,21 @@
  * Here: lines are kept as they come (each measured once) and joined per write; a line that would take the held bytes
  * past the bound is dropped and counted (`waybill_log_lines_dropped_total`), as is everything held once stdout is
  * gone (EPIPE, or any error but EAGAIN); EAGAIN (a non-blocking stdout that is full) is retried after a short delay.
- * One write is in flight at a time, so the lines stay in order. At exit what is held is written synchronously, once,
- * unless a write is still in flight (a blocked pipe: writing beside it could reorder lines, and the process must be
- * able to end); what does not fit in that one attempt is lost. docs/operations.md, "Logs".
+ * One write is in flight at a time, so the lines stay in order. `serve` waits up to EXIT_FLUSH_TIMEOUT_MS for what is
+ * held before it exits (cli.ts); an exit without that wait (a crash, a second signal) writes the lines held behind the
+ * write in flight synchronously, one attempt (flushSync). A terminal is the exception: its fd stays blocking, so a
+ * terminal that does not read (^S) blocks one thread-pool thread, and the exit, until it reads again. docs/operations.md,
+ * "Logs".
  */
 import { write as fsWrite, writeSync } from 'node:fs';
+import { isatty } from 'node:tty';
 
-/** The largest single write: a batch of held lines is cut here (a line longer than it goes alone). */
-const MAX_WRITE_BYTES = 64 * 1024;
+/**
+ * The largest single write: a batch of held lines is cut here (a line longer than it goes alone). PIPE_BUF on Linux:
+ * a write that size or smaller goes into a pipe whole, so the lines of `--workers N`, which share the primary's stdout,
+ * never tear into each other (sonic-boom wrote up to 16 KiB at once).
+ */
+const MAX_WRITE_BYTES = 4096;
 /** How long a command that logged waits at its end for stdout to take what is held (cli.ts; docs/operations.md). */
 export const EXIT_FLUSH_TIMEOUT_MS = 2000;
 /** A full non-blocking stdout is tried again after this long. */
@@ -35,6 +42,8 @@ export interface LogDestinationOptions {
   /** Writes: fs.write / fs.writeSync, injectable for tests. */
   write?: typeof fsWrite;
   writeSync?: typeof writeSync;
+  /** A synchronous write to the fd can wait indefinitely (a terminal): flushSync then skips while a write is in flight. */
+  mayBlock?: boolean;
   /** Schedules an EAGAIN retry: setTimeout, injectable for tests. */
   later?: (callback: () => void, ms: number) => void;
 }
@@ -52,6 +61,7 @@ export class LogDestination {
   private broken = false;
   private droppedLines = 0;
   private inDropHook = false;
+  private droppedInHook = 0;
   /** flush() callers waiting for heldBytes to reach 0. */
   private readonly waiters: (() => void)[] = [];
   private readonly fsWrite: typeof fsWrite;
@@ -90,7 +100,7 @@ export class LogDestination {
   }
 
   /** Resolves once everything held is written (or stdout is gone), or after `timeoutMs`, whichever comes first. */
-  flush(timeoutMs: number): Promise<void> {
+  whenWritten(timeoutMs: number): Promise<void> {
     if (this.heldBytes === 0 || this.broken) return Promise.resolve();
     return new Promise((resolve) => {
       // Not unref'd: it keeps the process alive for the retries of a full stdout (EAGAIN), whose timers are.
@@ -106,9 +116,29 @@ export class LogDestination {
     });
   }
 
-  /** At exit: what is held, written synchronously in one attempt each, unless an asynchronous write is in flight. */
+  /** pino's `logger.flush(cb)`: `cb` once everything held is written or stdout is gone (no timeout). */
+  flush(cb?: (error?: Error) => void): void {
+    if (this.heldBytes === 0 || this.broken) {
+      cb?.();
+      return;
+    }
+    const waiters = this.waiters;
+    const done = (): void => {
+      const at = waiters.indexOf(done);
+      if (at >= 0) waiters.splice(at, 1);
+      cb?.();
+    };
+    waiters.push(done);
+  }
+
+  /**
+   * At exit (a crash's `process.exit`, a second signal), with no event loop left: the lines held behind the write in
+   * flight are written synchronously, one attempt each, so the last lines (a fatal error's) are not lost. They can
+   * land before the batch in flight if the thread pool has not written it yet. Not when a write could block the exit
+   * (`mayBlock`: a terminal, whose fd stays blocking) while one is in flight: that one may be blocked already.
+   */
   flushSync(): void {
-    if (this.inFlight !== undefined || this.broken) return;
+    if (this.broken || (this.inFlight !== undefined && this.options.mayBlock === true)) return;
     while (this.lines.length > 0) {
       const [batch, counted] = this.take();
       let at = 0;
@@ -143,11 +173,17 @@ export class LogDestination {
 
   private drop(lines: number): void {
     this.droppedLines += lines;
-    // A hook that logs (an observer's error report) drops again while stdout is full: counted, not called again.
-    if (this.inDropHook) return;
+    // A hook that logs (an observer's error report) drops again while stdout is full: those lines are reported with
+    // the next drop, not by calling the hook again from inside itself (one that always logs would never end).
+    if (this.inDropHook) {
+      this.droppedInHook += lines;
+      return;
+    }
+    const report = lines + this.droppedInHook;
+    this.droppedInHook = 0;
     this.inDropHook = true;
     try {
-      this.options.onDrop?.(lines);
+      this.options.onDrop?.(report);
     } finally {
       this.inDropHook = false;
     }
@@ -223,7 +259,8 @@ let dropHook: ((lines: number) => void) | undefined;
  */
 export function stdoutDestination(bufferBytes: number): LogDestination {
   if (stdout !== undefined) return stdout;
-  const destination = new LogDestination({ fd: 1, bufferBytes, onDrop: (lines) => dropHook?.(lines) });
+  // A terminal's fd stays blocking (Node's tty.WriteStream); a pipe's is made non-blocking by process.stdout.
+  const destination = new LogDestination({ fd: 1, bufferBytes, mayBlock: isatty(1), onDrop: (lines) => dropHook?.(lines) });
   stdout = destination;
   process.on('exit', () => destination.flushSync());
   return destination;
@@ -231,7 +268,7 @@ export function stdoutDestination(bufferBytes: number): LogDestination {
 
 /** Waits up to `timeoutMs` for stdout to take the lines held (none held, or no destination: at once). */
 export function flushStdout(timeoutMs: number): Promise<void> {
-  return stdout?.flush(timeoutMs) ?? Promise.resolve();
+  return stdout?.whenWritten(timeoutMs) ?? Promise.resolve();
 }
 
 /** Counts stdout's dropped lines from now on, after the ones dropped before (one counter per process: the last set). */

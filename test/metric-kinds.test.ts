@@ -146,16 +146,51 @@ describe("SharedCounter's samples found by their label values", () => {
     );
   });
 
+  it("counts as prom-client's own exemplar counter does, with and without traces, exemplars included", async () => {
+    const trace = fc.constantFrom(undefined, '0af7651916cd43dd8448eb211c80319c', '4bf92f3577b34da6a3ce929d0e0e4736');
+    await fc.assert(
+      fc.asyncProperty(fc.array(fc.record({ step, trace }), { maxLength: 40 }), async (draws) => {
+        const r = registries();
+        const shared = new SharedCounter(r, SPEC3, true);
+        // The oracle: prom-client's exemplar counter in an OpenMetrics registry of its own, called as it documents.
+        const oracleRegistry = new Registry<OpenMetricsContentType>();
+        oracleRegistry.setContentType(Registry.OPENMETRICS_CONTENT_TYPE);
+        const oracle = new Counter({ name: SPEC3.name, help: SPEC3.help, labelNames: SPEC3.labels, registers: [oracleRegistry], enableExemplars: true });
+        for (const { step: { labels, by }, trace: traceId } of draws) {
+          const given = labels as Record<string, string>;
+          let oracleError: unknown;
+          let sharedError: unknown;
+          try {
+            if (traceId === undefined) oracle.inc({ labels: given, value: by });
+            else oracle.inc({ labels: given, value: by, exemplarLabels: { trace_id: traceId } as Record<string, string> });
+          } catch (error) {
+            oracleError = error;
+          }
+          try {
+            shared.inc(given, by, traceId === undefined ? undefined : { trace_id: traceId });
+          } catch (error) {
+            sharedError = error;
+          }
+          expect(String(sharedError)).toBe(String(oracleError));
+        }
+        // Exemplars carry the time of their increment: compared without it.
+        const untimed = (text: string) => samples(text).map((line) => line.replace(/ \d+(\.\d+)?$/, (m) => (line.includes(' # {') ? '' : m)));
+        expect(untimed(await r.open.metrics()).sort()).toEqual(untimed(await oracleRegistry.metrics()).sort());
+      }),
+      { numRuns: 300 },
+    );
+  });
+
   it('adds to the sample prom-client made for a label set, without a new one per increment', async () => {
     const r = registries();
     const shared = new SharedCounter(r, SPEC3);
     shared.inc({ model: 'm', tenant: 't', kind: 'prompt' }, 5);
-    const metric = r.text.getSingleMetric(SPEC3.name) as unknown as { hashMap: Record<string, { value: number }>; inc: (...args: unknown[]) => unknown };
+    const metric = r.text.getSingleMetric(SPEC3.name) as unknown as { hashMap: Record<string, { value: number }>; incWithoutExemplar: (...args: unknown[]) => unknown };
     const [sample] = Object.values(metric.hashMap);
     // prom-client's own increment (its key string) is not called again for a set seen before; a new set goes to it.
-    const promInc = metric.inc.bind(metric);
+    const promInc = metric.incWithoutExemplar.bind(metric);
     let promCalls = 0;
-    metric.inc = (...args: unknown[]) => (promCalls++, promInc(...args));
+    metric.incWithoutExemplar = (...args: unknown[]) => (promCalls++, promInc(...args));
     shared.inc({ kind: 'prompt', tenant: 't', model: 'm' }, 2);
     shared.inc({ model: 'm', tenant: 't', kind: 'prompt' });
     expect(promCalls).toBe(0);
@@ -165,6 +200,21 @@ describe("SharedCounter's samples found by their label values", () => {
     expect(Object.values(metric.hashMap)[0]).toBe(sample);
     expect(sample?.value).toBe(8);
     expect(samples(await r.text.metrics())).toEqual(['demo_tokens_total{model="m",tenant="t",kind="prompt"} 8', 'demo_tokens_total{model="m",tenant="t",kind="completion"} 1']);
+  });
+
+  it('takes the same way for an exemplar counter incremented without a trace, and prom-client\'s with one', () => {
+    const r = registries();
+    const shared = new SharedCounter(r, SPEC3, true);
+    const L = { model: 'm', tenant: 't', kind: 'prompt' };
+    shared.inc(L);
+    const metric = r.open.getSingleMetric(SPEC3.name) as unknown as { incWithoutExemplar: (...args: unknown[]) => unknown };
+    const promInc = metric.incWithoutExemplar.bind(metric);
+    let promCalls = 0;
+    metric.incWithoutExemplar = (...args: unknown[]) => (promCalls++, promInc(...args));
+    shared.inc(L);
+    expect(promCalls).toBe(0);
+    shared.inc(L, 1, { trace_id: '0af7651916cd43dd8448eb211c80319c' });
+    expect(promCalls).toBe(1);
   });
 
   it("forgets its samples when prom-client's are reset or one is removed, and refuses a label prom-client refuses", async () => {

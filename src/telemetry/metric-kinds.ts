@@ -49,24 +49,28 @@ export class SharedCounter<S extends MetricSpec> {
   }
 
   inc(labels: LabelSet<S>, value = 1, exemplarLabels?: Record<string, string>): void {
-    if (!this.exemplars) this.incSeen(labels, value);
-    // Without a trace, no exemplar label set at all: prom-client's counter skips only its own default empty set,
-    // and would record any other `{}` as an exemplar, replacing a real one. prom-client types exemplar labels as
-    // the metric's own label names; trace_id is not one of them.
-    else if (exemplarLabels === undefined) this.counter.inc({ labels, value });
+    // Without a trace, no exemplar: what prom-client's exemplar increment does then is its plain one (it skips its
+    // own default empty set, and would record any other `{}` as an exemplar, replacing a real one), so the samples
+    // seen serve it too. prom-client types exemplar labels as the metric's own label names; trace_id is not one.
+    if (!this.exemplars || exemplarLabels === undefined) this.incSeen(labels, value);
     else this.counter.inc({ labels, value, exemplarLabels: exemplarLabels as LabelSet<S> });
+  }
+
+  /** prom-client's plain increment, whichever `inc` an exemplar counter has (it takes an object): the label set's key. */
+  private promInc(labels: LabelSet<S>, value: number): { labelHash?: string } | undefined {
+    return (this.counter as unknown as { incWithoutExemplar: (labels: LabelSet<S>, value: number) => { labelHash?: string } | undefined }).incWithoutExemplar(labels, value);
   }
 
   private incSeen(labels: LabelSet<S>, value: number): void {
     const names = this.labelNames;
-    if (names.length === 0) return void this.counter.inc(labels, value);
+    if (names.length === 0) return void this.promInc(labels, value);
     const samples = (this.counter as unknown as { hashMap?: Record<string, { value: number }> }).hashMap;
     if (samples !== this.seenIn) {
       this.seen.clear();
       this.seenIn = samples;
     }
     // A label prom-client does not know goes to it, to be refused as before (its check walks inherited keys too).
-    for (const key in labels) if (!this.labelNameSet.has(key)) return void this.counter.inc(labels, value);
+    for (const key in labels) if (!this.labelNameSet.has(key)) return void this.promInc(labels, value);
     const last = labels[names[names.length - 1] as Labels<S>];
     const seen = this.lastLevel(labels, false)?.get(last) as { value: number } | undefined;
     // A value prom-client would refuse (negative, not finite) goes to it, to be refused as before.
@@ -74,7 +78,7 @@ export class SharedCounter<S extends MetricSpec> {
       seen.value += value;
       return;
     }
-    const { labelHash } = (this.counter.inc as (labels: LabelSet<S>, value: number) => { labelHash?: string } | undefined)(labels, value) ?? {};
+    const { labelHash } = this.promInc(labels, value) ?? {};
     const sample = labelHash === undefined ? undefined : samples?.[labelHash];
     if (sample !== undefined) this.lastLevel(labels, true)?.set(last, sample);
   }

@@ -36,7 +36,8 @@ export function prettyLine(line: string): string {
 
 export function createLogger(logging: Config['logging'], destination: NodeJS.WritableStream = process.stdout): Logger {
   const options = { level: logging.level, base: { service: 'waybill' } };
-  // stdout: bounded, never waited for, flushed once at exit (log-destination.ts); pino's own would hold without bound.
+  // stdout: bounded, never waited for while serving, waited for up to 2 s at exit (log-destination.ts); pino's own
+  // held without bound and could not exit once stdout stalled.
   if (logging.format === 'json') return pino(options, destination === process.stdout ? stdoutDestination(logging.buffer_bytes) : destination);
   const pretty = new Writable({
     write(chunk: Buffer, _encoding, callback) {

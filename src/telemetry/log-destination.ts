@@ -62,7 +62,7 @@ export class LogDestination {
   private droppedLines = 0;
   private inDropHook = false;
   private droppedInHook = 0;
-  /** flush() callers waiting for heldBytes to reach 0. */
+  /** Callers of whenWritten and flush waiting for heldBytes to reach 0. */
   private readonly waiters: (() => void)[] = [];
   private readonly fsWrite: typeof fsWrite;
   private readonly fsWriteSync: typeof writeSync;
@@ -101,34 +101,37 @@ export class LogDestination {
 
   /** Resolves once everything held is written (or stdout is gone), or after `timeoutMs`, whichever comes first. */
   whenWritten(timeoutMs: number): Promise<void> {
-    if (this.heldBytes === 0 || this.broken) return Promise.resolve();
     return new Promise((resolve) => {
       // Not unref'd: it keeps the process alive for the retries of a full stdout (EAGAIN), whose timers are.
-      const timer = setTimeout(done, timeoutMs);
-      const waiters = this.waiters;
-      function done(): void {
+      let timer: NodeJS.Timeout | undefined;
+      const cancel = this.whenSettled(() => {
         clearTimeout(timer);
-        const at = waiters.indexOf(done);
-        if (at >= 0) waiters.splice(at, 1);
         resolve();
-      }
-      waiters.push(done);
+      });
+      if (cancel !== undefined)
+        timer = setTimeout(() => {
+          cancel();
+          resolve();
+        }, timeoutMs);
     });
   }
 
   /** pino's `logger.flush(cb)`: `cb` once everything held is written or stdout is gone (no timeout). */
   flush(cb?: (error?: Error) => void): void {
+    this.whenSettled(() => cb?.());
+  }
+
+  /** Calls `callback` once nothing is held (at once if nothing is); returns how to stop waiting, while it waits. */
+  private whenSettled(callback: () => void): (() => void) | undefined {
     if (this.heldBytes === 0 || this.broken) {
-      cb?.();
-      return;
+      callback();
+      return undefined;
     }
-    const waiters = this.waiters;
-    const done = (): void => {
-      const at = waiters.indexOf(done);
-      if (at >= 0) waiters.splice(at, 1);
-      cb?.();
+    this.waiters.push(callback);
+    return () => {
+      const at = this.waiters.indexOf(callback);
+      if (at >= 0) this.waiters.splice(at, 1);
     };
-    waiters.push(done);
   }
 
   /**
@@ -166,9 +169,9 @@ export class LogDestination {
     this.settled();
   }
 
-  /** Nothing is held: whoever waits in flush() goes on. */
+  /** Nothing is held: whoever waits (whenWritten, flush) goes on. */
   private settled(): void {
-    for (const waiter of this.waiters.slice()) waiter();
+    for (const waiter of this.waiters.splice(0)) waiter();
   }
 
   private drop(lines: number): void {

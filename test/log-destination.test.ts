@@ -8,9 +8,9 @@
  *   `logging.buffer_bytes` counted in waybill_log_lines_dropped_total, and lines read + dropped = lines logged;
  * - the same with stdout never read again: SIGTERM ends the process (pino's own destination retried forever).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import fc from 'fast-check';
@@ -18,7 +18,7 @@ import { request } from 'undici';
 import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ConfigInput } from '../src/config/schema.js';
-import { LogDestination } from '../src/telemetry/log-destination.js';
+import { FILE_WRITE_BYTES, LogDestination, maxWriteBytesFor, PIPE_WRITE_BYTES } from '../src/telemetry/log-destination.js';
 import { metricValue } from './helpers/stack.js';
 import { startScripted, type Scripted } from './helpers/scripted.js';
 
@@ -29,7 +29,7 @@ interface PendingWrite {
 }
 
 /** A destination over a fake fd: writes wait in `pending` until the test completes them. */
-function rig(bufferBytes: number, options: { mayBlock?: boolean; onDrop?: (lines: number) => void } = {}) {
+function rig(bufferBytes: number, options: { mayBlock?: boolean; onDrop?: (lines: number) => void; maxWriteBytes?: number; coalesceMs?: number } = {}) {
   const pending: PendingWrite[] = [];
   const out: Buffer[] = [];
   const retries: Array<() => void> = [];
@@ -51,6 +51,8 @@ function rig(bufferBytes: number, options: { mayBlock?: boolean; onDrop?: (lines
       return buffer.length - offset;
     }) as unknown as typeof import('node:fs').writeSync,
     later: (callback) => retries.push(callback),
+    ...(options.maxWriteBytes !== undefined && { maxWriteBytes: options.maxWriteBytes }),
+    ...(options.coalesceMs !== undefined && { coalesceMs: options.coalesceMs }),
   });
   return { destination, pending, out, retries, dropped: () => dropped };
 }
@@ -65,60 +67,120 @@ describe('LogDestination', () => {
       fc.record({ kind: fc.constant('retry' as const) }),
     );
     fc.assert(
-      fc.property(fc.integer({ min: 1, max: 300 }), fc.array(step, { maxLength: 80 }), fc.boolean(), (bound, steps, failAtEnd) => {
-        const r = rig(bound);
-        const accepted: string[] = [];
-        let given = 0;
-        const written: Buffer[] = [];
-        for (const s of steps) {
-          if (s.kind === 'log') {
-            given++;
-            if (r.destination.write(s.line)) accepted.push(s.line);
-          } else if (s.kind === 'complete' || s.kind === 'eagain') {
-            const write = r.pending.shift();
-            if (write === undefined) continue;
-            if (s.kind === 'eagain') {
-              write.callback(Object.assign(new Error('EAGAIN'), { code: 'EAGAIN' }), 0);
+      fc.property(
+        fc.integer({ min: 1, max: 300 }),
+        fc.array(step, { maxLength: 80 }),
+        fc.boolean(),
+        // Writes cut at a few lines or at many; lines written at once or held for a coalescing wait ('retry' ends it).
+        fc.constantFrom(24, 64, 4096),
+        fc.boolean(),
+        (bound, steps, failAtEnd, maxWriteBytes, coalesce) => {
+          const r = rig(bound, { maxWriteBytes, coalesceMs: coalesce ? 10 : 0 });
+          const accepted: string[] = [];
+          let given = 0;
+          const written: Buffer[] = [];
+          for (const s of steps) {
+            if (s.kind === 'log') {
+              given++;
+              if (r.destination.write(s.line)) accepted.push(s.line);
+            } else if (s.kind === 'complete' || s.kind === 'eagain') {
+              const write = r.pending.shift();
+              if (write === undefined) continue;
+              if (s.kind === 'eagain') {
+                write.callback(Object.assign(new Error('EAGAIN'), { code: 'EAGAIN' }), 0);
+                continue;
+              }
+              // Part of the bytes, at least one: the destination must write the rest.
+              const n = Math.max(1, Math.floor(write.bytes.length * s.part));
+              written.push(write.bytes.subarray(0, n));
+              write.callback(null, n);
+            } else {
+              r.retries.shift()?.();
+            }
+            expect(r.destination.held).toBeLessThanOrEqual(bound);
+            expect(r.pending.length).toBeLessThanOrEqual(1);
+          }
+          // Drain: complete everything, or fail the write in flight (EPIPE: the rest is dropped). A write may wait on a
+          // retry or a coalescing wait: those are ended too.
+          for (let guard = 0; guard < 10_000; guard++) {
+            if (r.pending.length === 0 && r.retries.length > 0) {
+              r.retries.shift()?.();
               continue;
             }
-            // Part of the bytes, at least one: the destination must write the rest.
-            const n = Math.max(1, Math.floor(write.bytes.length * s.part));
-            written.push(write.bytes.subarray(0, n));
-            write.callback(null, n);
+            const write = r.pending.shift();
+            if (write === undefined) break;
+            if (failAtEnd) {
+              write.callback(Object.assign(new Error('EPIPE'), { code: 'EPIPE' }), 0);
+              break;
+            }
+            written.push(write.bytes);
+            write.callback(null, write.bytes.length);
+          }
+          const text = Buffer.concat(written).toString('utf8');
+          const writtenLines = text === '' ? [] : text.split(/(?<=\n)/);
+          if (!failAtEnd) {
+            expect(writtenLines).toEqual(accepted);
+            expect(r.destination.held).toBe(0);
           } else {
-            r.retries.shift()?.();
+            // Whatever went out is a prefix of the accepted lines (a line cut by the failure counts as dropped).
+            const whole = writtenLines.filter((l) => l.endsWith('\n'));
+            expect(whole).toEqual(accepted.slice(0, whole.length));
+            expect(whole.length + r.dropped() - (given - accepted.length)).toBe(accepted.length);
           }
-          expect(r.destination.held).toBeLessThanOrEqual(bound);
-          expect(r.pending.length).toBeLessThanOrEqual(1);
-        }
-        // Drain: complete everything, or fail the write in flight (EPIPE: the rest is dropped).
-        for (let guard = 0; guard < 10_000; guard++) {
-          r.retries.shift()?.();
-          const write = r.pending.shift();
-          if (write === undefined) break;
-          if (failAtEnd) {
-            write.callback(Object.assign(new Error('EPIPE'), { code: 'EPIPE' }), 0);
-            break;
-          }
-          written.push(write.bytes);
-          write.callback(null, write.bytes.length);
-        }
-        const text = Buffer.concat(written).toString('utf8');
-        const writtenLines = text === '' ? [] : text.split(/(?<=\n)/);
-        if (!failAtEnd) {
-          expect(writtenLines).toEqual(accepted);
-          expect(r.destination.held).toBe(0);
-        } else {
-          // Whatever went out is a prefix of the accepted lines (a line cut by the failure counts as dropped).
-          const whole = writtenLines.filter((l) => l.endsWith('\n'));
-          expect(whole).toEqual(accepted.slice(0, whole.length));
-          expect(whole.length + r.dropped() - (given - accepted.length)).toBe(accepted.length);
-        }
-        if (!failAtEnd) expect(r.dropped()).toBe(given - accepted.length);
-        expect(r.destination.dropped).toBe(r.dropped());
-      }),
+          if (!failAtEnd) expect(r.dropped()).toBe(given - accepted.length);
+          expect(r.destination.dropped).toBe(r.dropped());
+        },
+      ),
       { numRuns: 300 },
     );
+  });
+
+  it('holds lines for one coalescing wait and writes them together; a full batch, or someone waiting, goes at once', async () => {
+    const r = rig(1 << 20, { coalesceMs: 10, maxWriteBytes: 40 });
+    r.destination.write('{"a":1}\n');
+    r.destination.write('{"a":2}\n');
+    r.destination.write('{"a":3}\n');
+    // One wait for the three, nothing written yet.
+    expect(r.pending).toHaveLength(0);
+    expect(r.retries).toHaveLength(1);
+    r.retries.shift()?.();
+    expect(r.pending.map((w) => w.bytes.toString())).toEqual(['{"a":1}\n{"a":2}\n{"a":3}\n']);
+    (r.pending.shift() as PendingWrite).callback(null, 24);
+    expect(r.destination.held).toBe(0);
+    // 5 lines of 8 bytes fill a 40-byte write: it starts without waiting, and the wait begun by the first ends idle.
+    for (let i = 0; i < 5; i++) r.destination.write(`{"b":${i}}\n`);
+    expect(r.pending).toHaveLength(1);
+    expect((r.pending[0] as PendingWrite).bytes.length).toBe(40);
+    r.retries.shift()?.();
+    expect(r.pending).toHaveLength(1);
+    (r.pending.shift() as PendingWrite).callback(null, 40);
+    expect(r.pending).toHaveLength(0);
+    // A line written behind a wait goes out as soon as someone waits for it.
+    r.destination.write('{"c":1}\n');
+    expect(r.pending).toHaveLength(0);
+    const flushed = r.destination.whenWritten(60_000);
+    expect(r.pending.map((w) => w.bytes.toString())).toEqual(['{"c":1}\n']);
+    (r.pending.shift() as PendingWrite).callback(null, 8);
+    await flushed;
+    expect(r.destination.held).toBe(0);
+  });
+
+  it('writes up to 64 KiB at once to a regular file or /dev/null, and only PIPE_BUF to a pipe', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'waybill-logfd-'));
+    const fds: number[] = [];
+    try {
+      const file = openSync(join(dir, 'out.log'), 'w');
+      const devNull = openSync('/dev/null', 'w');
+      execFileSync('mkfifo', [join(dir, 'fifo')]);
+      // O_RDWR: Linux opens a FIFO without waiting for a reader.
+      const fifo = openSync(join(dir, 'fifo'), 'r+');
+      fds.push(file, devNull, fifo);
+      expect([maxWriteBytesFor(file), maxWriteBytesFor(devNull), maxWriteBytesFor(fifo)]).toEqual([FILE_WRITE_BYTES, FILE_WRITE_BYTES, PIPE_WRITE_BYTES]);
+      expect([FILE_WRITE_BYTES, PIPE_WRITE_BYTES]).toEqual([65_536, 4096]);
+    } finally {
+      for (const fd of fds) closeSync(fd);
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('after stdout is gone, drops and counts every line; flush resolves at once', async () => {
@@ -229,7 +291,10 @@ describe('waybill serve with a stdout nobody reads', () => {
   });
 
   /** Starts serve with stdout a socket; reads its lines until it listens, then stops reading. */
-  async function start(name: string, workers = 1): Promise<{ child: ChildProcess; base: string; lines: string[]; resume: () => void }> {
+  async function start(
+    name: string,
+    workers = 1,
+  ): Promise<{ child: ChildProcess; base: string; lines: string[]; resume: () => void; linesRead: (count: number) => Promise<void> }> {
     const config: ConfigInput = {
       server: { host: '127.0.0.1', port: 0 },
       pools: [{ name: 'p', models: ['sim-model'], upstreams: [{ name: 'u', url: upstream.url }] }],
@@ -246,6 +311,7 @@ describe('waybill serve with a stdout nobody reads', () => {
     let rest = '';
     let paused = false;
     let listening: (url: string) => void = () => undefined;
+    let reading: { count: number; done: () => void } | undefined;
     const url = new Promise<string>((resolve) => (listening = resolve));
     stdout.setEncoding('utf8');
     stdout.on('data', (text: string) => {
@@ -253,6 +319,10 @@ describe('waybill serve with a stdout nobody reads', () => {
       rest = parts.pop() as string;
       for (const part of parts) {
         lines.push(part);
+        if (reading !== undefined && lines.length >= reading.count) {
+          reading.done();
+          reading = undefined;
+        }
         const record = JSON.parse(part) as { msg?: string; url?: string };
         if (record.msg === 'waybill listening' && !paused) {
           // Nothing read from here on until resume(): the socket fills, then the gateway's writes wait.
@@ -262,7 +332,12 @@ describe('waybill serve with a stdout nobody reads', () => {
         }
       }
     });
-    return { child, base: await url, lines, resume: () => stdout.resume() };
+    const linesRead = (count: number) =>
+      new Promise<void>((done) => {
+        if (lines.length >= count) done();
+        else reading = { count, done };
+      });
+    return { child, base: await url, lines, resume: () => stdout.resume(), linesRead };
   }
 
   async function send(base: string, count: number): Promise<void> {
@@ -283,7 +358,7 @@ describe('waybill serve with a stdout nobody reads', () => {
   it.each([1, 2])('answers every request, counts the lines past logging.buffer_bytes, and every request line is read or counted (--workers %i)', async (workers) => {
     // With 2 workers both write to the primary's stdout: every line read must still be whole (start() parses each).
     // This does not force a tear (64 KiB writes passed here too); the 4 KiB write size is argued from PIPE_BUF.
-    const { child, base, lines, resume } = await start(`count-${workers}`, workers);
+    const { child, base, lines, resume, linesRead } = await start(`count-${workers}`, workers);
     try {
       await send(base, REQUESTS);
       const dropped = metricValue(await (await request(`${base}/metrics`)).body.text(), 'waybill_log_lines_dropped_total');
@@ -291,7 +366,13 @@ describe('waybill serve with a stdout nobody reads', () => {
       expect(dropped).toBeGreaterThan(0);
       const metrics = await (await request(`${base}/metrics`)).body.text();
       expect(metricValue(metrics, 'waybill_requests_total', { outcome: 'delivered' })).toBe(REQUESTS);
+      // SIGTERM once the gateway has taken back some room: 20 more lines read are at least three writes (a write is at
+      // most 4 KiB, ~6 lines here), so the first one's completion has run and the shutdown's lines fit in the bound
+      // (sent at once, they can find it still full, and are dropped after the count above was read). Most of the
+      // ~100 lines held are still held then: they are written before the exit.
+      const before = lines.length;
       resume();
+      await linesRead(before + 20);
       child.kill('SIGTERM');
       // 'close': the process exited and its stdout was read to the end.
       expect((await once(child, 'close'))[0]).toBe(0);

@@ -13,21 +13,35 @@
  * Here: lines are kept as they come (each measured once) and joined per write; a line that would take the held bytes
  * past the bound is dropped and counted (`waybill_log_lines_dropped_total`), as is everything held once stdout is
  * gone (EPIPE, or any error but EAGAIN); EAGAIN (a non-blocking stdout that is full) is retried after a short delay.
- * One write is in flight at a time, so the lines stay in order. `serve` waits up to EXIT_FLUSH_TIMEOUT_MS for what is
+ * One write is in flight at a time, so the lines stay in order; a line waits up to COALESCE_MS for others to join its
+ * write, unless they fill it (PIPE_WRITE_BYTES, or FILE_WRITE_BYTES to a regular file) or someone waits. `serve` waits up to EXIT_FLUSH_TIMEOUT_MS for what is
  * held before it exits (cli.ts); an exit without that wait (a crash, a second signal) writes the lines held behind the
  * write in flight synchronously, one attempt (flushSync). A terminal is the exception: its fd stays blocking, so a
  * terminal that does not read (^S) blocks one thread-pool thread, and the exit, until it reads again. docs/operations.md,
  * "Logs".
  */
-import { write as fsWrite, writeSync } from 'node:fs';
+import { fstatSync, write as fsWrite, writeSync } from 'node:fs';
 import { isatty } from 'node:tty';
 
 /**
- * The largest single write: a batch of held lines is cut here (a line longer than it goes alone). PIPE_BUF on Linux:
- * a write that size or smaller goes into a pipe whole, so the lines of `--workers N`, which share the primary's stdout,
- * never tear into each other (sonic-boom wrote up to 16 KiB at once).
+ * The largest single write to a pipe, a socket or a terminal: a batch of held lines is cut here (a line longer than it
+ * goes alone). PIPE_BUF on Linux: a write that size or smaller goes into a pipe whole, so the lines of `--workers N`,
+ * which share the primary's stdout, never tear into each other (sonic-boom wrote up to 16 KiB at once).
  */
-const MAX_WRITE_BYTES = 4096;
+export const PIPE_WRITE_BYTES = 4096;
+/**
+ * The largest single write to a regular file (or /dev/null). A write to a regular file is whole whatever its size
+ * (Linux holds the file's lock for it, and processes that inherited the fd share its offset), so only the batch's
+ * size bounds it.
+ */
+export const FILE_WRITE_BYTES = 65_536;
+/**
+ * How long a line may wait for others to join its write, at most, while nothing is in flight. Each write is a trip
+ * through libuv's thread pool (a wake-up, a thread switch, the syscall, a callback back on the loop); one per line or
+ * two (as many as came during the write before) was ~0.5 writes per non-streaming request at 1,100 requests/s; with
+ * the wait, ~0.1 to a file (docs/performance.md). A full batch, a flush and an exit do not wait.
+ */
+export const COALESCE_MS = 10;
 /** How long a command that logged waits at its end for stdout to take what is held (cli.ts; docs/operations.md). */
 export const EXIT_FLUSH_TIMEOUT_MS = 2000;
 /** A full non-blocking stdout is tried again after this long. */
@@ -44,7 +58,11 @@ export interface LogDestinationOptions {
   writeSync?: typeof writeSync;
   /** A synchronous write to the fd can wait indefinitely (a terminal): flushSync then skips while a write is in flight. */
   mayBlock?: boolean;
-  /** Schedules an EAGAIN retry: setTimeout, injectable for tests. */
+  /** The largest single write (default PIPE_WRITE_BYTES). */
+  maxWriteBytes?: number;
+  /** How long held lines wait for more to join their write while nothing is in flight (default 0: not at all). */
+  coalesceMs?: number;
+  /** Schedules an EAGAIN retry or the end of a coalescing wait: setTimeout, unref'd; injectable for tests. */
   later?: (callback: () => void, ms: number) => void;
 }
 
@@ -67,12 +85,19 @@ export class LogDestination {
   private readonly fsWrite: typeof fsWrite;
   private readonly fsWriteSync: typeof writeSync;
   private readonly later: (callback: () => void, ms: number) => void;
+  private readonly maxWriteBytes: number;
+  private readonly coalesceMs: number;
+  /** The coalescing wait in progress (its number), or 0: a wait that ends after a write started is stale. */
+  private waiting = 0;
+  private waits = 0;
   private readonly afterWrite = (error: NodeJS.ErrnoException | null, bytes: number) => this.wrote(error, bytes);
 
   constructor(private readonly options: LogDestinationOptions) {
     this.fsWrite = options.write ?? fsWrite;
     this.fsWriteSync = options.writeSync ?? writeSync;
     this.later = options.later ?? ((callback, ms) => setTimeout(callback, ms).unref());
+    this.maxWriteBytes = options.maxWriteBytes ?? PIPE_WRITE_BYTES;
+    this.coalesceMs = options.coalesceMs ?? 0;
   }
 
   /** Lines dropped so far: past the bound, or held when stdout went away. */
@@ -95,7 +120,7 @@ export class LogDestination {
     this.lines.push(line);
     this.sizes.push(bytes);
     this.heldBytes += bytes;
-    if (this.inFlight === undefined) this.next();
+    if (this.inFlight === undefined) this.schedule();
     return true;
   }
 
@@ -128,6 +153,8 @@ export class LogDestination {
       return undefined;
     }
     this.waiters.push(callback);
+    // Someone waits: held lines go out now, not at the end of a coalescing wait.
+    if (this.inFlight === undefined) this.schedule();
     return () => {
       const at = this.waiters.indexOf(callback);
       if (at >= 0) this.waiters.splice(at, 1);
@@ -192,13 +219,34 @@ export class LogDestination {
     }
   }
 
-  /** Joins held lines, oldest first, up to MAX_WRITE_BYTES (at least one line); with the bytes they counted. */
+  /**
+   * With no write in flight: writes what is held now if it fills a write, if someone waits for it (whenWritten,
+   * flush) or if lines are not to wait at all; otherwise starts a coalescing wait, unless one is in progress. With
+   * nothing held, tells the waiters.
+   */
+  private schedule(): void {
+    if (this.lines.length > 0 && !this.broken && this.coalesceMs > 0 && this.heldBytes < this.maxWriteBytes && this.waiters.length === 0) {
+      if (this.waiting !== 0) return;
+      const wait = ++this.waits;
+      this.waiting = wait;
+      this.later(() => {
+        if (this.waiting !== wait) return;
+        this.waiting = 0;
+        if (this.inFlight === undefined) this.next();
+      }, this.coalesceMs);
+      return;
+    }
+    this.waiting = 0;
+    this.next();
+  }
+
+  /** Joins held lines, oldest first, up to maxWriteBytes (at least one line); with the bytes they counted. */
   private take(): [Buffer, number] {
     let count = 0;
     let bytes = 0;
     while (count < this.lines.length) {
       const size = this.sizes[count] as number;
-      if (count > 0 && bytes + size > MAX_WRITE_BYTES) break;
+      if (count > 0 && bytes + size > this.maxWriteBytes) break;
       bytes += size;
       count++;
     }
@@ -243,7 +291,7 @@ export class LogDestination {
     this.heldBytes -= this.inFlightBytes;
     this.inFlight = undefined;
     this.inFlightBytes = 0;
-    this.next();
+    this.schedule();
   }
 }
 
@@ -263,10 +311,28 @@ let dropHook: ((lines: number) => void) | undefined;
 export function stdoutDestination(bufferBytes: number): LogDestination {
   if (stdout !== undefined) return stdout;
   // A terminal's fd stays blocking (Node's tty.WriteStream); a pipe's is made non-blocking by process.stdout.
-  const destination = new LogDestination({ fd: 1, bufferBytes, mayBlock: isatty(1), onDrop: (lines) => dropHook?.(lines) });
+  const terminal = isatty(1);
+  const destination = new LogDestination({
+    fd: 1,
+    bufferBytes,
+    mayBlock: terminal,
+    maxWriteBytes: terminal ? PIPE_WRITE_BYTES : maxWriteBytesFor(1),
+    coalesceMs: COALESCE_MS,
+    onDrop: (lines) => dropHook?.(lines),
+  });
   stdout = destination;
   process.on('exit', () => destination.flushSync());
   return destination;
+}
+
+/** FILE_WRITE_BYTES for a regular file or a device such as /dev/null, whose writes never tear; else PIPE_WRITE_BYTES. */
+export function maxWriteBytesFor(fd: number): number {
+  try {
+    const stat = fstatSync(fd);
+    return stat.isFile() || stat.isCharacterDevice() ? FILE_WRITE_BYTES : PIPE_WRITE_BYTES;
+  } catch {
+    return PIPE_WRITE_BYTES;
+  }
 }
 
 /** Waits up to `timeoutMs` for stdout to take the lines held (none held, or no destination: at once). */

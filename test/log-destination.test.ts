@@ -65,6 +65,7 @@ describe('LogDestination', () => {
       fc.record({ kind: fc.constant('complete' as const), part: fc.double({ min: 0, max: 1, noNaN: true }) }),
       fc.record({ kind: fc.constant('eagain' as const) }),
       fc.record({ kind: fc.constant('retry' as const) }),
+      fc.record({ kind: fc.constant('flush' as const) }),
     );
     fc.assert(
       fc.property(
@@ -78,6 +79,8 @@ describe('LogDestination', () => {
           const r = rig(bound, { maxWriteBytes, coalesceMs: coalesce ? 10 : 0 });
           const accepted: string[] = [];
           let given = 0;
+          let flushes = 0;
+          let flushed = 0;
           const written: Buffer[] = [];
           for (const s of steps) {
             if (s.kind === 'log') {
@@ -94,11 +97,21 @@ describe('LogDestination', () => {
               const n = Math.max(1, Math.floor(write.bytes.length * s.part));
               written.push(write.bytes.subarray(0, n));
               write.callback(null, n);
+            } else if (s.kind === 'flush') {
+              flushes++;
+              r.destination.flush(() => flushed++);
             } else {
               r.retries.shift()?.();
             }
             expect(r.destination.held).toBeLessThanOrEqual(bound);
             expect(r.pending.length).toBeLessThanOrEqual(1);
+            // A write is never larger than the write size, unless it is one line alone (PIPE_BUF: lines never tear).
+            for (const write of r.pending) {
+              const text = write.bytes.toString('utf8');
+              if (write.bytes.length > maxWriteBytes) expect(text.indexOf('\n')).toBe(text.length - 1);
+            }
+            // Someone waits for lines held: they are being written, not left to a coalescing wait.
+            if (flushed < flushes && r.destination.held > 0) expect(r.destination.writing).toBe(true);
           }
           // Drain: complete everything, or fail the write in flight (EPIPE: the rest is dropped). A write may wait on a
           // retry or a coalescing wait: those are ended too.
@@ -129,6 +142,8 @@ describe('LogDestination', () => {
           }
           if (!failAtEnd) expect(r.dropped()).toBe(given - accepted.length);
           expect(r.destination.dropped).toBe(r.dropped());
+          // Every flush called back: once written, or once stdout was gone.
+          expect(flushed).toBe(flushes);
         },
       ),
       { numRuns: 300 },
@@ -163,6 +178,16 @@ describe('LogDestination', () => {
     (r.pending.shift() as PendingWrite).callback(null, 8);
     await flushed;
     expect(r.destination.held).toBe(0);
+  });
+
+  it('with a bound no larger than a write, writes at half the bound instead of waiting until lines are dropped', () => {
+    const r = rig(64, { coalesceMs: 10, maxWriteBytes: 64 });
+    for (let i = 0; i < 3; i++) r.destination.write(`{"a":${i}}\n`);
+    expect(r.pending).toHaveLength(0);
+    // 32 bytes held: half the bound.
+    r.destination.write('{"a":3}\n');
+    expect(r.pending.map((w) => w.bytes.length)).toEqual([32]);
+    expect(r.destination.dropped).toBe(0);
   });
 
   it('writes up to 64 KiB at once to a regular file or /dev/null, and only PIPE_BUF to a pipe', () => {
@@ -294,7 +319,7 @@ describe('waybill serve with a stdout nobody reads', () => {
   async function start(
     name: string,
     workers = 1,
-  ): Promise<{ child: ChildProcess; base: string; lines: string[]; resume: () => void; linesRead: (count: number) => Promise<void> }> {
+  ): Promise<{ child: ChildProcess; base: string; lines: string[]; resume: () => void; requestLinesRead: (count: number) => Promise<void> }> {
     const config: ConfigInput = {
       server: { host: '127.0.0.1', port: 0 },
       pools: [{ name: 'p', models: ['sim-model'], upstreams: [{ name: 'u', url: upstream.url }] }],
@@ -311,6 +336,7 @@ describe('waybill serve with a stdout nobody reads', () => {
     let rest = '';
     let paused = false;
     let listening: (url: string) => void = () => undefined;
+    let requestLines = 0;
     let reading: { count: number; done: () => void } | undefined;
     const url = new Promise<string>((resolve) => (listening = resolve));
     stdout.setEncoding('utf8');
@@ -319,11 +345,12 @@ describe('waybill serve with a stdout nobody reads', () => {
       rest = parts.pop() as string;
       for (const part of parts) {
         lines.push(part);
-        if (reading !== undefined && lines.length >= reading.count) {
+        const record = JSON.parse(part) as { msg?: string; url?: string };
+        if (record.msg === 'request') requestLines++;
+        if (reading !== undefined && requestLines >= reading.count) {
           reading.done();
           reading = undefined;
         }
-        const record = JSON.parse(part) as { msg?: string; url?: string };
         if (record.msg === 'waybill listening' && !paused) {
           // Nothing read from here on until resume(): the socket fills, then the gateway's writes wait.
           paused = true;
@@ -332,12 +359,12 @@ describe('waybill serve with a stdout nobody reads', () => {
         }
       }
     });
-    const linesRead = (count: number) =>
+    const requestLinesRead = (count: number) =>
       new Promise<void>((done) => {
-        if (lines.length >= count) done();
+        if (requestLines >= count) done();
         else reading = { count, done };
       });
-    return { child, base: await url, lines, resume: () => stdout.resume(), linesRead };
+    return { child, base: await url, lines, resume: () => stdout.resume(), requestLinesRead };
   }
 
   async function send(base: string, count: number): Promise<void> {
@@ -358,7 +385,7 @@ describe('waybill serve with a stdout nobody reads', () => {
   it.each([1, 2])('answers every request, counts the lines past logging.buffer_bytes, and every request line is read or counted (--workers %i)', async (workers) => {
     // With 2 workers both write to the primary's stdout: every line read must still be whole (start() parses each).
     // This does not force a tear (64 KiB writes passed here too); the 4 KiB write size is argued from PIPE_BUF.
-    const { child, base, lines, resume, linesRead } = await start(`count-${workers}`, workers);
+    const { child, base, lines, resume, requestLinesRead } = await start(`count-${workers}`, workers);
     try {
       await send(base, REQUESTS);
       const dropped = metricValue(await (await request(`${base}/metrics`)).body.text(), 'waybill_log_lines_dropped_total');
@@ -366,13 +393,13 @@ describe('waybill serve with a stdout nobody reads', () => {
       expect(dropped).toBeGreaterThan(0);
       const metrics = await (await request(`${base}/metrics`)).body.text();
       expect(metricValue(metrics, 'waybill_requests_total', { outcome: 'delivered' })).toBe(REQUESTS);
-      // SIGTERM once the gateway has taken back some room: 20 more lines read are at least three writes (a write is at
-      // most 4 KiB, ~6 lines here), so the first one's completion has run and the shutdown's lines fit in the bound
-      // (sent at once, they can find it still full, and are dropped after the count above was read). Most of the
-      // ~100 lines held are still held then: they are written before the exit.
-      const before = lines.length;
+      // SIGTERM once at most HELD request lines are left unread: then no process holds more than those (~13 KB against
+      // a 64 KiB bound), so the shutdown's own lines fit (sent at once, they could find the bound still full and be
+      // dropped after the count above was read), and what is still held then is written before the exit. (Reading
+      // only after resume() is not enough: the socket's stream had buffered ~16 KiB of old lines while paused.)
+      const HELD = 20;
       resume();
-      await linesRead(before + 20);
+      await requestLinesRead(REQUESTS - dropped - HELD);
       child.kill('SIGTERM');
       // 'close': the process exited and its stdout was read to the end.
       expect((await once(child, 'close'))[0]).toBe(0);

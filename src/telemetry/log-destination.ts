@@ -13,12 +13,12 @@
  * Here: lines are kept as they come (each measured once) and joined per write; a line that would take the held bytes
  * past the bound is dropped and counted (`waybill_log_lines_dropped_total`), as is everything held once stdout is
  * gone (EPIPE, or any error but EAGAIN); EAGAIN (a non-blocking stdout that is full) is retried after a short delay.
- * One write is in flight at a time, so the lines stay in order; a line waits up to COALESCE_MS for others to join its
- * write, unless they fill it (PIPE_WRITE_BYTES, or FILE_WRITE_BYTES to a regular file) or someone waits. `serve` waits up to EXIT_FLUSH_TIMEOUT_MS for what is
- * held before it exits (cli.ts); an exit without that wait (a crash, a second signal) writes the lines held behind the
- * write in flight synchronously, one attempt (flushSync). A terminal is the exception: its fd stays blocking, so a
- * terminal that does not read (^S) blocks one thread-pool thread, and the exit, until it reads again. docs/operations.md,
- * "Logs".
+ * One write is in flight at a time, so the lines stay in order; with none in flight, lines wait up to COALESCE_MS for
+ * others to join their write, unless they fill it (PIPE_WRITE_BYTES, FILE_WRITE_BYTES to a regular file, or half the
+ * bound) or someone waits. `serve` waits up to EXIT_FLUSH_TIMEOUT_MS for what is held before it exits (cli.ts); an
+ * exit without that wait (a crash, a second signal) writes the lines held behind the write in flight synchronously,
+ * one attempt (flushSync). A terminal is the exception: its fd stays blocking, so a terminal that does not read (^S)
+ * blocks one thread-pool thread, and the exit, until it reads again. docs/operations.md, "Logs".
  */
 import { fstatSync, write as fsWrite, writeSync } from 'node:fs';
 import { isatty } from 'node:tty';
@@ -37,11 +37,13 @@ export const PIPE_WRITE_BYTES = 4096;
 export const FILE_WRITE_BYTES = 65_536;
 /**
  * How long a line may wait for others to join its write, at most, while nothing is in flight. Each write is a trip
- * through libuv's thread pool (a wake-up, a thread switch, the syscall, a callback back on the loop); one per line or
- * two (as many as came during the write before) was ~0.5 writes per non-streaming request at 1,100 requests/s; with
- * the wait, ~0.1 to a file (docs/performance.md). A full batch, a flush and an exit do not wait.
+ * through libuv's thread pool (a wake-up, a thread switch, the syscall, a callback back on the loop), ~30 µs of the
+ * process's CPU with its threads on one core (the bench's layout): written as they came, one or two lines per write,
+ * that was ~0.5 writes and ~4% of the CPU of a non-streaming request at 1,100 requests/s, and ~90 writes a second at
+ * 64 streams. A full batch, a flush and an exit do not wait; a line is late by this much at most, which no log
+ * pipeline notices (docs/performance.md, "Log writes").
  */
-export const COALESCE_MS = 10;
+export const COALESCE_MS = 50;
 /** How long a command that logged waits at its end for stdout to take what is held (cli.ts; docs/operations.md). */
 export const EXIT_FLUSH_TIMEOUT_MS = 2000;
 /** A full non-blocking stdout is tried again after this long. */
@@ -87,6 +89,11 @@ export class LogDestination {
   private readonly later: (callback: () => void, ms: number) => void;
   private readonly maxWriteBytes: number;
   private readonly coalesceMs: number;
+  /**
+   * Held bytes that start a write without waiting: a full write, or half the bound, whichever is less (a bound no
+   * larger than a write would otherwise be reached, and lines dropped, before a write ever counted as full).
+   */
+  private readonly fullBytes: number;
   /** The coalescing wait in progress (its number), or 0: a wait that ends after a write started is stale. */
   private waiting = 0;
   private waits = 0;
@@ -98,11 +105,17 @@ export class LogDestination {
     this.later = options.later ?? ((callback, ms) => setTimeout(callback, ms).unref());
     this.maxWriteBytes = options.maxWriteBytes ?? PIPE_WRITE_BYTES;
     this.coalesceMs = options.coalesceMs ?? 0;
+    this.fullBytes = Math.min(this.maxWriteBytes, options.bufferBytes / 2);
   }
 
   /** Lines dropped so far: past the bound, or held when stdout went away. */
   get dropped(): number {
     return this.droppedLines;
+  }
+
+  /** A write is in flight (or waits to be tried again after EAGAIN). */
+  get writing(): boolean {
+    return this.inFlight !== undefined;
   }
 
   /** Bytes held, the write in flight included. */
@@ -129,11 +142,14 @@ export class LogDestination {
     return new Promise((resolve) => {
       // Not unref'd: it keeps the process alive for the retries of a full stdout (EAGAIN), whose timers are.
       let timer: NodeJS.Timeout | undefined;
+      let settled = false;
       const cancel = this.whenSettled(() => {
+        settled = true;
         clearTimeout(timer);
         resolve();
       });
-      if (cancel !== undefined)
+      // (Settled already, should a waiter ever be called back at once: no timer left holding the process.)
+      if (cancel !== undefined && !settled)
         timer = setTimeout(() => {
           cancel();
           resolve();
@@ -220,17 +236,18 @@ export class LogDestination {
   }
 
   /**
-   * With no write in flight: writes what is held now if it fills a write, if someone waits for it (whenWritten,
+   * With no write in flight: writes what is held now if it is full (fullBytes), if someone waits for it (whenWritten,
    * flush) or if lines are not to wait at all; otherwise starts a coalescing wait, unless one is in progress. With
    * nothing held, tells the waiters.
    */
   private schedule(): void {
-    if (this.lines.length > 0 && !this.broken && this.coalesceMs > 0 && this.heldBytes < this.maxWriteBytes && this.waiters.length === 0) {
+    const wait = this.lines.length > 0 && !this.broken && this.coalesceMs > 0 && this.heldBytes < this.fullBytes;
+    if (wait && this.waiters.length === 0) {
       if (this.waiting !== 0) return;
-      const wait = ++this.waits;
-      this.waiting = wait;
+      const number = ++this.waits;
+      this.waiting = number;
       this.later(() => {
-        if (this.waiting !== wait) return;
+        if (this.waiting !== number) return;
         this.waiting = 0;
         if (this.inFlight === undefined) this.next();
       }, this.coalesceMs);
@@ -325,7 +342,11 @@ export function stdoutDestination(bufferBytes: number): LogDestination {
   return destination;
 }
 
-/** FILE_WRITE_BYTES for a regular file or a device such as /dev/null, whose writes never tear; else PIPE_WRITE_BYTES. */
+/**
+ * FILE_WRITE_BYTES for a regular file or a character device that is not a terminal (/dev/null), whose writes never
+ * tear; else PIPE_WRITE_BYTES. (A short write to a full disk is finished by a second one, which another worker's can
+ * come between, whatever the size.)
+ */
 export function maxWriteBytesFor(fd: number): number {
   try {
     const stat = fstatSync(fd);

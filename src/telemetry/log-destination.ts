@@ -37,11 +37,10 @@ export const PIPE_WRITE_BYTES = 4096;
 export const FILE_WRITE_BYTES = 65_536;
 /**
  * How long a line may wait for others to join its write, at most, while nothing is in flight. Each write is a trip
- * through libuv's thread pool (a wake-up, a thread switch, the syscall, a callback back on the loop), ~30 µs of the
- * process's CPU with its threads on one core (the bench's layout): written as they came, one or two lines per write,
- * that was ~0.5 writes and ~4% of the CPU of a non-streaming request at 1,100 requests/s, and ~90 writes a second at
- * 64 streams. A full batch, a flush and an exit do not wait; a line is late by this much at most, which no log
- * pipeline notices (docs/performance.md, "Log writes").
+ * through libuv's thread pool (a wake-up, a thread switch, the syscall, a callback back on the loop). Written as they
+ * came, one or two lines per write, that was 0.2-0.7 writes per request; batched, 0.02-0.18, and 0.89-0.92 of the CPU
+ * per non-streaming request, paired. A full batch, a flush and an exit do not wait; a line is late by this much at
+ * most, which no log pipeline notices (docs/performance.md, "Log writes").
  */
 export const COALESCE_MS = 50;
 /** How long a command that logged waits at its end for stdout to take what is held (cli.ts; docs/operations.md). */

@@ -2,8 +2,12 @@
  * stdout's JSON log destination (src/telemetry/log-destination.ts): bounded while stdout does not take lines, every
  * line either written once, in order, or dropped and counted, and never a reason the process cannot exit.
  *
- * - a property over writes that complete in any order with the lines, partial writes, EAGAIN and a failure: the bytes
- *   written are the accepted lines in order, each once; accepted + dropped = lines given; held never past the bound;
+ * - a property over writes that complete in any order with the lines, partial writes, EAGAIN, flushes and a failure,
+ *   with lines written at once or held for a coalescing wait: the bytes written are the accepted lines in order, each
+ *   once; accepted + dropped = lines given; held never past the bound; no write past the write size (but a lone
+ *   line); lines someone waits for are being written; every flush called back;
+ * - batching: one write for the lines of a wait, at once when full (the write size, or half a small bound) or flushed;
+ *   64 KiB writes to a file or /dev/null, 4 KiB (PIPE_BUF) to a FIFO;
  * - `waybill serve` with its stdout a socket the test stops reading: requests still answered, the lines past
  *   `logging.buffer_bytes` counted in waybill_log_lines_dropped_total, and lines read + dropped = lines logged;
  * - the same with stdout never read again: SIGTERM ends the process (pino's own destination retried forever).

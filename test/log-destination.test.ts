@@ -65,7 +65,8 @@ describe('LogDestination', () => {
   it('writes accepted lines once and in order, drops and counts the rest, never holds past its bound', () => {
     const line = fc.string({ unit: 'grapheme', maxLength: 40 }).map((text) => `${JSON.stringify({ msg: text })}\n`);
     const step = fc.oneof(
-      fc.record({ kind: fc.constant('log' as const), line }),
+      // A line to go at once (pino's own), or one that may wait for others (a request line).
+      fc.record({ kind: fc.constant('log' as const), line, later: fc.boolean() }),
       fc.record({ kind: fc.constant('complete' as const), part: fc.double({ min: 0, max: 1, noNaN: true }) }),
       fc.record({ kind: fc.constant('eagain' as const) }),
       fc.record({ kind: fc.constant('retry' as const) }),
@@ -89,7 +90,7 @@ describe('LogDestination', () => {
           for (const s of steps) {
             if (s.kind === 'log') {
               given++;
-              if (r.destination.write(s.line)) accepted.push(s.line);
+              if (s.later ? r.destination.writeLater(s.line) : r.destination.write(s.line)) accepted.push(s.line);
             } else if (s.kind === 'complete' || s.kind === 'eagain') {
               const write = r.pending.shift();
               if (write === undefined) continue;
@@ -154,11 +155,11 @@ describe('LogDestination', () => {
     );
   });
 
-  it('holds lines for one coalescing wait and writes them together; a full batch, or someone waiting, goes at once', async () => {
+  it('holds request lines for one coalescing wait and writes them together; a full batch, someone waiting, or a line that may not wait goes at once', async () => {
     const r = rig(1 << 20, { coalesceMs: 10, maxWriteBytes: 40 });
-    r.destination.write('{"a":1}\n');
-    r.destination.write('{"a":2}\n');
-    r.destination.write('{"a":3}\n');
+    r.destination.writeLater('{"a":1}\n');
+    r.destination.writeLater('{"a":2}\n');
+    r.destination.writeLater('{"a":3}\n');
     // One wait for the three, nothing written yet.
     expect(r.pending).toHaveLength(0);
     expect(r.retries).toHaveLength(1);
@@ -167,7 +168,7 @@ describe('LogDestination', () => {
     (r.pending.shift() as PendingWrite).callback(null, 24);
     expect(r.destination.held).toBe(0);
     // 5 lines of 8 bytes fill a 40-byte write: it starts without waiting, and the wait begun by the first ends idle.
-    for (let i = 0; i < 5; i++) r.destination.write(`{"b":${i}}\n`);
+    for (let i = 0; i < 5; i++) r.destination.writeLater(`{"b":${i}}\n`);
     expect(r.pending).toHaveLength(1);
     expect((r.pending[0] as PendingWrite).bytes.length).toBe(40);
     r.retries.shift()?.();
@@ -175,21 +176,41 @@ describe('LogDestination', () => {
     (r.pending.shift() as PendingWrite).callback(null, 40);
     expect(r.pending).toHaveLength(0);
     // A line written behind a wait goes out as soon as someone waits for it.
-    r.destination.write('{"c":1}\n');
+    r.destination.writeLater('{"c":1}\n');
     expect(r.pending).toHaveLength(0);
     const flushed = r.destination.whenWritten(60_000);
     expect(r.pending.map((w) => w.bytes.toString())).toEqual(['{"c":1}\n']);
     (r.pending.shift() as PendingWrite).callback(null, 8);
     await flushed;
     expect(r.destination.held).toBe(0);
+    // A line through write (pino's: start-up, reloads, errors) does not wait, and takes the waiting ones with it.
+    r.destination.writeLater('{"d":1}\n');
+    expect(r.pending).toHaveLength(0);
+    r.destination.write('{"d":2}\n');
+    expect(r.pending.map((w) => w.bytes.toString())).toEqual(['{"d":1}\n{"d":2}\n']);
+    (r.pending.shift() as PendingWrite).callback(null, 16);
+    // Nothing held that asked to go at once: the next request line waits again.
+    r.destination.writeLater('{"d":3}\n');
+    expect(r.pending).toHaveLength(0);
+  });
+
+  it("the request lines (dataRecordWriter) wait for others; pino's own lines go at once", async () => {
+    const r = rig(1 << 20, { coalesceMs: 10 });
+    const { pino } = await import('pino');
+    const { dataRecordWriter } = await import('../src/telemetry/logger.js');
+    const logger = pino({ base: null, timestamp: false }, r.destination);
+    dataRecordWriter(logger)({ request_id: 'r1' }, 'request');
+    expect(r.pending).toHaveLength(0);
+    logger.warn('configuration reload rejected');
+    expect(r.pending.map((w) => w.bytes.toString())).toEqual(['{"level":30,"request_id":"r1","msg":"request"}\n{"level":40,"msg":"configuration reload rejected"}\n']);
   });
 
   it('with a bound no larger than a write, writes at half the bound instead of waiting until lines are dropped', () => {
     const r = rig(64, { coalesceMs: 10, maxWriteBytes: 64 });
-    for (let i = 0; i < 3; i++) r.destination.write(`{"a":${i}}\n`);
+    for (let i = 0; i < 3; i++) r.destination.writeLater(`{"a":${i}}\n`);
     expect(r.pending).toHaveLength(0);
     // 32 bytes held: half the bound.
-    r.destination.write('{"a":3}\n');
+    r.destination.writeLater('{"a":3}\n');
     expect(r.pending.map((w) => w.bytes.length)).toEqual([32]);
     expect(r.destination.dropped).toBe(0);
   });

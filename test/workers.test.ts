@@ -260,8 +260,9 @@ describe('waybill serve --workers 2', () => {
       const report = lines.join('\n');
       expect(report).toContain('reconciliation: 0 mismatches');
       expect(outcome.mismatches, report).toBe(0);
-      // Both workers took a share of the requests (warm-up included): each request's line says which worker.
-      const requests = served.lines.filter((line) => line.msg === 'request');
+      // Both workers took a share of the requests (warm-up included): each request's line says which worker. The
+      // request lines may wait up to 50 ms for others to join their write (log-destination.ts): awaited.
+      const requests = await served.until('864 request lines', (line) => line.msg === 'request', 864);
       const byWorker = [0, 1].map((worker) => requests.filter((line) => line.worker === worker).length);
       expect(byWorker[0]! + byWorker[1]!).toBe(864);
       expect(Math.min(...byWorker), `requests per worker: ${byWorker.join(', ')}`).toBeGreaterThan(100);
@@ -295,8 +296,9 @@ describe('waybill serve --workers 2', () => {
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
       for (let i = 1; i < 16; i++) await ask(i);
-      // Both workers served (a fresh connection per request: the primary's round robin)…
-      const requests = served.lines.filter((line) => line.msg === 'request');
+      // Both workers served (a fresh connection per request: the primary's round robin)… (their request lines awaited:
+      // they may wait up to 50 ms for others to join their write)
+      const requests = await served.until('16 request lines', (line) => line.msg === 'request', 16);
       expect(new Set(requests.map((line) => line.worker)).size).toBe(2);
       // …every request went to one engine (a new prefix is placed by rendezvous of its first block, the same choice
       // in every worker)…
@@ -543,7 +545,9 @@ describe('waybill serve --workers 2: stored responses under client-chosen ids', 
       const reads: number[] = [];
       for (const id of ids) for (let i = 0; i < 8; i++) reads.push(await call('GET', `/v1/responses/${id}`, KEY));
       expect(reads).toEqual(Array(16).fill(200));
-      const workersThatRead = new Set(served.lines.filter((line) => line.msg === 'request' && line.route === 'responses_retrieve').map((line) => line.worker));
+      // (Their request lines awaited: they may wait up to 50 ms for others to join their write.)
+      const retrieved = await served.until('16 retrieve lines', (line) => line.msg === 'request' && line.route === 'responses_retrieve', 16);
+      const workersThatRead = new Set(retrieved.map((line) => line.worker));
       expect(workersThatRead.size, 'the reads reached both workers').toBe(2);
       // Another tenant is refused on every worker, as an unknown id.
       const foreign: number[] = [];

@@ -13,9 +13,9 @@
  * Here: lines are kept as they come (each measured once) and joined per write; a line that would take the held bytes
  * past the bound is dropped and counted (`waybill_log_lines_dropped_total`), as is everything held once stdout is
  * gone (EPIPE, or any error but EAGAIN); EAGAIN (a non-blocking stdout that is full) is retried after a short delay.
- * One write is in flight at a time, so the lines stay in order; with none in flight, lines wait up to COALESCE_MS for
- * others to join their write, unless they fill it (PIPE_WRITE_BYTES, FILE_WRITE_BYTES to a regular file, or half the
- * bound) or someone waits. `serve` waits up to EXIT_FLUSH_TIMEOUT_MS for what is held before it exits (cli.ts); an
+ * One write is in flight at a time, so the lines stay in order; with none in flight, the request lines (`writeLater`)
+ * wait up to COALESCE_MS for others to join their write, unless they fill it (PIPE_WRITE_BYTES, FILE_WRITE_BYTES to a
+ * regular file, or half the bound), someone waits, or one of pino's own lines (`write`) comes. `serve` waits up to EXIT_FLUSH_TIMEOUT_MS for what is held before it exits (cli.ts); an
  * exit without that wait (a crash, a second signal) writes the lines held behind the write in flight synchronously,
  * one attempt (flushSync). A terminal is the exception: its fd stays blocking, so a terminal that does not read (^S)
  * blocks one thread-pool thread, and the exit, until it reads again. docs/operations.md, "Logs".
@@ -36,7 +36,7 @@ export const PIPE_WRITE_BYTES = 4096;
  */
 export const FILE_WRITE_BYTES = 65_536;
 /**
- * How long a line may wait for others to join its write, at most, while nothing is in flight. Each write is a trip
+ * How long a request line may wait for others to join its write, at most, while nothing is in flight. Each write is a trip
  * through libuv's thread pool (a wake-up, a thread switch, the syscall, a callback back on the loop). Written as they
  * came, one or two lines per write, that was 0.2-0.7 writes per request; batched, 0.02-0.18, and 0.89-0.92 of the CPU
  * per non-streaming request, paired. A full batch, a flush and an exit do not wait; a line is late by this much at
@@ -96,6 +96,8 @@ export class LogDestination {
   /** The coalescing wait in progress (its number), or 0: a wait that ends after a write started is stale. */
   private waiting = 0;
   private waits = 0;
+  /** A line held was written with `write`: what is held goes without a coalescing wait, until nothing is. */
+  private urgent = false;
   private readonly afterWrite = (error: NodeJS.ErrnoException | null, bytes: number) => this.wrote(error, bytes);
 
   constructor(private readonly options: LogDestinationOptions) {
@@ -122,8 +124,21 @@ export class LogDestination {
     return this.heldBytes;
   }
 
-  /** pino's stream interface: one or more whole lines. Returns false once the bound is reached (never blocks). */
+  /**
+   * pino's stream interface: one or more whole lines, to go out without a coalescing wait (with what is held before
+   * them): the gateway's own lines (start-up, reloads, errors), which an operator or a script may be waiting for.
+   * Returns false once the bound is reached (never blocks).
+   */
   write(line: string): boolean {
+    return this.add(line, true);
+  }
+
+  /** A line that may wait up to the coalescing wait for others to join its write: the request lines, the volume. */
+  writeLater(line: string): boolean {
+    return this.add(line, false);
+  }
+
+  private add(line: string, now: boolean): boolean {
     const bytes = Buffer.byteLength(line);
     if (this.broken || this.heldBytes + bytes > this.options.bufferBytes) {
       this.drop(1);
@@ -132,6 +147,7 @@ export class LogDestination {
     this.lines.push(line);
     this.sizes.push(bytes);
     this.heldBytes += bytes;
+    if (now) this.urgent = true;
     if (this.inFlight === undefined) this.schedule();
     return true;
   }
@@ -203,6 +219,7 @@ export class LogDestination {
     this.broken = true;
     const lines = this.lines.length + extra;
     this.lines.length = 0;
+    this.urgent = false;
     this.sizes.length = 0;
     this.heldBytes = 0;
     this.inFlight = undefined;
@@ -236,12 +253,12 @@ export class LogDestination {
 
   /**
    * With no write in flight: writes what is held now if it is full (fullBytes), if someone waits for it (whenWritten,
-   * flush) or if lines are not to wait at all; otherwise starts a coalescing wait, unless one is in progress. With
+   * flush), if a line of it came through `write`, or if lines are not to wait at all; otherwise starts a coalescing wait, unless one is in progress. With
    * nothing held, tells the waiters.
    */
   private schedule(): void {
     const wait = this.lines.length > 0 && !this.broken && this.coalesceMs > 0 && this.heldBytes < this.fullBytes;
-    if (wait && this.waiters.length === 0) {
+    if (wait && this.waiters.length === 0 && !this.urgent) {
       if (this.waiting !== 0) return;
       const number = ++this.waits;
       this.waiting = number;
@@ -269,6 +286,7 @@ export class LogDestination {
     const text = count === 1 ? (this.lines[0] as string) : this.lines.slice(0, count).join('');
     this.lines.splice(0, count);
     this.sizes.splice(0, count);
+    if (this.lines.length === 0) this.urgent = false;
     return [Buffer.from(text, 'utf8'), bytes];
   }
 

@@ -94,7 +94,9 @@ export function dataRecordWriter(logger: Logger): (record: object, msg: string) 
     stream[sym('needsMetadataGsym')] !== true &&
     levels?.values?.['info'] === 30;
   if (!plain) return (record, msg) => logger.info(record, msg);
-  const out = stream as { write(line: string): unknown };
+  // The request lines may wait for others to join their write (log-destination.ts), where the stream offers it.
+  const target = stream as { write(line: string): unknown; writeLater?: (line: string) => unknown };
+  const out = typeof target.writeLater === 'function' ? { write: target.writeLater.bind(target) } : target;
   const time = l[sym('timeSym')] as () => string;
   const end = l[sym('endSym')] as string;
   const messageKey = JSON.stringify(l[sym('messageKeySym')]);

@@ -15,10 +15,11 @@
  * gone (EPIPE, or any error but EAGAIN); EAGAIN (a non-blocking stdout that is full) is retried after a short delay.
  * One write is in flight at a time, so the lines stay in order; with none in flight, the request lines (`writeLater`)
  * wait up to COALESCE_MS for others to join their write, unless they fill it (PIPE_WRITE_BYTES, FILE_WRITE_BYTES to a
- * regular file, or half the bound), someone waits, or one of pino's own lines (`write`) comes. `serve` waits up to EXIT_FLUSH_TIMEOUT_MS for what is held before it exits (cli.ts); an
- * exit without that wait (a crash, a second signal) writes the lines held behind the write in flight synchronously,
- * one attempt (flushSync). A terminal is the exception: its fd stays blocking, so a terminal that does not read (^S)
- * blocks one thread-pool thread, and the exit, until it reads again. docs/operations.md, "Logs".
+ * regular file, or half the bound), someone waits, or one of pino's own lines (`write`) comes. `serve` waits up to
+ * EXIT_FLUSH_TIMEOUT_MS for what is held before it exits (cli.ts); an exit without that wait (a crash, a second
+ * signal) writes the lines held behind the write in flight synchronously, one attempt (flushSync). A terminal is the
+ * exception: its fd stays blocking, so a terminal that does not read (^S) blocks one thread-pool thread, and the
+ * exit, until it reads again. docs/operations.md, "Logs".
  */
 import { fstatSync, write as fsWrite, writeSync } from 'node:fs';
 import { isatty } from 'node:tty';
@@ -36,11 +37,11 @@ export const PIPE_WRITE_BYTES = 4096;
  */
 export const FILE_WRITE_BYTES = 65_536;
 /**
- * How long a request line may wait for others to join its write, at most, while nothing is in flight. Each write is a trip
- * through libuv's thread pool (a wake-up, a thread switch, the syscall, a callback back on the loop). Written as they
- * came, one or two lines per write, that was 0.2-0.7 writes per request; batched, 0.02-0.18, and 0.89-0.92 of the CPU
- * per non-streaming request, paired. A full batch, a flush and an exit do not wait; a line is late by this much at
- * most, which no log pipeline notices (docs/performance.md, "Log writes").
+ * How long a request line may wait for others to join its write, at most, while nothing is in flight. Each write is
+ * a trip through libuv's thread pool (a wake-up, a thread switch, the syscall, a callback back on the loop). Written
+ * as they came, one or two lines per write, that was 0.2-0.7 writes per request; batched, 0.02-0.18, and 0.89-0.92 of
+ * the CPU per non-streaming request, paired. A full batch, a flush, the gateway's own lines and an exit do not wait;
+ * a request line is late by this much at most, which no log pipeline notices (docs/performance.md, "Log writes").
  */
 export const COALESCE_MS = 50;
 /** How long a command that logged waits at its end for stdout to take what is held (cli.ts; docs/operations.md). */
@@ -253,8 +254,8 @@ export class LogDestination {
 
   /**
    * With no write in flight: writes what is held now if it is full (fullBytes), if someone waits for it (whenWritten,
-   * flush), if a line of it came through `write`, or if lines are not to wait at all; otherwise starts a coalescing wait, unless one is in progress. With
-   * nothing held, tells the waiters.
+   * flush), if a line of it came through `write`, or if lines are not to wait at all; otherwise starts a coalescing
+   * wait, unless one is in progress. With nothing held, tells the waiters.
    */
   private schedule(): void {
     const wait = this.lines.length > 0 && !this.broken && this.coalesceMs > 0 && this.heldBytes < this.fullBytes;

@@ -39,7 +39,7 @@ export const FILE_WRITE_BYTES = 65_536;
 /**
  * How long a request line may wait for others to join its write, at most, while nothing is in flight. Each write is
  * a trip through libuv's thread pool (a wake-up, a thread switch, the syscall, a callback back on the loop). Written
- * as they came, one or two lines per write, that was 0.2-0.7 writes per request; batched, 0.02-0.18, and 0.89-0.92 of
+ * as they came, one or two lines per write, that was 0.2-0.7 writes per request; batched, 0.02-0.18, and 0.89-0.96 of
  * the CPU per non-streaming request, paired. A full batch, a flush, the gateway's own lines and an exit do not wait;
  * a request line is late by this much at most, which no log pipeline notices (docs/performance.md, "Log writes").
  */

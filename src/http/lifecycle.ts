@@ -17,6 +17,7 @@ import type { GatewayMetrics } from '../telemetry/metrics.js';
 import { errorBody } from '../delivery/errors.js';
 import type { StatusPage } from './status-page.js';
 import type { CheckOpsAccess } from './auth.js';
+import { LiveList } from '../util/live-list.js';
 import { within } from '../util/within.js';
 
 export interface LifecycleDeps {
@@ -97,7 +98,8 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
   /** Where /healthz, /readyz and /metrics are served. */
   const ops = admin ?? app;
   let adminUrl: string | undefined;
-  const exchanges = new Set<Exchange>();
+  // Not a Set: a long-lived Set's rehashed tables keep the requests in flight alive through scavenges (util/live-list.ts).
+  const exchanges = new LiveList<Exchange>();
   let draining = false;
   let closing = false;
   /** Drain or close, whichever came first: both end in the same closed state, once. */
@@ -210,10 +212,11 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
       return stopping !== undefined;
     },
     track(exchange) {
-      exchanges.add(exchange);
+      exchange.inFlight = exchanges.add(exchange);
     },
     done(exchange) {
-      exchanges.delete(exchange);
+      if (exchange.inFlight !== undefined) exchanges.delete(exchange.inFlight);
+      exchange.inFlight = undefined;
       if (exchanges.size === 0) allDone?.();
     },
   };

@@ -2,6 +2,7 @@
  * Per-model admission control. vLLM never answers 429: it queues everything and lets latency grow without bound, so
  * the gateway bounds concurrency and queueing itself. No clock or timers of its own: both are injected.
  */
+import { LiveList, type LiveEntry } from '../util/live-list.js';
 
 export interface AdmissionOptions {
   readonly maxInflight: number;
@@ -31,6 +32,8 @@ interface Waiter {
   readonly signal: AbortSignal | undefined;
   readonly onAbort: () => void;
   timer: { cancel(): void } | undefined;
+  /** Its place in the queue; undefined once it left (admitted, timed out, cancelled). */
+  entry: LiveEntry<Waiter> | undefined;
 }
 
 /**
@@ -51,8 +54,11 @@ interface Waiter {
  */
 export class AdmissionGate {
   private active = 0;
-  /** A Set is a FIFO with O(1) removal from the middle, which timeouts and aborts need. */
-  private readonly queue = new Set<Waiter>();
+  /**
+   * A FIFO with O(1) removal from the middle, which timeouts and aborts need. Not a Set: a long-lived Set's rehashed
+   * tables keep the waiters, and their requests, alive through scavenges (util/live-list.ts).
+   */
+  private readonly queue = new LiveList<Waiter>();
   /** The waiters' estimated prompt tokens, kept as they enter and leave so a scrape reads it in O(1). */
   private queuedTokens = 0;
 
@@ -70,10 +76,10 @@ export class AdmissionGate {
     return this.queue.size;
   }
 
-  /** How long the oldest waiter has waited so far, in ms (the queue is FIFO: the first in the Set); 0 when none waits. */
+  /** How long the oldest waiter has waited so far, in ms (the queue is FIFO: the first in the list); 0 when none waits. */
   get oldestWaitMs(): number {
-    const oldest = this.queue.values().next();
-    return oldest.done === true ? 0 : this.waitedBy(oldest.value);
+    const oldest = this.queue.first();
+    return oldest === undefined ? 0 : this.waitedBy(oldest);
   }
 
   /** The waiters' prompt tokens, as estimated from their requests before dispatch (a waiter without an estimate adds 0). */
@@ -102,8 +108,9 @@ export class AdmissionGate {
         signal,
         onAbort: () => this.leave(waiter, 'cancelled'),
         timer: undefined,
+        entry: undefined,
       };
-      this.queue.add(waiter);
+      waiter.entry = this.queue.add(waiter);
       this.queuedTokens += waiter.promptTokens;
       waiter.timer = this.hooks.setTimer(() => this.leave(waiter, 'queue_timeout'), this.options.queueTimeoutMs);
       signal?.addEventListener('abort', waiter.onAbort, { once: true });
@@ -125,24 +132,25 @@ export class AdmissionGate {
 
   /** A slot was freed: it goes to the oldest waiter, or back to the pool. */
   private handOver(): void {
-    const next = this.queue.values().next();
-    if (next.done === true) {
+    const next = this.queue.first();
+    if (next === undefined) {
       this.active--;
       return;
     }
-    this.dequeue(next.value);
-    next.value.settle(this.admit(this.waitedBy(next.value)));
+    this.dequeue(next);
+    next.settle(this.admit(this.waitedBy(next)));
   }
 
   private leave(waiter: Waiter, reason: 'queue_timeout' | 'cancelled'): void {
     // Already admitted or gone: a timer that fired after its cancel, or an abort after the hand-over.
-    if (!this.queue.has(waiter)) return;
+    if (waiter.entry === undefined) return;
     this.dequeue(waiter);
     waiter.settle({ admitted: false, reason, waitedMs: this.waitedBy(waiter) });
   }
 
   private dequeue(waiter: Waiter): void {
-    this.queue.delete(waiter);
+    if (waiter.entry !== undefined) this.queue.delete(waiter.entry);
+    waiter.entry = undefined;
     this.queuedTokens -= waiter.promptTokens;
     waiter.timer?.cancel();
     waiter.signal?.removeEventListener('abort', waiter.onAbort);

@@ -34,6 +34,7 @@ import type { BackgroundHolds } from './background-holds.js';
 import type { RoutingOutcome, Settlement } from '../accounting/ledger.js';
 import type { Pick, RoutingKey } from '../routing/router.js';
 import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
+import type { LiveEntry } from '../util/live-list.js';
 
 export interface ExchangeDeps {
   readonly config: Config;
@@ -143,6 +144,8 @@ export class Exchange {
   private held: HeldRequest | undefined;
   /** The in-flight gauge's label this request was counted under (request_started), taken off the same one at settlement. */
   private inflightLabel: string | undefined;
+  /** Its place among the gateway's exchanges in flight (http/lifecycle.ts): set when tracked, taken when done. */
+  inFlight: LiveEntry<Exchange> | undefined;
 
   constructor(
     private readonly deps: ExchangeDeps,

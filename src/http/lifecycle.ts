@@ -212,6 +212,8 @@ export function createLifecycle(deps: LifecycleDeps): Lifecycle {
       return stopping !== undefined;
     },
     track(exchange) {
+      // Once: a second entry would never be taken out, and the drain would wait for it until its timeout.
+      if (exchange.inFlight !== undefined) return;
       exchange.inFlight = exchanges.add(exchange);
     },
     done(exchange) {

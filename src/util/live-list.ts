@@ -1,6 +1,6 @@
 /**
  * What is in flight right now, for the life of the process: a list in insertion order whose removal, by the entry
- * `add` returned, is O(1) and leaves no pointer to what was removed anywhere.
+ * `add` returned, is O(1) and leaves nothing in the list pointing at what was removed (nor the removed entry at the list).
  *
  * Why not a Set: V8's young-generation collector (the scavenger) treats every pointer from the old generation as a
  * root, whether or not the old object holding it is still alive. A Set that lives for the process is in the old
@@ -9,12 +9,14 @@
  * and each table it leaves behind is dead but still holds the entries it had then: every request in flight at that
  * moment. Those stay alive through every scavenge until the next full collection, so they are copied, then promoted,
  * then collected by a mark-compact seconds later. In the gateway, the set of exchanges in flight (http/lifecycle.ts) did
- * that to nearly every request: 2.4 MB promoted per scavenge at ~900 non-streaming requests/s, scavenges of 18–21 ms
- * instead of 4–6, and a mark-compact every ~9 s (docs/performance.md, "Requests promoted"). A node here is young and
- * dies with its request; taking it out clears its links, so no dead object points into a request.
+ * that to nearly every request: at 64 concurrent non-streaming requests, 2.40 MB promoted per scavenge (0.28 MB with
+ * this list), a median scavenge of 19.5 ms (6.5), and a mark-compact every ~9 s (docs/performance.md, "Requests
+ * promoted"; test/live-list-gc.test.ts shows it on V8's trace). A node here is young and dies with its request; taking
+ * it out clears its links, so no dead node points into a request that is still young.
  *
- * Iterating sees the values in the list when the iteration began, in insertion order, skipping those removed since:
- * a caller may remove (the current value or any other) while it iterates.
+ * Iterating sees the values in the list when the iteration began (its first `next()`), in insertion order, skipping
+ * those removed since and not seeing those added since: a caller may remove (the current value or any other) while it
+ * iterates.
  */
 
 /** A value's place in its list: what `delete` takes. */
@@ -79,11 +81,6 @@ export class LiveList<T> implements Iterable<T> {
   /** The oldest value in the list, or undefined when it is empty. */
   first(): T | undefined {
     return this.head?.value;
-  }
-
-  /** The oldest entry in the list, or undefined when it is empty. */
-  firstEntry(): LiveEntry<T> | undefined {
-    return this.head ?? undefined;
   }
 
   *[Symbol.iterator](): Iterator<T> {

@@ -9,6 +9,7 @@ import { parseArgs } from 'node:util';
 import type { AddressInfo } from 'node:net';
 import { buildInfo } from './util/build.js';
 import { listenProblem, type ListenHint } from './app/listen-problem.js';
+import { tuneV8ForGateway } from './app/v8-tuning.js';
 // Each command's modules are imported when it runs, so `--help` and `--version` answer at once, without loading the
 // gateway, the configuration schema or OpenTelemetry (half a second).
 
@@ -242,10 +243,12 @@ export async function main(argv: string[]): Promise<number> {
     }
     switch (command) {
       case 'serve':
+        tuneV8ForGateway();
         return await logsFlushed(async () => (await import('./app/serve.js')).serve(rest));
       case 'sim':
         return await logsFlushed(async () => (await import('./sim/main.js')).runSim(rest));
       case 'demo':
+        tuneV8ForGateway();
         return await logsFlushed(() => demo(rest));
       case 'load':
         return await (await import('../load/main.js')).runLoad(rest);

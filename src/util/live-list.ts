@@ -1,6 +1,7 @@
 /**
  * What is in flight right now, for the life of the process: a list in insertion order whose removal, by the entry
- * `add` returned, is O(1) and leaves nothing in the list pointing at what was removed (nor the removed entry at the list).
+ * `add` returned, is O(1) and leaves nothing in the list pointing at what was removed (nor the removed entry at the
+ * list).
  *
  * Why not a Set: V8's young-generation collector (the scavenger) treats every pointer from the old generation as a
  * root, whether or not the old object holding it is still alive. A Set that lives for the process is in the old

@@ -6,11 +6,13 @@
  * request's objects can happen to survive (a scavenge in a burst), and then a per-request site is tenured, until a
  * mark-compact finds most of the old generation dead (which under load did not happen). Its objects die old, and the
  * scavenger treats every pointer from an old object as a root, live or not: everything young they point at — the rest
- * of the request — is copied and promoted, request after request, as through the Set of util/live-list.ts. Measured on non-streaming load at 64 concurrency (docs/performance.md,
- * "Pretenured requests"): in 12 of 41 runs of 20 s, from a moment under load on, 2.8 MB was promoted per scavenge
- * instead of 0.27 (GC 38–60 ms/s instead of 9–15), and in the one such run traced, V8 had tenured a site at that
- * moment; with pretenuring off, 0 of 23 (Node 20.20). What pretenuring would have saved — copying genuinely long-lived
- * objects once more — is mostly start-up data, allocated before traffic.
+ * of the request — is copied and promoted, request after request, as through the Set of util/live-list.ts.
+ *
+ * Measured on non-streaming load at 64 concurrency (docs/performance.md, "Pretenured requests"): in 12 of 41 runs of
+ * 20 s, from a moment under load on, 2.8 MB was promoted per scavenge instead of 0.27 (GC 38–60 ms/s instead of
+ * 9–15), and in the one such run traced, V8 had tenured a site at that moment; with pretenuring off, 0 of 23 (Node
+ * 20.20). What pretenuring would have saved — copying genuinely long-lived objects once more — is mostly start-up
+ * data, allocated before traffic.
  *
  * Set at run time (`v8.setFlagsFromString`), before the gateway's modules load, so `waybill serve` needs no node flag
  * (V8 reads this one at each scavenge, decision and optimisation). `node --allocation-site-pretenuring bin/waybill.js

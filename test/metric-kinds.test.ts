@@ -3,9 +3,9 @@
  * each exposition still names it as its format requires, whatever order or overlap the scrapes come in.
  */
 import fc from 'fast-check';
-import { Counter, Registry, type OpenMetricsContentType } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry, type OpenMetricsContentType } from 'prom-client';
 import { describe, expect, it } from 'vitest';
-import { SharedCounter, openMetricsRegistry, type Registries } from '../src/telemetry/metric-kinds.js';
+import { SharedCounter, SharedGauge, SharedHistogram, openMetricsRegistry, type Registries } from '../src/telemetry/metric-kinds.js';
 import { GatewayMetrics } from '../src/telemetry/metrics.js';
 
 const SPEC = { name: 'demo_requests_total', type: 'counter', labels: ['model'], help: 'Demo.' } as const;
@@ -235,5 +235,151 @@ describe("SharedCounter's samples found by their label values", () => {
     // Seen before, with a label the counter does not have: refused as prom-client refuses it on a first increment.
     expect(() => shared.inc({ ...L, bogus: 'x' } as typeof L, 1)).toThrow(/bogus/);
     expect(samples(await r.text.metrics())).toEqual(['demo_tokens_total{model="m",tenant="t",kind="prompt"} 3']);
+  });
+});
+
+describe("SharedHistogram and SharedGauge: prom-client's samples found by their label values", () => {
+  const HSPEC = { name: 'demo_seconds', type: 'histogram', labels: ['model', 'route'], help: 'Demo.' } as const;
+  const GSPEC = { name: 'demo_inflight', type: 'gauge', labels: ['model', 'route'], help: 'Demo.' } as const;
+  const BUCKETS = [0.005, 0.1, 1, 2.5, 10];
+  // 'a,route:b' with model 'a' collides with model 'a', route 'b' in prom-client's key string.
+  const value = fc.constantFrom('a', 'b', 'a,route:b', '', undefined);
+  const labels = fc.record({ model: value, route: value });
+  const amount = fc.oneof(fc.constantFrom(...BUCKETS), fc.double({ min: -5, max: 50, noNaN: true }), fc.constantFrom(0, Number.NaN, Infinity, -Infinity));
+  const trace = fc.constantFrom(undefined, '0af7651916cd43dd8448eb211c80319c');
+  // An observation (or increment), or what forgets samples: prom-client's reset, or the removal of one label set.
+  const op = fc.oneof(
+    { weight: 8, arbitrary: fc.record({ kind: fc.constant('observe' as const), labels, amount, trace, reversed: fc.boolean() }) },
+    { weight: 1, arbitrary: fc.record({ kind: fc.constant('reset' as const) }) },
+    { weight: 1, arbitrary: fc.record({ kind: fc.constant('remove' as const), labels: fc.record({ model: fc.constantFrom('a', 'b'), route: fc.constantFrom('a', 'b') }) }) },
+  );
+  /** Undefined drawn: the key left out or holding undefined; `reversed`, another key order. */
+  const given = (l: Record<string, string | undefined>, reversed: boolean) => (reversed ? Object.fromEntries(Object.entries(l).filter(([, v]) => v !== undefined).reverse()) : l) as Record<string, string>;
+  /** prom-client's error, or undefined. */
+  const attempt = (f: () => void) => {
+    try {
+      f();
+      return undefined;
+    } catch (error) {
+      return String(error);
+    }
+  };
+  // Exemplars carry the time of their observation: compared without it.
+  const untimed = (text: string) => samples(text).map((line) => line.replace(/ \d+(\.\d+)?$/, (m) => (line.includes(' # {') ? '' : m)));
+
+  it("observes as prom-client's own exemplar histogram does, in both expositions, for any observations, resets and removals", async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.array(op, { maxLength: 40, size: 'max' }), async (ops) => {
+        const r = registries();
+        const shared = new SharedHistogram(r, HSPEC, BUCKETS, true);
+        // The oracle: prom-client's histogram, called as it documents, in an OpenMetrics registry of its own.
+        const oracleRegistry = new Registry<OpenMetricsContentType>();
+        oracleRegistry.setContentType(Registry.OPENMETRICS_CONTENT_TYPE);
+        const oracle = new Histogram({ name: HSPEC.name, help: HSPEC.help, labelNames: HSPEC.labels, buckets: BUCKETS, registers: [oracleRegistry], enableExemplars: true });
+        for (const o of ops) {
+          if (o.kind === 'reset') {
+            oracle.reset();
+            shared.metric.reset();
+          } else if (o.kind === 'remove') {
+            oracle.remove(o.labels);
+            shared.metric.remove(o.labels);
+          } else {
+            const set = given(o.labels, o.reversed);
+            const exemplarLabels = o.trace === undefined ? {} : { trace_id: o.trace };
+            const oracleError = attempt(() => oracle.observe({ labels: set, value: o.amount, exemplarLabels: exemplarLabels as Record<string, string> }));
+            const sharedError = attempt(() => shared.observe(set, o.amount, o.trace === undefined ? undefined : { trace_id: o.trace }));
+            expect(sharedError).toBe(oracleError);
+          }
+        }
+        const expected = untimed(await oracleRegistry.metrics()).sort();
+        expect(untimed(await r.open.metrics()).sort()).toEqual(expected);
+        expect(samples(await r.text.metrics()).sort()).toEqual(expected.map((line) => line.replace(/ # \{.*$/, '')).sort());
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it("counts as prom-client's own gauge does, for any increments, decrements, resets and removals", async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.array(fc.tuple(op, fc.boolean()), { maxLength: 40, size: 'max' }), async (ops) => {
+        const r = registries();
+        const shared = new SharedGauge(r, GSPEC);
+        const oracleRegistry = new Registry();
+        const oracle = new Gauge({ name: GSPEC.name, help: GSPEC.help, labelNames: GSPEC.labels, registers: [oracleRegistry] });
+        for (const [o, down] of ops) {
+          if (o.kind === 'reset') {
+            oracle.reset();
+            shared.metric.reset();
+          } else if (o.kind === 'remove') {
+            oracle.remove(o.labels);
+            shared.metric.remove(o.labels);
+          } else {
+            const set = given(o.labels, o.reversed);
+            const oracleError = attempt(() => (down ? oracle.dec(set, o.amount) : oracle.inc(set, o.amount)));
+            const sharedError = attempt(() => (down ? shared.dec(set, o.amount) : shared.inc(set, o.amount)));
+            expect(sharedError).toBe(oracleError);
+          }
+        }
+        const expected = samples(await oracleRegistry.metrics()).sort();
+        expect(samples(await r.text.metrics()).sort()).toEqual(expected);
+        expect(samples(await r.open.metrics()).sort()).toEqual(expected);
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  it("adds to prom-client's sample of a label set seen before without prom-client's observe; a trace's exemplar goes to it", async () => {
+    const r = registries();
+    const shared = new SharedHistogram(r, HSPEC, BUCKETS, true);
+    const L = { model: 'm', route: 'chat' };
+    shared.observe(L, 0.05);
+    const metric = shared.metric as unknown as { hashMap: Record<string, { count: number; sum: number }>; observe: (...args: unknown[]) => unknown };
+    const [sample] = Object.values(metric.hashMap);
+    const promObserve = metric.observe.bind(metric);
+    let promCalls = 0;
+    metric.observe = (...args: unknown[]) => (promCalls++, promObserve(...args));
+    shared.observe({ route: 'chat', model: 'm' }, 1);
+    shared.observe(L, 20);
+    expect(promCalls).toBe(0);
+    expect(Object.values(metric.hashMap)).toEqual([sample]);
+    expect(sample).toMatchObject({ count: 3, sum: 21.05 });
+    shared.observe(L, 0.2, { trace_id: '0af7651916cd43dd8448eb211c80319c' });
+    expect(promCalls).toBe(1);
+    shared.observe({ model: 'm', route: 'embeddings' }, 0.2);
+    expect(promCalls).toBe(2);
+    expect(samples(await r.text.metrics())).toContain('demo_seconds_bucket{le="1",model="m",route="chat"} 3');
+  });
+
+  it("forgets the samples it found when prom-client's are reset or one is removed", async () => {
+    const r = registries();
+    const histogram = new SharedHistogram(r, HSPEC, BUCKETS);
+    const gauge = new SharedGauge(r, GSPEC);
+    const L = { model: 'm', route: 'chat' };
+    const twice = () => {
+      // The second finds prom-client's sample and keeps it: what a reset or a removal must make it forget.
+      for (let i = 0; i < 2; i++) {
+        histogram.observe(L, 0.05);
+        gauge.inc(L);
+      }
+    };
+    twice();
+    histogram.metric.reset();
+    gauge.metric.reset();
+    twice();
+    histogram.metric.remove(L);
+    gauge.metric.remove(L);
+    histogram.observe(L, 0.05);
+    gauge.inc(L, 5);
+    expect(samples(await r.text.metrics())).toEqual([
+      'demo_seconds_bucket{le="0.005",model="m",route="chat"} 0',
+      'demo_seconds_bucket{le="0.1",model="m",route="chat"} 1',
+      'demo_seconds_bucket{le="1",model="m",route="chat"} 1',
+      'demo_seconds_bucket{le="2.5",model="m",route="chat"} 1',
+      'demo_seconds_bucket{le="10",model="m",route="chat"} 1',
+      'demo_seconds_bucket{le="+Inf",model="m",route="chat"} 1',
+      'demo_seconds_sum{model="m",route="chat"} 0.05',
+      'demo_seconds_count{model="m",route="chat"} 1',
+      'demo_inflight{model="m",route="chat"} 5',
+    ]);
   });
 });

@@ -6,6 +6,26 @@ import { Counter, Gauge, Histogram, Registry, type OpenMetricsContentType } from
 import type { MetricSpec } from './metric-table.js';
 
 export type Labels<S extends MetricSpec> = S['labels'][number];
+
+/** Finds what nested Maps hold under a label set's values, in label order (one Map per label); undefined if absent. */
+type NestedLookup = (root: Map<unknown, unknown>, labels: object) => unknown;
+
+/**
+ * A metric's NestedLookup, made from its label names. Each metric has a function of its own, so each reads its label
+ * objects at sites of its own: one function shared by all metrics (`labels[name]` in a loop) saw every metric's label
+ * objects at one site, a megamorphic keyed load per label of every increment — the largest single cost V8's
+ * `--log-ic` and callgrind showed in a request's settlement (issue 27). The names are the metric table's label names,
+ * identifiers prom-client has already checked, and each is written into the code as a JSON string literal.
+ */
+function nestedLookup(names: readonly string[]): NestedLookup {
+  let body = 'let level = root;';
+  names.forEach((name, i) => {
+    const read = `labels[${JSON.stringify(name)}]`;
+    body += i < names.length - 1 ? ` level = level.get(${read}); if (level === undefined) return undefined;` : ` return level.get(${read});`;
+  });
+  // eslint-disable-next-line @typescript-eslint/no-implied-eval -- code made from the metric table's label names, above
+  return new Function('root', 'labels', body) as NestedLookup;
+}
 export type LabelSet<S extends MetricSpec> = Partial<Record<Labels<S>, string>>;
 
 /**
@@ -29,12 +49,14 @@ export class SharedCounter<S extends MetricSpec> {
   /** The prom-client map `seen` holds samples of. */
   private seenIn: unknown;
   private readonly labelNameSet: ReadonlySet<string>;
+  private readonly lookup: NestedLookup;
 
   constructor(
     registries: Registries,
     spec: S,
     private readonly exemplars = false,
   ) {
+    this.lookup = nestedLookup(spec.labels);
     // One with exemplars must be created in the OpenMetrics registry (prom-client refuses it in a Prometheus one).
     this.counter = new Counter({ name: spec.name, help: spec.help, labelNames: spec.labels, registers: [registries.open], enableExemplars: exemplars });
     registries.text.registerMetric(this.counter);
@@ -71,8 +93,7 @@ export class SharedCounter<S extends MetricSpec> {
     }
     // A label prom-client does not know goes to it, to be refused as before (its check walks inherited keys too).
     for (const key in labels) if (!this.labelNameSet.has(key)) return void this.promInc(labels, value);
-    const last = labels[names[names.length - 1] as Labels<S>];
-    const seen = this.lastLevel(labels, false)?.get(last) as { value: number } | undefined;
+    const seen = this.lookup(this.seen, labels) as { value: number } | undefined;
     // A value prom-client would refuse (negative, not finite) goes to it, to be refused as before.
     if (seen !== undefined && value >= 0 && Number.isFinite(value)) {
       seen.value += value;
@@ -80,7 +101,7 @@ export class SharedCounter<S extends MetricSpec> {
     }
     const { labelHash } = this.promInc(labels, value) ?? {};
     const sample = labelHash === undefined ? undefined : samples?.[labelHash];
-    if (sample !== undefined) this.lastLevel(labels, true)?.set(last, sample);
+    if (sample !== undefined) this.lastLevel(labels, true)?.set(labels[names[names.length - 1] as Labels<S>], sample);
   }
 
   /** The Map holding the samples under `labels`' values but the last; made on the way down when `create`. */
@@ -97,6 +118,144 @@ export class SharedCounter<S extends MetricSpec> {
       map = next;
     }
     return map;
+  }
+}
+
+/** A prom-client sample: a histogram's (buckets, sum, count) or a gauge's (value), with the label set it was made for. */
+interface PromSample {
+  readonly labels: Record<string, unknown>;
+}
+
+/**
+ * prom-client's samples of one metric found by their label values, in label order, one Map per label: what SharedCounter
+ * does for counters, for a histogram or a gauge. prom-client builds the label set's key string on every observation
+ * (and a closure, for a histogram); here a label set seen before is a few Map lookups. Only a plain label set takes this
+ * way — exactly the metric's label names, each a string — and only once prom-client has its sample: anything else
+ * goes through prom-client, to be counted or refused as before. The samples are prom-client's own objects, so its
+ * expositions read them as before; forgotten when prom-client replaces its map of them (`reset`) or removes one.
+ */
+class SampleIndex<T extends PromSample> {
+  private readonly root = new Map<string, unknown>();
+  /** The prom-client map `root` holds samples of. */
+  private seenIn: unknown;
+  private readonly names: readonly string[];
+  private readonly lookup: NestedLookup;
+
+  constructor(private readonly metric: { labelNames: readonly string[]; remove: (...args: never[]) => void }) {
+    this.names = metric.labelNames;
+    this.lookup = nestedLookup(this.names);
+    const target = metric as unknown as { remove: (...args: unknown[]) => void };
+    const remove = target.remove.bind(metric);
+    target.remove = (...args: unknown[]) => {
+      this.root.clear();
+      remove(...args);
+    };
+  }
+
+  /** prom-client's sample of `labels`, when the set is plain and prom-client has made it; else undefined. */
+  find(labels: Readonly<Record<string, string | undefined>>): T | undefined {
+    const samples = (this.metric as unknown as { hashMap?: Record<string, T> }).hashMap;
+    if (samples !== this.seenIn) {
+      this.root.clear();
+      this.seenIn = samples;
+    }
+    // Only a plain set: as many keys as label names (a set found below has each of them), none holding undefined.
+    let keys = 0;
+    for (const _ in labels) keys++;
+    if (keys !== this.names.length || keys === 0) return undefined;
+    return (this.lookup(this.root, labels) as T | undefined) ?? this.learn(labels, samples);
+  }
+
+  /** A label set not seen before: prom-client's sample of it, found by its label values once, then kept. */
+  private learn(labels: Readonly<Record<string, string | undefined>>, samples: Record<string, T> | undefined): T | undefined {
+    const names = this.names;
+    if (samples === undefined) return undefined;
+    for (const key in labels) if (!names.includes(key) || typeof labels[key] !== 'string') return undefined;
+    let found: T | undefined;
+    for (const sample of Object.values(samples)) {
+      if (names.every((name) => sample.labels[name] === labels[name])) {
+        found = sample;
+        break;
+      }
+    }
+    if (found === undefined) return undefined;
+    let level = this.root;
+    for (let i = 0; i < names.length - 1; i++) {
+      const key = labels[names[i] as string] as string;
+      let next = level.get(key) as Map<string, unknown> | undefined;
+      if (next === undefined) level.set(key, (next = new Map()));
+      level = next;
+    }
+    level.set(labels[names[names.length - 1] as string] as string, found);
+    return found;
+  }
+}
+
+interface HistogramSample extends PromSample {
+  readonly bucketValues: Record<string, number>;
+  sum: number;
+  count: number;
+}
+
+/**
+ * A histogram in both expositions (one prom-client object, `histogram()` below) whose observations of a label set seen
+ * before add to prom-client's sample directly (SampleIndex): the first bucket whose bound holds the value, the sum
+ * and the count, as prom-client's observe does. One with a trace's exemplar goes through prom-client.
+ */
+export class SharedHistogram<S extends MetricSpec> {
+  readonly metric: Histogram<Labels<S>>;
+  private readonly samples: SampleIndex<HistogramSample>;
+  private readonly bounds: readonly number[];
+  /** Each bound as prom-client keys its bucket. */
+  private readonly keys: readonly string[];
+  private readonly exemplars: boolean;
+
+  constructor(registries: Registries, spec: S, buckets: readonly number[], enableExemplars = false) {
+    this.metric = histogram(registries, spec, buckets, enableExemplars);
+    this.samples = new SampleIndex(this.metric as unknown as ConstructorParameters<typeof SampleIndex>[0]);
+    this.bounds = (this.metric as unknown as { upperBounds: readonly number[] }).upperBounds;
+    this.keys = this.bounds.map(String);
+    this.exemplars = enableExemplars;
+  }
+
+  observe(labels: LabelSet<S>, value: number, exemplarLabels?: Record<string, string>): void {
+    const sample = Number.isFinite(value) && (exemplarLabels === undefined || !this.exemplars) ? this.samples.find(labels) : undefined;
+    if (sample === undefined) {
+      if (this.exemplars) this.metric.observe({ labels, value, exemplarLabels: (exemplarLabels ?? NO_EXEMPLAR) });
+      else this.metric.observe(labels, value);
+      return;
+    }
+    const bounds = this.bounds;
+    let i = 0;
+    while (i < bounds.length && value > (bounds[i] as number)) i++;
+    sample.sum += value;
+    sample.count += 1;
+    if (i < bounds.length) sample.bucketValues[this.keys[i] as string] = (sample.bucketValues[this.keys[i] as string] as number) + 1;
+  }
+}
+
+interface GaugeSample extends PromSample {
+  value: number;
+}
+
+/** A gauge (prom-client's, registered in both registries) whose increments of a label set seen before skip its key string. */
+export class SharedGauge<S extends MetricSpec> {
+  readonly metric: Gauge<Labels<S>>;
+  private readonly samples: SampleIndex<GaugeSample>;
+
+  constructor(registries: Registries, spec: S) {
+    this.metric = new Gauge({ name: spec.name, help: spec.help, labelNames: spec.labels, registers: [registries.text, registries.open] });
+    this.samples = new SampleIndex(this.metric as unknown as ConstructorParameters<typeof SampleIndex>[0]);
+  }
+
+  inc(labels: LabelSet<S>, value = 1): void {
+    const sample = Number.isFinite(value) ? this.samples.find(labels) : undefined;
+    if (sample === undefined) this.metric.inc(labels, value);
+    else sample.value += value;
+  }
+
+  dec(labels: LabelSet<S>, value = 1): void {
+    this.inc(labels, -value);
   }
 }
 
@@ -189,4 +348,4 @@ export function openMetricsRegistry(): OpenMetricsRegistry {
 }
 
 /** No exemplar, for histograms: prom-client's histogram skips any empty label set (its counter does not). */
-export const NO_EXEMPLAR = {};
+const NO_EXEMPLAR = {};

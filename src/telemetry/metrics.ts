@@ -8,7 +8,7 @@
  */
 import { Gauge, Histogram, Registry, collectDefaultMetrics, type Metric } from 'prom-client';
 import { EventHistogram, type EventObserver } from './event-histogram.js';
-import { SharedCounter, histogram, NO_EXEMPLAR, openMetricsRegistry, scrapeGauge, type Registries, type WorkerAggregator } from './metric-kinds.js';
+import { SharedCounter, SharedGauge, SharedHistogram, histogram, openMetricsRegistry, scrapeGauge, type Registries, type WorkerAggregator } from './metric-kinds.js';
 import { METRICS } from './metric-table.js';
 import type { Settlement } from '../accounting/ledger.js';
 import {
@@ -84,27 +84,22 @@ export class GatewayMetrics {
   private readonly registries: Registries = { text: this.registry, open: this.openMetrics };
   private readonly requests = new SharedCounter(this.registries, METRICS.requests, true);
   private readonly attempts = new SharedCounter(this.registries, METRICS.attempts);
-  private readonly requestAttempts = histogram(this.registries, METRICS.requestAttempts, REQUEST_ATTEMPTS_BUCKETS);
+  private readonly requestAttempts = new SharedHistogram(this.registries, METRICS.requestAttempts, REQUEST_ATTEMPTS_BUCKETS);
   private readonly anomalies = new SharedCounter(this.registries, METRICS.anomalies);
   private readonly finishReasons = new SharedCounter(this.registries, METRICS.finishReasons);
   private readonly cancellations = new SharedCounter(this.registries, METRICS.cancellations);
   private readonly clientRetries = new SharedCounter(this.registries, METRICS.clientRetries);
-  private readonly ttft: Histogram<'model' | 'prompt_len'>;
+  private readonly ttft: SharedHistogram<typeof METRICS.ttft>;
   private readonly itl: EventHistogram;
-  private readonly tpot: Histogram<'model' | 'revision'>;
-  private readonly duration: Histogram<'model' | 'route' | 'outcome'>;
+  private readonly tpot: SharedHistogram<typeof METRICS.tpot>;
+  private readonly duration: SharedHistogram<typeof METRICS.duration>;
   private readonly slo = new SharedCounter(this.registries, METRICS.slo);
   private readonly promptTokens = new SharedCounter(this.registries, METRICS.promptTokens);
   private readonly cachedPromptTokens = new SharedCounter(this.registries, METRICS.cachedPromptTokens);
   private readonly completionTokens = new SharedCounter(this.registries, METRICS.completionTokens);
   private readonly usageMissing = new SharedCounter(this.registries, METRICS.usageMissing);
   private readonly estimatedCompletionTokens = new SharedCounter(this.registries, METRICS.estimatedCompletionTokens);
-  private readonly inflight = new Gauge({
-    name: METRICS.inflight.name,
-    help: METRICS.inflight.help,
-    labelNames: METRICS.inflight.labels,
-    registers: [this.registry, this.openMetrics],
-  });
+  private readonly inflight = new SharedGauge(this.registries, METRICS.inflight);
   private readonly retries = new SharedCounter(this.registries, METRICS.retries);
   private readonly workerLostRequests = new SharedCounter(this.registries, METRICS.workerLostRequests);
   private readonly retryBudgetExhausted = new SharedCounter(this.registries, METRICS.retryBudgetExhausted);
@@ -162,7 +157,7 @@ export class GatewayMetrics {
     registers: [this.registry, this.openMetrics],
   });
   private readonly queueWait: Histogram<'model'>;
-  private readonly upstreamFirstOutput: Histogram<'model' | 'upstream' | 'prompt_len'>;
+  private readonly upstreamFirstOutput: SharedHistogram<typeof METRICS.upstreamFirstOutput>;
   private readonly routingDecisions = new SharedCounter(this.registries, METRICS.routingDecisions);
   private readonly routingShared = new SharedCounter(this.registries, METRICS.routingShared);
   private readonly routingPromptTokens = new SharedCounter(this.registries, METRICS.routingPromptTokens);
@@ -184,17 +179,17 @@ export class GatewayMetrics {
     this.logDrops.inc({}, 0);
     // Counted by a workers' primary (app/primary.ts), never by the process itself: at zero, so the series exists.
     this.workerLostRequests.inc({}, 0);
-    this.ttft = histogram(registries, METRICS.ttft, buckets.ttft, true);
+    this.ttft = new SharedHistogram(registries, METRICS.ttft, buckets.ttft, true);
     // Observed per event, on the hot path: a histogram of its own (no label hashing, no exemplars).
     this.itl = new EventHistogram(METRICS.itl.name, METRICS.itl.help, buckets.itl);
     // prom-client serialises any object with its metric interface (name, help, type, get()).
     this.registry.registerMetric(this.itl as unknown as Metric);
     this.openMetrics.registerMetric(this.itl as unknown as Metric);
-    this.tpot = histogram(registries, METRICS.tpot, buckets.tpot, true);
-    this.duration = histogram(registries, METRICS.duration, buckets.duration, true);
+    this.tpot = new SharedHistogram(registries, METRICS.tpot, buckets.tpot, true);
+    this.duration = new SharedHistogram(registries, METRICS.duration, buckets.duration, true);
     this.evaluatorDuration = histogram(registries, METRICS.evaluatorDuration, buckets.duration);
     this.queueWait = histogram(registries, METRICS.queueWait, buckets.queueWait);
-    this.upstreamFirstOutput = histogram(registries, METRICS.upstreamFirstOutput, buckets.ttft);
+    this.upstreamFirstOutput = new SharedHistogram(registries, METRICS.upstreamFirstOutput, buckets.ttft);
     this.sessionIdleGap = histogram(registries, METRICS.sessionIdleGap, GAP_BUCKETS_SECONDS);
     const build = options.build ?? { version: 'unknown', revision: 'unknown' };
     new Gauge({ name: METRICS.buildInfo.name, help: METRICS.buildInfo.help, labelNames: METRICS.buildInfo.labels, aggregator: 'first', registers: [registries.text, registries.open] }).set(
@@ -500,7 +495,6 @@ export class GatewayMetrics {
   record(s: Settlement, inflightLabel: string | undefined, traceId?: string): void {
     const model = this.modelLabel(s.model);
     const exemplar = traceId === undefined ? undefined : { trace_id: traceId };
-    const exemplarLabels = exemplar ?? NO_EXEMPLAR;
     if (inflightLabel !== undefined) this.inflight.dec({ model: inflightLabel });
     const tenant = s.tenant;
     this.requests.inc({ model, tenant, route: s.route, stream: String(s.stream), code: String(s.code), outcome: s.outcome }, 1, exemplar);
@@ -521,9 +515,9 @@ export class GatewayMetrics {
     // Users' answers only: a judge's short max_tokens would read as truncation (the finish-reason and revision alerts).
     if (!s.evaluator) for (const reason of s.finishReasons) this.finishReasons.inc({ model, finish_reason: reason, revision });
     if (s.cancelPhase !== undefined) this.cancellations.inc({ model, tenant, phase: s.cancelPhase });
-    if (s.ttftMs !== undefined) this.ttft.observe({ labels: { model, prompt_len: s.promptLen }, value: s.ttftMs / 1000, exemplarLabels });
-    if (s.tpotMs !== undefined) this.tpot.observe({ labels: { model, revision }, value: s.tpotMs / 1000, exemplarLabels });
-    this.duration.observe({ labels: { model, route: s.route, outcome: s.outcome }, value: s.durationMs / 1000, exemplarLabels });
+    if (s.ttftMs !== undefined) this.ttft.observe({ model, prompt_len: s.promptLen }, s.ttftMs / 1000, exemplar);
+    if (s.tpotMs !== undefined) this.tpot.observe({ model, revision }, s.tpotMs / 1000, exemplar);
+    this.duration.observe({ model, route: s.route, outcome: s.outcome }, s.durationMs / 1000, exemplar);
     // The replica that answered, or the one the last try failed on: a slow replica's misses show under its name.
     this.slo.inc({ model, tenant, prompt_len: s.promptLen, result: s.slo, upstream: s.attempts.at(-1)?.upstream ?? NO_UPSTREAM, revision });
     if (s.evaluator) {

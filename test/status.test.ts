@@ -36,6 +36,9 @@ function settlement(overrides: Partial<Settlement> = {}): Settlement {
     verdict: 'accepted',
     evaluator: false,
     failedChecks: [],
+    clientRetry: undefined,
+    answerText: undefined,
+    routing: undefined,
     ...overrides,
   };
 }

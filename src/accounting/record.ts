@@ -75,8 +75,12 @@ export interface RequestRecord {
   readonly attempts: AttemptFacts[];
   /** Every anomaly, in the order seen: an observer reads those past its own cursor (anomalies as observations). */
   readonly anomalies: Anomaly[];
-  /** The first finish_reason of each expected choice of the current attempt. */
-  readonly finishes: Map<number, string>;
+  /**
+   * The first finish_reason of each expected choice of the current attempt, by choice index (only expected indices,
+   * isExpectedChoice, so bounded by the request's choices). Arrays here, not a Map and a Set: a request keeps its record
+   * for its whole life, and each collection's table is a few hundred bytes of it (issue 27).
+   */
+  readonly finishes: (string | undefined)[];
   /** When the response was committed (the first output, or a complete answer without any): no retry after this. */
   committedAt: number | undefined;
   /** When the first output-bearing event went to the client (a stream's TTFT). */
@@ -99,8 +103,8 @@ export interface RequestRecord {
   responseModel: string | undefined;
   /** The last sequence number the upstream's events carried (Responses); -1 before any. */
   lastSequence: number;
-  /** Expected choices of the current attempt that carried an answer (content, text or a named tool call). */
-  readonly answered: Set<number>;
+  /** Expected choices of the current attempt that carried an answer (content, text or a named tool call), by index. */
+  readonly answered: (true | undefined)[];
   /** The current attempt's answer text, assembled only when the contract needs it (or the answer is captured). */
   readonly assembly: OutputAssembly | undefined;
   /** In the admission queue now. */
@@ -116,7 +120,7 @@ export function createRecord(info: RequestInfo, arrivalAt: number): RequestRecor
     settling: false,
     attempts: [],
     anomalies: [],
-    finishes: new Map(),
+    finishes: [],
     committedAt: undefined,
     firstOutputAt: undefined,
     lastOutputAt: undefined,
@@ -132,7 +136,7 @@ export function createRecord(info: RequestInfo, arrivalAt: number): RequestRecor
     responseId: undefined,
     responseModel: undefined,
     lastSequence: -1,
-    answered: new Set(),
+    answered: [],
     assembly: contractNeedsText(info.contract) || info.captureAnswer === true ? new OutputAssembly(info.expectedChoices, info.maxOutputChars ?? DEFAULT_MAX_OUTPUT_CHARS) : undefined,
     waiting: false,
   };
@@ -166,8 +170,8 @@ export function currentAttempt(rec: RequestRecord): AttemptFacts {
 export function recordAttemptStart(rec: RequestRecord, at: number, upstream: string): void {
   if (rec.committedAt !== undefined) throw new Error('no attempt after commit');
   rec.ending = undefined;
-  rec.finishes.clear();
-  rec.answered.clear();
+  rec.finishes.length = 0;
+  rec.answered.length = 0;
   rec.assembly?.reset();
   rec.usage = undefined;
   rec.outputEvents = 0;
@@ -234,7 +238,7 @@ export function recordClientEnd(rec: RequestRecord, at: number): void {
 
 export function unfinishedChoices(rec: RequestRecord, info: RequestInfo): number {
   let missing = 0;
-  for (let index = 0; index < info.expectedChoices; index++) if (!rec.finishes.has(index)) missing++;
+  for (let index = 0; index < info.expectedChoices; index++) if (rec.finishes[index] === undefined) missing++;
   return missing;
 }
 
@@ -253,12 +257,12 @@ export function recordFinishes(rec: RequestRecord, info: RequestInfo, attempt: A
   }
   for (const finish of facts.finishes) {
     if (!isExpectedChoice(info, finish.index)) continue;
-    if (!rec.finishes.has(finish.index)) rec.finishes.set(finish.index, finish.reason);
+    rec.finishes[finish.index] ??= finish.reason;
   }
 }
 
 export function recordAnswer(rec: RequestRecord, info: RequestInfo, facts: Extract<EventFacts, { kind: 'chunk' }>): void {
-  for (const index of facts.answers) if (isExpectedChoice(info, index)) rec.answered.add(index);
+  for (const index of facts.answers) if (isExpectedChoice(info, index)) rec.answered[index] = true;
   if (facts.parts !== undefined) rec.assembly?.add(facts.parts);
 }
 

@@ -59,11 +59,23 @@ export interface Settlement {
   /** The checks that failed on some choice, each named once. */
   readonly failedChecks: readonly OutputCheck[];
   /** The client SDK's retry count of this HTTP request (RequestInfo.clientRetry). */
-  readonly clientRetry?: number | undefined;
+  readonly clientRetry: number | undefined;
   /** Each choice's content, only for a delivered response whose request asked to capture it (undefined past the cap). */
-  readonly answerText?: readonly (string | undefined)[];
-  /** How the answering attempt's upstream was picked (set by the shell once settled; absent for a pinned request). */
-  readonly routing?: RoutingOutcome | undefined;
+  readonly answerText: readonly (string | undefined)[] | undefined;
+  /** How the answering attempt's upstream was picked (set by the shell once settled, withRouting; absent for a pinned request). */
+  readonly routing: RoutingOutcome | undefined;
+}
+
+/**
+ * The settlement with the answering attempt's routing outcome, set in place: the shell sets it on the settlement the
+ * machine has just made, before any observer sees it. Every settlement has one shape — each field present, in the
+ * order `settle` writes them — so the observers that read all of its fields (metrics, the log line, the status window)
+ * read them through one map: a field added to some settlements only made each of their reads a megamorphic lookup
+ * (V8's --log-ic showed them; issue 27), and a copy (`{...settlement, routing}`) is an object of another map.
+ */
+export function withRouting(settlement: Settlement, routing: RoutingOutcome): Settlement {
+  (settlement as { routing: RoutingOutcome | undefined }).routing = routing;
+  return settlement;
 }
 
 /** The pick of the attempt that answered: what routing decided and predicted, to be checked against the usage. */
@@ -157,7 +169,8 @@ export function settle(rec: RequestRecord, info: RequestInfo, at: number): Settl
     evaluator: info.evaluator === true,
     failedChecks,
     clientRetry: info.clientRetry,
-    ...(info.captureAnswer === true && outcome === 'delivered' ? { answerText: answerText(rec, info) } : {}),
+    answerText: info.captureAnswer === true && outcome === 'delivered' ? answerText(rec, info) : undefined,
+    routing: undefined,
   };
 }
 
@@ -215,6 +228,8 @@ export function crashSettlement(info: RequestInfo, arrivalAt: number, committed:
     evaluator: info.evaluator === true,
     failedChecks: [],
     clientRetry: info.clientRetry,
+    answerText: undefined,
+    routing: undefined,
   };
 }
 
@@ -319,8 +334,8 @@ function runOutputChecks(rec: RequestRecord, info: RequestInfo): { checks: Choic
     const format = contract === undefined || rec.assembly === undefined ? 'not_applicable' : rec.assembly.formatVerdict(index, contract);
     if (format === 'unevaluated') missing = true;
     checks.push({
-      answer_present: rec.answered.has(index) ? 'pass' : 'fail',
-      not_truncated: notTruncated(finishReasonLabel(rec.finishes.get(index))),
+      answer_present: rec.answered[index] === true ? 'pass' : 'fail',
+      not_truncated: notTruncated(finishReasonLabel(rec.finishes[index])),
       format_valid: format === 'not_applicable' ? 'unevaluated' : format,
     });
   }
@@ -338,7 +353,7 @@ function answerText(rec: RequestRecord, info: RequestInfo): (string | undefined)
 /** One label per expected choice: finish reasons of other indices are never stored (record.ts recordFinishes). */
 function finishReasonLabels(rec: RequestRecord, info: RequestInfo): FinishReason[] {
   const labels: FinishReason[] = [];
-  for (let index = 0; index < info.expectedChoices; index++) labels.push(finishReasonLabel(rec.finishes.get(index)));
+  for (let index = 0; index < info.expectedChoices; index++) labels.push(finishReasonLabel(rec.finishes[index]));
   return labels;
 }
 

@@ -36,7 +36,7 @@ import { admission, noUpstream, start } from './phases/admitting.js';
 import { attemptSettled, attemptStarted, upstreamFact } from './phases/attempt.js';
 import { clientClose, clientDrain, clientFinish, pauseForClient } from './phases/client.js';
 import { shutdown, timer } from './phases/deadlines.js';
-import { attemptOpen, emit, observe, responseEnded, TIMERS, type DeliveryState } from './state.js';
+import { attemptOpen, disarm, emit, observe, responseEnded, TIMERS, type DeliveryState } from './state.js';
 import { streamErrorEvent } from './wire.js';
 
 /** A step without effects. Not frozen: the shell iterates it where it iterates `effects`, and V8 iterates a frozen array
@@ -96,7 +96,7 @@ function dispatch(s: DeliveryState, event: MachineEvent): void {
     case 'internal_error':
       return crash(s, event.error);
     case 'timer':
-      if (!s.armed.delete(event.timer)) return;
+      if (!disarm(s, event.timer)) return;
       return timer(s, event.timer);
     case 'client_blocked':
       return pauseForClient(s);
@@ -133,10 +133,8 @@ function crash(s: DeliveryState, error: unknown): void {
   observe(s, { type: 'internal_error', error });
   // Every timer, not only those armed by the machine's count: the discarded step may have cleared some the shell
   // still holds.
-  for (const timer of TIMERS) {
-    s.armed.delete(timer);
-    emit(s, { kind: 'clear', timer });
-  }
+  s.armed = 0;
+  for (const timer of TIMERS) emit(s, { kind: 'clear', timer });
   if (s.admission === 'pending') emit(s, { kind: 'cancel_admission' });
   if (attemptOpen(s)) emit(s, { kind: 'abort_attempt', reason: 'cancelled' });
   const committed = s.headSent;

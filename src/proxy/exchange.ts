@@ -32,6 +32,7 @@ import type { ResponseOwners } from './response-owners.js';
 import { chargedTokens, type LimitTicket } from './tenant-limits.js';
 import type { BackgroundHolds } from './background-holds.js';
 import type { RoutingOutcome, Settlement } from '../accounting/ledger.js';
+import { withRouting } from '../accounting/settle.js';
 import type { Pick, RoutingKey } from '../routing/router.js';
 import type { ModelControls, Upstream, UpstreamRegistry } from './upstreams.js';
 import type { LiveEntry } from '../util/live-list.js';
@@ -125,15 +126,20 @@ export class Exchange {
   /** Kept from the start: Node detaches it from the response once the response is done. */
   private readonly socket: Socket | null;
   private readonly queue: MachineEvent[] = [];
-  /** Each attempt's pick (the attempt number's), for the settlement's routing outcome. */
-  private readonly picks = new Map<number, Pick<Upstream>>();
+  /**
+   * The last pick and its attempt's number, for the settlement's routing outcome (the answering attempt's pick). Fields,
+   * not collections, here and below: a Map is a few hundred bytes per request, kept for its life (issue 27).
+   */
+  private lastPick: Pick<Upstream> | undefined;
+  private lastPickNumber = 0;
   /** The session's idle gap at this request's start, when it names one. */
   private sessionGap: { gapMs: number | null; gapClass: string } | undefined;
   private running = false;
-  /** Attempts not yet over (the current one, and a replaced one still closing). */
-  private readonly attempts = new Map<number, Attempt>();
+  /** Attempts not yet over (the current one, and a replaced one still closing): one or two. */
+  private readonly attempts: Attempt[] = [];
   private current: Attempt | undefined;
-  private readonly timers = new Map<TimerName, ArmedTimer>();
+  /** The timers armed now, by name. */
+  private readonly timers: Record<TimerName, ArmedTimer | undefined> = { total: undefined, first_output: undefined, idle: undefined, drain: undefined, retry: undefined, linger: undefined };
   private admission: Admission | undefined;
   private queueAbort: AbortController | undefined;
   private readonly observe: (observation: Observation) => void;
@@ -226,9 +232,9 @@ export class Exchange {
       case 'arm':
         return this.arm(effect.timer, effect.at, effect.ms);
       case 'clear': {
-        const timer = this.timers.get(effect.timer);
+        const timer = this.timers[effect.timer];
         if (timer !== undefined) clearTimeout(timer.handle);
-        this.timers.delete(effect.timer);
+        this.timers[effect.timer] = undefined;
         return;
       }
       case 'acquire_admission':
@@ -301,7 +307,7 @@ export class Exchange {
         const sessionKey = this.request.routing?.sessionKey;
         if (sessionKey !== undefined) this.deps.guard.run('exchange', () => this.deps.upstreams.sessionEnded(this.request.info.model, sessionKey, at));
         const routing = this.deps.guard.run('exchange', () => this.routingOutcome(effect.settlement.attempts.length), undefined);
-        const settlement = routing === undefined ? effect.settlement : { ...effect.settlement, routing };
+        const settlement = routing === undefined ? effect.settlement : withRouting(effect.settlement, routing);
         this.deps.publish(settlement, this.request.requestId, this.request.trace, this.inflightLabel, at);
         this.deps.onDone?.(this);
         return;
@@ -311,7 +317,7 @@ export class Exchange {
 
   /** Re-arming a timer with the same duration refreshes it instead of replacing it. */
   private arm(name: TimerName, at: number, ms: number): void {
-    const armed = this.timers.get(name);
+    const armed = this.timers[name];
     if (armed !== undefined && armed.ms === ms) {
       armed.handle.refresh();
       return;
@@ -319,12 +325,12 @@ export class Exchange {
     if (armed !== undefined) clearTimeout(armed.handle);
     const handle = setTimeout(
       () => {
-        this.timers.delete(name);
+        this.timers[name] = undefined;
         this.send({ type: 'timer', timer: name });
       },
       Math.max(0, at - this.deps.now()),
     );
-    this.timers.set(name, { handle, ms });
+    this.timers[name] = { handle, ms };
   }
 
   private acquireAdmission(): void {
@@ -361,7 +367,7 @@ export class Exchange {
       turnShare: this.turnShare(),
     });
     this.current = attempt;
-    this.attempts.set(number, attempt);
+    this.attempts.push(attempt);
     this.send({ type: 'attempt_started', attempt: number, upstream: upstream.name });
     attempt.ticket = upstreams.sent(upstream, at);
     const traceHeaders = this.request.trace.attemptStarted(number, upstream, at, retriedFor);
@@ -394,7 +400,8 @@ export class Exchange {
     }
     const picked = upstreams.pick(model, avoid, at, routing);
     if (picked === undefined) return undefined;
-    this.picks.set(number, picked);
+    this.lastPick = picked;
+    this.lastPickNumber = number;
     const pool = upstreams.poolFor(model)?.config;
     if (pool !== undefined) guard.run('metrics', () => metrics.routingDecision(model, pool.name, pool.routing.policy, picked.reason));
     return picked.upstream;
@@ -402,7 +409,7 @@ export class Exchange {
 
   /** The pick of the attempt that answered (the last one), as the settlement carries it. */
   private routingOutcome(attempts: number): RoutingOutcome | undefined {
-    const picked = this.picks.get(attempts);
+    const picked = this.lastPickNumber === attempts ? this.lastPick : undefined;
     const pool = this.deps.upstreams.poolFor(this.request.info.model)?.config;
     if (picked === undefined || pool === undefined) return undefined;
     return {
@@ -443,9 +450,11 @@ export class Exchange {
   }
 
   private attemptOver(number: number, effect: Extract<Effect, { kind: 'attempt_over' }>): void {
-    const attempt = this.attempts.get(number);
+    let index = 0;
+    while (index < this.attempts.length && (this.attempts[index] as Attempt).number !== number) index++;
+    const attempt = this.attempts[index];
     if (attempt === undefined) return;
-    this.attempts.delete(number);
+    this.attempts.splice(index, 1);
     const at = this.deps.now();
     this.deps.upstreams.settled(attempt.upstream, attempt.ticket, effect.record, at);
     this.request.trace.attemptEnded(number, effect.record, at);

@@ -8,7 +8,7 @@ import { currentAttempt, recordAttemptStart, wantsParts } from '../../accounting
 import { recordBody, recordConnectFailure, recordProtocolViolation, recordStreamEnd, recordStreamEvent } from '../../accounting/record-upstream.js';
 import type { SseEvent } from '../../sse/framer.js';
 import type { MachineEvent } from '../machine.js';
-import { arm, clear, dropOut, emit, endClient, flush, forward, observe, reportAnomalies, responseEnded, writeHead, type DeliveryState } from '../state.js';
+import { arm, clear, dropOut, emit, endClient, flush, forward, isArmed, observe, reportAnomalies, responseEnded, writeHead, type DeliveryState } from '../state.js';
 import { classifyStreamEvent, classifyWholeBody, SSE_HEADERS } from '../wire.js';
 import { decide, retryNow, settleIfDone } from './ending.js';
 
@@ -139,7 +139,7 @@ export function armIdle(s: DeliveryState): void {
 }
 
 function refreshIdle(s: DeliveryState): void {
-  if (s.armed.has('idle')) s.idleFrom = s.at;
+  if (isArmed(s, 'idle')) s.idleFrom = s.at;
 }
 
 export function attemptSettled(s: DeliveryState, attempt: number): void {

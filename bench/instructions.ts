@@ -1,0 +1,201 @@
+/**
+ * Instructions per request under callgrind: what a build of Waybill, and the bare Node relay beside it, execute in user
+ * space per non-streaming request once warm, counted rather than timed.
+ *
+ *   npm run build && node dist/bench/instructions.js [--a DIR] [--b DIR] [--floor] [--runs 2] [--warmup 4000] [--requests 2000]
+ *
+ * Why: a gateway's CPU per request differs by ±15% between two processes of one build and by ±20% between windows of
+ * one process on these shared VMs (docs/performance.md), more than most changes; bench/ab.js needs many rounds to see
+ * 5%. Instructions do not depend on what else the machine is doing: two runs of one build here agree within ~2%.
+ *
+ * How: each target runs under `valgrind --tool=callgrind` with instrumentation off, behind one simulator on the other
+ * core; `--warmup` requests bring it to steady state, then instrumentation is switched on (callgrind_control) for
+ * `--requests` more and off again. The count is every thread's user-space instructions (the kernel's part of a system
+ * call is not counted, so the ratio of counts is wider than the ratio of CPU time). V8 runs `--single-threaded`, so its
+ * compiler works on the main thread in the order the code asks for it rather than whenever a helper thread is free;
+ * under valgrind it is still compiling after thousands of requests, and that part (functions of V8's compiler) is
+ * reported apart: `execution` is the rest, the figure to compare. The relay is bench/proxy/floor.ts.
+ *
+ * Needs valgrind (Debian's `valgrind`, which has callgrind_control and callgrind_annotate). A bench, not a test.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { Pool } from 'undici';
+import { freePort, killAll, spawnPinned, startSim, waitFor200, type Child } from './proxy/procs.js';
+
+const PROXY_CORE = 0;
+const SIM_CORE = 1;
+
+interface Options {
+  a: string | undefined;
+  b: string;
+  floor: boolean;
+  runs: number;
+  warmup: number;
+  requests: number;
+  concurrency: number;
+}
+
+const USAGE = `usage: node dist/bench/instructions.js [--a DIR] [--b DIR] [--floor|--no-floor] [--runs N] [--warmup N] [--requests N] [--concurrency N]
+  --a DIR          a second checkout with dist/ built, counted beside --b (B/A is reported)
+  --b DIR          the checkout counted (default .)
+  --no-floor       leave out the bare Node relay (bench/proxy/floor.ts)
+  --runs N         runs of each target, alternating (default 2)
+  --warmup N       requests before counting (default 4000)
+  --requests N     requests counted (default 2000)
+  --concurrency N  requests in flight (default 32)`;
+
+function parse(argv: string[]): Options {
+  const options: Options = { a: undefined, b: '.', floor: true, runs: 2, warmup: 4000, requests: 2000, concurrency: 32 };
+  for (let i = 0; i < argv.length; i++) {
+    const flag = argv[i];
+    if (flag === '--floor' || flag === '--no-floor') {
+      options.floor = flag === '--floor';
+      continue;
+    }
+    const value = argv[++i];
+    if (value === undefined) throw new Error(`${flag}: needs a value\n${USAGE}`);
+    if (flag === '--a') options.a = value;
+    else if (flag === '--b') options.b = value;
+    else if (flag === '--runs') options.runs = Number(value);
+    else if (flag === '--warmup') options.warmup = Number(value);
+    else if (flag === '--requests') options.requests = Number(value);
+    else if (flag === '--concurrency') options.concurrency = Number(value);
+    else throw new Error(`unknown flag ${flag}\n${USAGE}`);
+  }
+  for (const [name, n] of [['--runs', options.runs], ['--warmup', options.warmup], ['--requests', options.requests], ['--concurrency', options.concurrency]] as const) {
+    if (!Number.isInteger(n) || n < 1) throw new Error(`${name}: a whole number >= 1`);
+  }
+  return options;
+}
+
+interface Target {
+  readonly label: string;
+  /** The checkout whose build runs (the floor's script comes from --b's). */
+  readonly dir: string;
+  readonly kind: 'waybill' | 'floor';
+}
+
+interface Count {
+  readonly total: number;
+  readonly compiler: number;
+}
+
+/** V8's optimizing compilers (TurboFan, Maglev) and their drivers: what warm-up under valgrind has not finished. */
+const COMPILER = /v8::internal::compiler::|v8::internal::Compiler::|v8::internal::maglev::|OptimizedCompilationJob|TurboFan/;
+
+/** A non-streaming chat completion, the bench's `req` scenario's. */
+const BODY = JSON.stringify({ model: 'sim-model', max_tokens: 1, messages: [{ role: 'user', content: 'Hello there, how are you today?' }] });
+
+async function drive(origin: string, concurrency: number, total: number): Promise<void> {
+  const pool = new Pool(origin, { connections: concurrency, pipelining: 1 });
+  let sent = 0;
+  let failed = 0;
+  const loop = async () => {
+    while (sent < total) {
+      sent++;
+      const response = await pool.request({ path: '/v1/chat/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body: BODY });
+      await response.body.dump();
+      if (response.statusCode !== 200) failed++;
+    }
+  };
+  await Promise.all(Array.from({ length: concurrency }, loop));
+  await pool.close();
+  if (failed > 0) throw new Error(`${failed} of ${total} requests failed`);
+}
+
+/** One target under callgrind: its instructions over `requests` warm requests. */
+async function count(target: Target, simOrigin: string, dir: string, options: Options, run: number): Promise<Count> {
+  const port = await freePort();
+  const out = join(dir, `${target.kind}-${run}-${target.label}.callgrind`);
+  const script = target.kind === 'waybill' ? [join(target.dir, 'bin/waybill.js'), 'serve', '--config', writeConfig(dir, port, simOrigin), '--workers', '1'] : [join(target.dir, 'dist/bench/proxy/floor.js'), '--port', String(port), '--upstream', simOrigin];
+  const child: Child = spawnPinned({
+    name: `${target.label}-${run}`,
+    core: PROXY_CORE,
+    dir,
+    command: 'valgrind',
+    args: ['--tool=callgrind', '--instr-atstart=no', '--smc-check=all-non-file', `--callgrind-out-file=${out}`, process.execPath, '--single-threaded', ...script],
+  });
+  const origin = `http://127.0.0.1:${port}`;
+  await waitFor200(`${origin}${target.kind === 'waybill' ? '/readyz' : '/health'}`, 120_000, child);
+  await drive(origin, options.concurrency, options.warmup);
+  execFileSync('callgrind_control', ['--instr=on', String(child.pid)], { stdio: 'ignore' });
+  await drive(origin, options.concurrency, options.requests);
+  execFileSync('callgrind_control', ['--instr=off', String(child.pid)], { stdio: 'ignore' });
+  await child.stop(60_000);
+  return read(out);
+}
+
+/** Total instructions and the compiler's, from callgrind_annotate's per-function table (every function listed). */
+function read(file: string): Count {
+  const text = execFileSync('callgrind_annotate', ['--threshold=100', '--inclusive=no', file], { encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 });
+  let total = 0;
+  let compiler = 0;
+  for (const line of text.split('\n')) {
+    const match = /^\s*([\d,]+)\s/.exec(line);
+    if (match === null) continue;
+    const ir = Number((match[1] as string).replaceAll(',', ''));
+    if (line.includes('PROGRAM TOTALS')) total = ir;
+    else if (COMPILER.test(line)) compiler += ir;
+  }
+  if (total === 0) throw new Error(`no instructions counted in ${file}`);
+  return { total, compiler };
+}
+
+function writeConfig(dir: string, port: number, upstream: string): string {
+  const file = join(dir, `waybill-${port}.yaml`);
+  // JSON is YAML: the bench's gateway (bench/proxy/procs.ts startGateway), the default configuration otherwise.
+  writeFileSync(file, JSON.stringify({ server: { host: '127.0.0.1', port }, pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: upstream }] }], shutdown: { grace: 0, drain_timeout: 1 } }));
+  return file;
+}
+
+const median = (values: number[]) => {
+  const sorted = [...values].sort((x, y) => x - y);
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 === 1 ? (sorted[mid] as number) : ((sorted[mid - 1] as number) + (sorted[mid] as number)) / 2;
+};
+
+async function main(): Promise<void> {
+  const options = parse(process.argv.slice(2));
+  const dir = mkdtempSync(join(tmpdir(), 'waybill-instructions-'));
+  const b = resolve(options.b);
+  const targets: Target[] = [
+    ...(options.a !== undefined ? [{ label: 'A', dir: resolve(options.a), kind: 'waybill' as const }] : []),
+    { label: options.a !== undefined ? 'B' : 'waybill', dir: b, kind: 'waybill' },
+    ...(options.floor ? [{ label: 'floor', dir: b, kind: 'floor' as const }] : []),
+  ];
+  console.log(`instructions per non-streaming request under callgrind: ${options.warmup} warm-up requests, ${options.requests} counted, ${options.concurrency} in flight, ${options.runs} run(s) each; logs in ${dir}`);
+  const sim = await startSim(join(b, 'bin/waybill.js'), SIM_CORE, dir, { itlMs: 10, ttftMs: 50, outputTokens: 1, seed: 1 });
+  const results = new Map<string, number[]>(targets.map((t) => [t.label, []]));
+  try {
+    for (let run = 1; run <= options.runs; run++) {
+      for (const target of targets) {
+        const { total, compiler } = await count(target, sim.origin, dir, options, run);
+        const perRequest = (n: number) => Math.round(n / options.requests);
+        results.get(target.label)?.push(perRequest(total - compiler));
+        console.log(`  run ${run} ${target.label.padEnd(8)} ${perRequest(total)} instructions/request: compiler ${perRequest(compiler)}, execution ${perRequest(total - compiler)}`);
+      }
+    }
+  } finally {
+    await sim.child.stop();
+  }
+  const execution = new Map([...results].map(([label, values]) => [label, median(values)]));
+  console.log('execution instructions per request (median of runs):');
+  for (const [label, value] of execution) console.log(`  ${label.padEnd(8)} ${value}`);
+  const floor = execution.get('floor');
+  for (const label of ['A', 'B', 'waybill']) {
+    const value = execution.get(label);
+    if (value !== undefined && floor !== undefined) console.log(`  ${label} / floor: ${(value / floor).toFixed(2)}x`);
+  }
+  const a = execution.get('A');
+  const bValue = execution.get('B');
+  if (a !== undefined && bValue !== undefined) console.log(`  B / A: ${(bValue / a).toFixed(3)}`);
+}
+
+main().catch((error: unknown) => {
+  killAll();
+  console.error(error instanceof Error ? error.message : error);
+  process.exit(1);
+});

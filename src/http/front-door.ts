@@ -13,6 +13,7 @@ import type { ObserverGuard } from '../telemetry/guard.js';
 import { routeOf, type Answers } from './answers.js';
 import { BodyAbandoned, BodyError, readFormBody, readJsonBody } from './body.js';
 import type { Generation } from './generation.js';
+import { requestlessLogger } from './fastify-logger.js';
 import { UNAUTHENTICATED } from '../accounting/outcomes.js';
 
 declare module 'fastify' {
@@ -37,11 +38,9 @@ const FASTIFY_ERRORS: Record<string, ErrorCode> = {
 
 export function fastifyOptions(config: Config, logger: FastifyBaseLogger, answers: Answers): FastifyHttpOptions<Server> {
   return {
-    loggerInstance: logger,
+    loggerInstance: requestlessLogger(logger),
     // One wide log line per logical request comes from the ledger, not fastify's per-request pair.
     logController: new LogController({ disableRequestLogging: true }),
-    // Fastify would make a child logger per request; Waybill logs per request once, from the ledger, with the id.
-    childLoggerFactory: (parent) => parent,
     bodyLimit: config.server.body_limit_bytes,
     http: {
       maxHeaderSize: config.server.max_header_bytes,

@@ -19,6 +19,7 @@ import type { StatusPage } from './status-page.js';
 import type { CheckOpsAccess } from './auth.js';
 import { LiveList } from '../util/live-list.js';
 import { within } from '../util/within.js';
+import { requestlessLogger } from './fastify-logger.js';
 
 export interface LifecycleDeps {
   readonly app: FastifyInstance;
@@ -62,7 +63,7 @@ export interface Lifecycle {
  * connection limit, no request accounting: a probe or a scrape is not a request of the API).
  */
 export function createAdminApp(logger: FastifyBaseLogger): FastifyInstance {
-  const admin = Fastify({ loggerInstance: logger, logController: new LogController({ disableRequestLogging: true }), childLoggerFactory: (parent) => parent });
+  const admin = Fastify({ loggerInstance: requestlessLogger(logger), logController: new LogController({ disableRequestLogging: true }) });
   admin.setNotFoundHandler((request, reply) => {
     void reply.code(404).send(errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0] ?? ''} on the admin listener (/metrics, /healthz, /readyz, /status)`));
   });

@@ -26,6 +26,7 @@ import type { PublishSettlement } from '../telemetry/settlement.js';
 import type { Admission } from './admission.js';
 import { Attempt, type TurnShare } from './attempt.js';
 import { ClientWriter } from './client-writer.js';
+import { withHeaders, type FlatHeaders } from './headers.js';
 import type { ReadTurns } from './read-turns.js';
 import type { ResponseHomes } from './response-homes.js';
 import type { ResponseOwners } from './response-owners.js';
@@ -108,7 +109,7 @@ export interface CompletionRequest {
   readonly body: Buffer;
   readonly requestId: string;
   /** Headers for every upstream attempt (see upstreamHeaders). */
-  readonly headers: Record<string, string | string[]>;
+  readonly headers: FlatHeaders;
   readonly arrivalAt: number;
   readonly trace: RequestTrace;
   /** The request's prefix blocks and session for the pool's cache_aware picking (src/routing/router.ts). */
@@ -371,7 +372,7 @@ export class Exchange {
     this.send({ type: 'attempt_started', attempt: number, upstream: upstream.name });
     attempt.ticket = upstreams.sent(upstream, at);
     const traceHeaders = this.request.trace.attemptStarted(number, upstream, at, retriedFor);
-    const headers = traceHeaders === undefined ? this.request.headers : { ...this.request.headers, ...traceHeaders };
+    const headers = traceHeaders === undefined ? this.request.headers : withHeaders(this.request.headers, traceHeaders);
     upstream.dispatcher.dispatch(
       {
         method: this.request.method ?? 'POST',

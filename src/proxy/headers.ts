@@ -33,6 +33,13 @@ const NOT_FORWARDED = new Set([
 ]);
 
 /**
+ * Headers as undici takes them flat: name, value, name, value, … (a repeated header: its name again). An array
+ * rather than an object whose keys are the client's header names: each such object had a shape of its own, so its
+ * building and undici's reading of it were megamorphic keyed stores and loads on every request (issue 27).
+ */
+export type FlatHeaders = string[];
+
+/**
  * Headers for an upstream attempt: the client's, minus the above, plus Waybill's own. With tracing on, the client's
  * trace context is not forwarded: each attempt sends its own span's instead (the client's is that span's ancestor).
  */
@@ -43,17 +50,23 @@ export function upstreamHeaders(
   forwardTraceContext: boolean,
   /** The body's type: JSON unless given (a multipart form keeps its boundary); null: no body. */
   contentType: string | null = 'application/json',
-): Record<string, string | string[]> {
-  const headers: Record<string, string | string[]> = {};
+): FlatHeaders {
+  const headers: FlatHeaders = [];
   for (const [name, value] of Object.entries(client)) {
     if (value === undefined || NOT_FORWARDED.has(name)) continue;
     if (!forwardTraceContext && (name === 'traceparent' || name === 'tracestate')) continue;
-    headers[name] = value;
+    if (typeof value === 'string') headers.push(name, value);
+    else for (const each of value) headers.push(name, each);
   }
-  if (contentType !== null) headers['content-type'] = contentType;
-  headers['accept'] = stream ? 'text/event-stream' : 'application/json';
+  if (contentType !== null) headers.push('content-type', contentType);
   // Waybill parses every byte; a compressed stream could be neither parsed nor forwarded event by event.
-  headers['accept-encoding'] = 'identity';
-  headers['x-request-id'] = requestId;
+  headers.push('accept', stream ? 'text/event-stream' : 'application/json', 'accept-encoding', 'identity', 'x-request-id', requestId);
   return headers;
+}
+
+/** `headers` with more after them (none of the same names: the client's trace context and credentials are not forwarded). */
+export function withHeaders(headers: FlatHeaders, more: Readonly<Record<string, string>>): FlatHeaders {
+  const all = headers.slice();
+  for (const [name, value] of Object.entries(more)) all.push(name, value);
+  return all;
 }

@@ -7,6 +7,7 @@ import { Pool, type Dispatcher } from 'undici';
 import { UNKNOWN_REVISION, type OwnRead, type ReadStopReason } from '../accounting/outcomes.js';
 import type { Config, UpstreamConfig } from '../config/load.js';
 import { CircuitBreaker } from './breaker.js';
+import type { FlatHeaders } from './headers.js';
 
 /**
  * vLLM closes idle keep-alive connections after 5 s without a Keep-Alive hint; a socket reused just as it closes is
@@ -107,8 +108,8 @@ export class Upstream {
   }
 
   /** The attempt's headers, with this upstream's API key when it has one. */
-  withCredentials(headers: Record<string, string | string[]>): Record<string, string | string[]> {
-    return this.authorization === undefined ? headers : { ...headers, authorization: this.authorization };
+  withCredentials(headers: FlatHeaders): FlatHeaders {
+    return this.authorization === undefined ? headers : [...headers, 'authorization', this.authorization];
   }
 
   /** The path on this upstream for an API path, respecting a base path in the configured URL. */

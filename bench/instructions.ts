@@ -23,9 +23,10 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Pool } from 'undici';
-import { freePort, killAll, spawnPinned, startSim, waitFor200, type Child } from './proxy/procs.js';
+import { freePort, killAll, pinSelf, spawnPinned, startSim, waitFor200, type Child } from './proxy/procs.js';
 
 const PROXY_CORE = 0;
+/** The simulator and this process (the load): off the counted process's core, so it runs at its own pace. */
 const SIM_CORE = 1;
 
 interface Options {
@@ -36,6 +37,9 @@ interface Options {
   warmup: number;
   requests: number;
   concurrency: number;
+  /** Streamed answers of this many tokens (events: tokens + the role chunk + [DONE]); 0: non-streaming. */
+  tokens: number;
+  itlMs: number;
 }
 
 const USAGE = `usage: node dist/bench/instructions.js [--a DIR] [--b DIR] [--floor|--no-floor] [--runs N] [--warmup N] [--requests N] [--concurrency N]
@@ -45,10 +49,12 @@ const USAGE = `usage: node dist/bench/instructions.js [--a DIR] [--b DIR] [--flo
   --runs N         runs of each target, alternating (default 2)
   --warmup N       requests before counting (default 4000)
   --requests N     requests counted (default 2000)
-  --concurrency N  requests in flight (default 32)`;
+  --concurrency N  requests in flight (default 32; keep it low when streaming: valgrind runs ~50x slower)
+  --tokens N       streamed answers of N tokens, paced by --itl-ms (default 0: non-streaming, max_tokens 1)
+  --itl-ms N       the simulator's time between tokens when streaming (default 10)`;
 
 function parse(argv: string[]): Options {
-  const options: Options = { a: undefined, b: '.', floor: true, runs: 2, warmup: 4000, requests: 2000, concurrency: 32 };
+  const options: Options = { a: undefined, b: '.', floor: true, runs: 2, warmup: 4000, requests: 2000, concurrency: 32, tokens: 0, itlMs: 10 };
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i];
     if (flag === '--floor' || flag === '--no-floor') {
@@ -63,11 +69,14 @@ function parse(argv: string[]): Options {
     else if (flag === '--warmup') options.warmup = Number(value);
     else if (flag === '--requests') options.requests = Number(value);
     else if (flag === '--concurrency') options.concurrency = Number(value);
+    else if (flag === '--tokens') options.tokens = Number(value);
+    else if (flag === '--itl-ms') options.itlMs = Number(value);
     else throw new Error(`unknown flag ${flag}\n${USAGE}`);
   }
   for (const [name, n] of [['--runs', options.runs], ['--warmup', options.warmup], ['--requests', options.requests], ['--concurrency', options.concurrency]] as const) {
     if (!Number.isInteger(n) || n < 1) throw new Error(`${name}: a whole number >= 1`);
   }
+  if (!Number.isInteger(options.tokens) || options.tokens < 0 || !(options.itlMs >= 0)) throw new Error('--tokens and --itl-ms: numbers >= 0');
   return options;
 }
 
@@ -86,10 +95,14 @@ interface Count {
 /** V8's optimizing compilers (TurboFan, Maglev) and their drivers: what warm-up under valgrind has not finished. */
 const COMPILER = /v8::internal::compiler::|v8::internal::Compiler::|v8::internal::maglev::|OptimizedCompilationJob|TurboFan/;
 
-/** A non-streaming chat completion, the bench's `req` scenario's. */
-const BODY = JSON.stringify({ model: 'sim-model', max_tokens: 1, messages: [{ role: 'user', content: 'Hello there, how are you today?' }] });
+/** A chat completion: non-streaming with one token (the bench's `req` scenario), or streamed with `tokens`. */
+function body(tokens: number): string {
+  const messages = [{ role: 'user', content: 'Hello there, how are you today?' }];
+  return JSON.stringify(tokens === 0 ? { model: 'sim-model', max_tokens: 1, messages } : { model: 'sim-model', max_tokens: tokens, stream: true, messages });
+}
 
-async function drive(origin: string, concurrency: number, total: number): Promise<void> {
+async function drive(origin: string, concurrency: number, total: number, tokens: number): Promise<void> {
+  const BODY = body(tokens);
   const pool = new Pool(origin, { connections: concurrency, pipelining: 1 });
   let sent = 0;
   let failed = 0;
@@ -120,9 +133,9 @@ async function count(target: Target, simOrigin: string, dir: string, options: Op
   });
   const origin = `http://127.0.0.1:${port}`;
   await waitFor200(`${origin}${target.kind === 'waybill' ? '/readyz' : '/health'}`, 120_000, child);
-  await drive(origin, options.concurrency, options.warmup);
+  await drive(origin, options.concurrency, options.warmup, options.tokens);
   execFileSync('callgrind_control', ['--instr=on', String(child.pid)], { stdio: 'ignore' });
-  await drive(origin, options.concurrency, options.requests);
+  await drive(origin, options.concurrency, options.requests, options.tokens);
   execFileSync('callgrind_control', ['--instr=off', String(child.pid)], { stdio: 'ignore' });
   await child.stop(60_000);
   return read(out);
@@ -159,6 +172,9 @@ const median = (values: number[]) => {
 
 async function main(): Promise<void> {
   const options = parse(process.argv.slice(2));
+  // Timers' work (the event-loop monitor, the log lines' batching, health checks) is counted per request as well: a
+  // counted process slowed by a load on its own core would do more of it per request.
+  pinSelf(SIM_CORE);
   const dir = mkdtempSync(join(tmpdir(), 'waybill-instructions-'));
   const b = resolve(options.b);
   const targets: Target[] = [
@@ -166,8 +182,9 @@ async function main(): Promise<void> {
     { label: options.a !== undefined ? 'B' : 'waybill', dir: b, kind: 'waybill' },
     ...(options.floor ? [{ label: 'floor', dir: b, kind: 'floor' as const }] : []),
   ];
-  console.log(`instructions per non-streaming request under callgrind: ${options.warmup} warm-up requests, ${options.requests} counted, ${options.concurrency} in flight, ${options.runs} run(s) each; logs in ${dir}`);
-  const sim = await startSim(join(b, 'bin/waybill.js'), SIM_CORE, dir, { itlMs: 10, ttftMs: 50, outputTokens: 1, seed: 1 });
+  const kind = options.tokens === 0 ? 'non-streaming request' : `request streamed with ${options.tokens} tokens (${options.tokens + 2} events) every ${options.itlMs} ms`;
+  console.log(`instructions per ${kind} under callgrind: ${options.warmup} warm-up requests, ${options.requests} counted, ${options.concurrency} in flight, ${options.runs} run(s) each; logs in ${dir}`);
+  const sim = await startSim(join(b, 'bin/waybill.js'), SIM_CORE, dir, { itlMs: options.itlMs, ttftMs: options.tokens === 0 ? 50 : 20, outputTokens: Math.max(1, options.tokens), seed: 1 });
   const results = new Map<string, number[]>(targets.map((t) => [t.label, []]));
   try {
     for (let run = 1; run <= options.runs; run++) {
@@ -183,7 +200,7 @@ async function main(): Promise<void> {
   }
   const execution = new Map([...results].map(([label, values]) => [label, median(values)]));
   console.log('execution instructions per request (median of runs):');
-  for (const [label, value] of execution) console.log(`  ${label.padEnd(8)} ${value}`);
+  for (const [label, value] of execution) console.log(`  ${label.padEnd(8)} ${value}${options.tokens === 0 ? '' : `, ${Math.round(value / (options.tokens + 2))} per event`}`);
   const floor = execution.get('floor');
   for (const label of ['A', 'B', 'waybill']) {
     const value = execution.get(label);

@@ -264,6 +264,15 @@ describe("SharedHistogram and SharedGauge: prom-client's samples found by their 
       return String(error);
     }
   };
+  /** A reset or a removal, applied to every metric given; false for an observation, which the caller makes. */
+  const forgets = (o: { kind: string; labels?: Record<string, string | undefined> }, metrics: Array<{ reset(): void; remove(labels: Record<string, string>): void }>) => {
+    if (o.kind === 'observe') return false;
+    for (const metric of metrics) {
+      if (o.kind === 'reset') metric.reset();
+      else metric.remove((o.labels ?? {}) as Record<string, string>);
+    }
+    return true;
+  };
   // Exemplars carry the time of their observation: compared without it.
   const untimed = (text: string) => samples(text).map((line) => line.replace(/ \d+(\.\d+)?$/, (m) => (line.includes(' # {') ? '' : m)));
 
@@ -277,13 +286,7 @@ describe("SharedHistogram and SharedGauge: prom-client's samples found by their 
         oracleRegistry.setContentType(Registry.OPENMETRICS_CONTENT_TYPE);
         const oracle = new Histogram({ name: HSPEC.name, help: HSPEC.help, labelNames: HSPEC.labels, buckets: BUCKETS, registers: [oracleRegistry], enableExemplars: true });
         for (const o of ops) {
-          if (o.kind === 'reset') {
-            oracle.reset();
-            shared.metric.reset();
-          } else if (o.kind === 'remove') {
-            oracle.remove(o.labels);
-            shared.metric.remove(o.labels);
-          } else {
+          if (!forgets(o, [oracle, shared.metric]) && o.kind === 'observe') {
             const set = given(o.labels, o.reversed);
             const exemplarLabels = o.trace === undefined ? {} : { trace_id: o.trace };
             const oracleError = attempt(() => oracle.observe({ labels: set, value: o.amount, exemplarLabels: exemplarLabels as Record<string, string> }));
@@ -307,13 +310,7 @@ describe("SharedHistogram and SharedGauge: prom-client's samples found by their 
         const oracleRegistry = new Registry();
         const oracle = new Gauge({ name: GSPEC.name, help: GSPEC.help, labelNames: GSPEC.labels, registers: [oracleRegistry] });
         for (const [o, down] of ops) {
-          if (o.kind === 'reset') {
-            oracle.reset();
-            shared.metric.reset();
-          } else if (o.kind === 'remove') {
-            oracle.remove(o.labels);
-            shared.metric.remove(o.labels);
-          } else {
+          if (!forgets(o, [oracle, shared.metric]) && o.kind === 'observe') {
             const set = given(o.labels, o.reversed);
             const oracleError = attempt(() => (down ? oracle.dec(set, o.amount) : oracle.inc(set, o.amount)));
             const sharedError = attempt(() => (down ? shared.dec(set, o.amount) : shared.inc(set, o.amount)));

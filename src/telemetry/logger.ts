@@ -59,7 +59,7 @@ const sym = (name: string): symbol => {
 };
 
 /**
- * `logger.info(record, msg)` for a record of data only (strings, numbers, booleans, arrays and plain objects of them,
+ * `logger.info(record as object, msg)` for a record of data only (strings, numbers, booleans, arrays and plain objects of them,
  * undefined fields left out), built as one `JSON.stringify` instead of pino's walk over its fields and one string per
  * field: the request's wide line (one per request) was the largest allocation of a request's settlement (issue 27).
  * The line is the one pino writes — its level, time, bindings, the record's fields in order, the message and its
@@ -69,9 +69,10 @@ const sym = (name: string): symbol => {
  * while something subscribes to pino's `tracing:pino_asJson` channel (an agent may add fields there), and a record
  * JSON.stringify refuses (a BigInt, a cycle: pino's safe stringify writes them). Strings differ from pino's in one
  * respect only: a lone surrogate in a short top-level string is escaped (`\udXXX`, valid JSON) where pino writes it
- * raw, to be replaced by U+FFFD on output.
+ * raw, to be replaced by U+FFFD on output. `serialize` is JSON.stringify or one written for the record's shape that
+ * writes the same text (request-log.ts requestLogJson).
  */
-export function dataRecordWriter(logger: Logger): (record: object, msg: string) => void {
+export function dataRecordWriter<T extends object>(logger: Logger, serialize: (record: T) => string = JSON.stringify): (record: T, msg: string) => void {
   const l = logger as unknown as Record<symbol, unknown>;
   const hooks = l[sym('hooksSym')] as { logMethod?: unknown; streamWrite?: unknown } | undefined;
   const formatters = l[sym('formattersSym')] as { log?: unknown } | undefined;
@@ -93,7 +94,7 @@ export function dataRecordWriter(logger: Logger): (record: object, msg: string) 
     (serializers === undefined || Object.keys(serializers).every((key) => key === 'err')) &&
     stream[sym('needsMetadataGsym')] !== true &&
     levels?.values?.['info'] === 30;
-  if (!plain) return (record, msg) => logger.info(record, msg);
+  if (!plain) return (record, msg) => logger.info(record as object, msg);
   // The request lines may wait for others to join their write (log-destination.ts), where the stream offers it.
   const target = stream as { write(line: string): unknown; writeLater?: (line: string) => unknown };
   const out = typeof target.writeLater === 'function' ? { write: target.writeLater.bind(target) } : target;
@@ -105,12 +106,12 @@ export function dataRecordWriter(logger: Logger): (record: object, msg: string) 
   const chindings = sym('chindingsSym');
   return (record, msg) => {
     if (!logger.isLevelEnabled('info')) return;
-    if (asJsonChannel.hasSubscribers) return void logger.info(record, msg);
+    if (asJsonChannel.hasSubscribers) return void logger.info(record as object, msg);
     let fields: string;
     try {
-      fields = JSON.stringify(record);
+      fields = serialize(record);
     } catch {
-      return void logger.info(record, msg);
+      return void logger.info(record as object, msg);
     }
     const head = (l[lsCache] as Record<number, string>)[30] as string;
     out.write(head + time.call(logger) + (l[chindings] as string) + (fields.length > 2 ? ',' + fields.slice(1, -1) : '') + ',' + messageKey + ':' + JSON.stringify(msg) + end);

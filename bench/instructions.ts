@@ -101,9 +101,8 @@ function body(tokens: number): string {
   return JSON.stringify(tokens === 0 ? { model: 'sim-model', max_tokens: 1, messages } : { model: 'sim-model', max_tokens: tokens, stream: true, messages });
 }
 
-async function drive(origin: string, concurrency: number, total: number, tokens: number): Promise<void> {
+async function drive(pool: Pool, concurrency: number, total: number, tokens: number): Promise<void> {
   const BODY = body(tokens);
-  const pool = new Pool(origin, { connections: concurrency, pipelining: 1 });
   let sent = 0;
   let failed = 0;
   const loop = async () => {
@@ -115,7 +114,6 @@ async function drive(origin: string, concurrency: number, total: number, tokens:
     }
   };
   await Promise.all(Array.from({ length: concurrency }, loop));
-  await pool.close();
   if (failed > 0) throw new Error(`${failed} of ${total} requests failed`);
 }
 
@@ -133,10 +131,14 @@ async function count(target: Target, simOrigin: string, dir: string, options: Op
   });
   const origin = `http://127.0.0.1:${port}`;
   await waitFor200(`${origin}${target.kind === 'waybill' ? '/readyz' : '/health'}`, 120_000, child);
-  await drive(origin, options.concurrency, options.warmup, options.tokens);
+  // One pool for both phases: closing the warm-up's connections would deoptimize, in the gateway, the code their
+  // close reaches (V8's --trace-deopt: node's stream and socket functions, "wrong map") just before the count.
+  const pool = new Pool(origin, { connections: options.concurrency, pipelining: 1 });
+  await drive(pool, options.concurrency, options.warmup, options.tokens);
   execFileSync('callgrind_control', ['--instr=on', String(child.pid)], { stdio: 'ignore' });
-  await drive(origin, options.concurrency, options.requests, options.tokens);
+  await drive(pool, options.concurrency, options.requests, options.tokens);
   execFileSync('callgrind_control', ['--instr=off', String(child.pid)], { stdio: 'ignore' });
+  await pool.close();
   await child.stop(60_000);
   return read(out);
 }

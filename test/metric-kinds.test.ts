@@ -2,6 +2,7 @@
  * src/telemetry/metric-kinds.ts: a counter is one object in both registries (an increment counted once, found by its label values), and
  * each exposition still names it as its format requires, whatever order or overlap the scrapes come in.
  */
+import { spawnSync } from 'node:child_process';
 import fc from 'fast-check';
 import { Counter, Gauge, Histogram, Registry, type OpenMetricsContentType } from 'prom-client';
 import { describe, expect, it } from 'vitest';
@@ -247,11 +248,14 @@ describe("SharedHistogram and SharedGauge: prom-client's samples found by their 
   const labels = fc.record({ model: value, route: value });
   const amount = fc.oneof(fc.constantFrom(...BUCKETS), fc.double({ min: -5, max: 50, noNaN: true }), fc.constantFrom(0, Number.NaN, Infinity, -Infinity));
   const trace = fc.constantFrom(undefined, '0af7651916cd43dd8448eb211c80319c');
-  // An observation (or increment), or what forgets samples: prom-client's reset, or the removal of one label set.
+  // An observation (or increment), or what forgets samples: prom-client's reset, the removal of one label set, or a
+  // new sample object put in place of one (a gauge's `set`, a histogram's `zero`).
+  const plain = fc.record({ model: fc.constantFrom('a', 'b'), route: fc.constantFrom('a', 'b') });
   const op = fc.oneof(
-    { weight: 8, arbitrary: fc.record({ kind: fc.constant('observe' as const), labels, amount, trace, reversed: fc.boolean() }) },
+    { weight: 8, arbitrary: fc.record({ kind: fc.constant('observe' as const), labels: fc.oneof(labels, plain), amount, trace, reversed: fc.boolean() }) },
     { weight: 1, arbitrary: fc.record({ kind: fc.constant('reset' as const) }) },
-    { weight: 1, arbitrary: fc.record({ kind: fc.constant('remove' as const), labels: fc.record({ model: fc.constantFrom('a', 'b'), route: fc.constantFrom('a', 'b') }) }) },
+    { weight: 1, arbitrary: fc.record({ kind: fc.constant('remove' as const), labels: plain }) },
+    { weight: 1, arbitrary: fc.record({ kind: fc.constant('replace' as const), labels: plain }) },
   );
   /** Undefined drawn: the key left out or holding undefined; `reversed`, another key order. */
   const given = (l: Record<string, string | undefined>, reversed: boolean) => (reversed ? Object.fromEntries(Object.entries(l).filter(([, v]) => v !== undefined).reverse()) : l) as Record<string, string>;
@@ -264,19 +268,23 @@ describe("SharedHistogram and SharedGauge: prom-client's samples found by their 
       return String(error);
     }
   };
-  /** A reset or a removal, applied to every metric given; false for an observation, which the caller makes. */
-  const forgets = (o: { kind: string; labels?: Record<string, string | undefined> }, metrics: Array<{ reset(): void; remove(labels: Record<string, string>): void }>) => {
+  /** A reset, a removal or a replacement, applied to every metric given; false for an observation, which the caller makes. */
+  type Forgetful = { reset(): void; remove(labels: Record<string, string>): void; set?(labels: Record<string, string>, value: number): void; zero?(labels: Record<string, string>): void };
+  const forgets = (o: { kind: string; labels?: Record<string, string | undefined> }, metrics: Forgetful[]) => {
     if (o.kind === 'observe') return false;
     for (const metric of metrics) {
+      const set = (o.labels ?? {}) as Record<string, string>;
       if (o.kind === 'reset') metric.reset();
-      else metric.remove((o.labels ?? {}) as Record<string, string>);
+      else if (o.kind === 'remove') metric.remove(set);
+      else if (metric.zero !== undefined) metric.zero(set);
+      else metric.set?.(set, 7);
     }
     return true;
   };
   // Exemplars carry the time of their observation: compared without it.
   const untimed = (text: string) => samples(text).map((line) => line.replace(/ \d+(\.\d+)?$/, (m) => (line.includes(' # {') ? '' : m)));
 
-  it("observes as prom-client's own exemplar histogram does, in both expositions, for any observations, resets and removals", async () => {
+  it("observes as prom-client's own exemplar histogram does, in both expositions, for any observations, resets, removals and zeroings", async () => {
     await fc.assert(
       fc.asyncProperty(fc.array(op, { maxLength: 40, size: 'max' }), async (ops) => {
         const r = registries();
@@ -302,7 +310,7 @@ describe("SharedHistogram and SharedGauge: prom-client's samples found by their 
     );
   });
 
-  it("counts as prom-client's own gauge does, for any increments, decrements, resets and removals", async () => {
+  it("counts as prom-client's own gauge does, for any increments, decrements, resets, removals and sets", async () => {
     await fc.assert(
       fc.asyncProperty(fc.array(fc.tuple(op, fc.boolean()), { maxLength: 40, size: 'max' }), async (ops) => {
         const r = registries();
@@ -347,6 +355,24 @@ describe("SharedHistogram and SharedGauge: prom-client's samples found by their 
     expect(samples(await r.text.metrics())).toContain('demo_seconds_bucket{le="1",model="m",route="chat"} 3');
   });
 
+  it("forgets a sample it found when prom-client puts a new one in its place (a gauge's set, a histogram's zero)", async () => {
+    const r = registries();
+    const histogram = new SharedHistogram(r, HSPEC, BUCKETS);
+    const gauge = new SharedGauge(r, GSPEC);
+    const L = { model: 'm', route: 'chat' };
+    for (let i = 0; i < 2; i++) {
+      histogram.observe(L, 0.05);
+      gauge.inc(L);
+    }
+    histogram.metric.zero(L);
+    gauge.metric.set(L, 10);
+    histogram.observe(L, 0.05);
+    gauge.inc(L);
+    const text = samples(await r.text.metrics());
+    expect(text).toContain('demo_seconds_count{model="m",route="chat"} 1');
+    expect(text).toContain('demo_inflight{model="m",route="chat"} 11');
+  });
+
   it("forgets the samples it found when prom-client's are reset or one is removed", async () => {
     const r = registries();
     const histogram = new SharedHistogram(r, HSPEC, BUCKETS);
@@ -378,5 +404,35 @@ describe("SharedHistogram and SharedGauge: prom-client's samples found by their 
       'demo_seconds_count{model="m",route="chat"} 1',
       'demo_inflight{model="m",route="chat"} 5',
     ]);
+  });
+});
+
+describe('metric-kinds in a process that forbids code from strings', () => {
+  // Runs the built module (dist/), as test/live-list-gc.test.ts does: `npm test` builds first.
+  const MODULE = new URL('../dist/src/telemetry/metric-kinds.js', import.meta.url);
+
+  it('counts with closures instead of generated readers under node --disallow-code-generation-from-strings', () => {
+    const source = `
+import { Registry } from 'prom-client';
+import { SharedCounter, SharedHistogram, openMetricsRegistry } from ${JSON.stringify(MODULE.href)};
+let refused = false;
+try { new Function('return 1'); } catch (error) { refused = error instanceof EvalError; }
+const r = { text: new Registry(), open: openMetricsRegistry() };
+const counter = new SharedCounter(r, { name: 'c_total', type: 'counter', labels: ['model', 'route'], help: 'h' });
+const histogram = new SharedHistogram(r, { name: 'h_seconds', type: 'histogram', labels: ['model', 'route'], help: 'h' }, [1]);
+// prom-client prints a sample's labels in the order of its first set; the later ones name them the other way.
+for (let i = 0; i < 3; i++) { counter.inc({ model: 'm', route: 'x' }); histogram.observe(i === 0 ? { model: 'm', route: 'x' } : { route: 'x', model: 'm' }, 0.5); }
+let unknown = '';
+try { counter.inc({ model: 'm', nope: 'y' }); } catch (error) { unknown = String(error); }
+const text = await r.text.metrics();
+console.log(JSON.stringify({ refused, text, unknown }));
+`;
+    const child = spawnSync(process.execPath, ['--disallow-code-generation-from-strings', '--input-type=module', '-e', source], { cwd: new URL('..', import.meta.url), encoding: 'utf8' });
+    expect(child.stderr).toBe('');
+    const out = JSON.parse(child.stdout) as { refused: boolean; text: string; unknown: string };
+    expect(out.refused).toBe(true);
+    expect(samples(out.text)).toContain('c_total{model="m",route="x"} 3');
+    expect(samples(out.text)).toContain('h_seconds_count{model="m",route="x"} 3');
+    expect(out.unknown).toContain('nope');
   });
 });

@@ -23,8 +23,28 @@ function nestedLookup(names: readonly string[]): NestedLookup {
     const read = `labels[${JSON.stringify(name)}]`;
     body += i < names.length - 1 ? ` level = level.get(${read}); if (level === undefined) return undefined;` : ` return level.get(${read});`;
   });
-  // eslint-disable-next-line @typescript-eslint/no-implied-eval -- code made from the metric table's label names, above
-  return new Function('root', 'labels', body) as NestedLookup;
+  return generated<NestedLookup>(['root', 'labels'], body, (root, labels) => {
+    let level: unknown = root;
+    for (const name of names) {
+      if (level === undefined) return undefined;
+      level = (level as Map<unknown, unknown>).get((labels as Record<string, unknown>)[name]);
+    }
+    return level;
+  });
+}
+
+/**
+ * `new Function(params, body)`, or `fallback` (the same function as a closure, read at one shared site) in a process
+ * that forbids code from strings (`node --disallow-code-generation-from-strings`, a hardening some deployments use).
+ */
+function generated<F>(params: readonly string[], body: string, fallback: F): F {
+  try {
+    // eslint-disable-next-line @typescript-eslint/no-implied-eval -- code made from the metric table's label names (callers)
+    return new Function(...params, body) as F;
+  } catch (error) {
+    if (error instanceof EvalError) return fallback;
+    throw error;
+  }
 }
 
 /**
@@ -34,8 +54,11 @@ function nestedLookup(names: readonly string[]): NestedLookup {
  */
 function onlyLabels(names: readonly string[]): (labels: object) => boolean {
   const known = names.length === 0 ? '0' : names.map((name) => `(${JSON.stringify(name)} in labels ? 1 : 0)`).join(' + ');
-  // eslint-disable-next-line @typescript-eslint/no-implied-eval -- code made from the metric table's label names, above
-  return new Function('labels', `let keys = 0; for (const _ in labels) keys++; return keys === ${known};`) as (labels: object) => boolean;
+  return generated<(labels: object) => boolean>(['labels'], `let keys = 0; for (const _ in labels) keys++; return keys === ${known};`, (labels) => {
+    let keys = 0;
+    for (const _ in labels) keys++;
+    return keys === names.filter((name) => name in labels).length;
+  });
 }
 export type LabelSet<S extends MetricSpec> = Partial<Record<Labels<S>, string>>;
 
@@ -143,7 +166,8 @@ interface PromSample {
  * (and a closure, for a histogram); here a label set seen before is a few Map lookups. Only a plain label set takes this
  * way — exactly the metric's label names, each a string — and only once prom-client has its sample: anything else
  * goes through prom-client, to be counted or refused as before. The samples are prom-client's own objects, so its
- * expositions read them as before; forgotten when prom-client replaces its map of them (`reset`) or removes one.
+ * expositions read them as before; forgotten when prom-client replaces its map of them (`reset`), removes one, or
+ * puts a new object in one's place (a gauge's `set`, a histogram's `zero`).
  */
 class SampleIndex<T extends PromSample> {
   private readonly root = new Map<string, unknown>();
@@ -155,12 +179,17 @@ class SampleIndex<T extends PromSample> {
   constructor(private readonly metric: { labelNames: readonly string[]; remove: (...args: never[]) => void }) {
     this.names = metric.labelNames;
     this.lookup = nestedLookup(this.names);
-    const target = metric as unknown as { remove: (...args: unknown[]) => void };
-    const remove = target.remove.bind(metric);
-    target.remove = (...args: unknown[]) => {
-      this.root.clear();
-      remove(...args);
-    };
+    // prom-client's methods that remove a sample or put a new object in its place (a gauge's `set`, which
+    // setToCurrentTime, startTimer and labels().set call; a histogram's `zero`): the index forgets what it found.
+    const target = metric as unknown as Record<string, unknown>;
+    for (const name of ['remove', 'set', 'zero']) {
+      const method = target[name];
+      if (typeof method !== 'function') continue;
+      target[name] = (...args: unknown[]): unknown => {
+        this.root.clear();
+        return (method as (...a: unknown[]) => unknown).apply(metric, args);
+      };
+    }
   }
 
   /** prom-client's sample of `labels`, when the set is plain and prom-client has made it; else undefined. */

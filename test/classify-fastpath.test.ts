@@ -325,7 +325,9 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
         filled++;
         expect(facts).toBe(into);
         if (slow.kind !== 'chunk') throw new Error(`the fast path took what JSON.parse reads as ${slow.kind}`);
-        const { outputChars, ...rest } = into;
+        // The kept head is the scratch's own (checked below), not a fact.
+        const { outputChars, head, ...rest } = into;
+        expect(head).toBeDefined();
         const { outputChars: slowChars = 0, ...slowRest } = slow;
         expect(rest).toStrictEqual(slowRest);
         expect(outputChars).toBe(slowChars);
@@ -334,6 +336,53 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
       { numRuns: 3000 },
     );
     expect(filled).toBeGreaterThan(100);
+  });
+
+  it("into one scratch over a stream: the kept head changes no answer (the same facts, or a decline, as a fresh scratch's)", () => {
+    // Events share a few heads, as a stream's chunks do, and some are cut or mutated anywhere (in the head too), so
+    // a head that matches the kept one is followed by bodies the fast path must still decline.
+    const head = fc.record({ chat: fc.boolean(), id: plainName, model: plainName, created: fc.nat() });
+    const body = fc.record({ index: fc.integer({ min: 0, max: 12 }), text: fc.oneof(contentString, fc.constant(null)), role: fc.boolean() });
+    const edit = fc.option(fc.record({ at: fc.nat(), cut: fc.boolean(), with: fc.constantFrom(...MUTATIONS) }), { freq: 3 });
+    const streamOf = fc.array(head, { minLength: 1, maxLength: 3 }).chain((heads) =>
+      fc.array(fc.record({ head: fc.nat({ max: heads.length - 1 }), body, edit }), { minLength: 1, maxLength: 12 }).map((events) => ({ heads, events })),
+    );
+    let kept = 0;
+    fc.assert(
+      fc.property(streamOf, ({ heads, events }) => {
+        const into = chunkScratch();
+        for (const event of events) {
+          const h = heads[event.head] as { chat: boolean; id: string; model: string; created: number };
+          const { index, text, role } = event.body;
+          const choice = h.chat
+            ? { index, delta: role ? { role: 'assistant', content: text } : { content: text }, logprobs: null, finish_reason: null }
+            : { index, text: text ?? '', logprobs: null, finish_reason: null };
+          let data = JSON.stringify({ id: h.id, object: h.chat ? 'chat.completion.chunk' : 'text_completion', created: h.created, model: h.model, choices: [choice] });
+          if (event.edit !== null) {
+            const at = event.edit.at % (data.length + 1);
+            data = event.edit.cut ? data.slice(0, at) : data.slice(0, at) + event.edit.with + data.slice(at);
+          }
+          const bytes = Buffer.from(`data: ${data}\n\n`);
+          const hadHead = into.head.bytes.length > 0 && bytes.subarray(6).indexOf(into.head.bytes) === 0;
+          const alone = fastClassifyBytes(bytes, 6, bytes.length - 2);
+          const facts = fastClassifyBytes(bytes, 6, bytes.length - 2, undefined, undefined, into);
+          if (alone === undefined) {
+            expect(facts).toBeUndefined();
+            continue;
+          }
+          if (hadHead) kept++;
+          expect(facts).toBe(into);
+          const { outputChars, head: _kept, ...rest } = into;
+          const { outputChars: aloneChars = 0, ...aloneRest } = alone as typeof into;
+          expect(rest).toStrictEqual(aloneRest);
+          expect(outputChars).toBe(aloneChars);
+          expect(alone).toStrictEqual(classifyEventDataSlow(data));
+        }
+      }),
+      { numRuns: 1500 },
+    );
+    // The kept head was matched, not only kept: a stream's later chunks took it.
+    expect(kept).toBeGreaterThan(500);
   });
 
   // Whether the known strings are reused (not sliced again) is not observable from JavaScript: bench/step-alloc.ts

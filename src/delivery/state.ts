@@ -10,7 +10,7 @@
  * step for a streamed event must not allocate more than the machine of one class did (bench/step-alloc.ts).
  */
 import { createRecord, type RequestRecord } from '../accounting/record.js';
-import { chunkScratch, type ChunkFacts } from '../sse/fast-classify.js';
+import { chunkScratch, type ChunkScratch } from '../sse/fast-classify.js';
 import { errorBodyFor, type ErrorBody } from './errors.js';
 import { refusalResponse, type Refusal } from './failures.js';
 import type { Effect, MachineDeps, MachineRequest, Observation, TimerName } from './machine.js';
@@ -43,7 +43,7 @@ export interface DeliveryState {
   /** The record of facts: attempts, finishes, usage, anomalies, the assembled answer; settled by accounting/settle.ts. */
   readonly record: RequestRecord;
   /** The facts an ordinary streamed delta is classified into (sse/fast-classify.ts), read within its step only. */
-  readonly factsScratch: ChunkFacts;
+  readonly factsScratch: ChunkScratch;
   /** The write effect flush() reuses (one per step at most; see flush). */
   readonly writeEffect: { kind: 'write'; data: Buffer };
   phase: Phase;

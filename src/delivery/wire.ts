@@ -5,7 +5,7 @@ import type { GatewayErrorCause } from '../accounting/ledger.js';
 import { errorBody, type ErrorCode } from './errors.js';
 import { isAudioRoute, isPoolingRoute, isWholeBodyRoute, type Route } from '../accounting/outcomes.js';
 import { answerFacts, classifyDataLine, classifyEventData, classifyJson, classifyPoolingJson, type EventFacts } from '../sse/classify.js';
-import type { ChunkFacts } from '../sse/fast-classify.js';
+import type { ChunkScratch } from '../sse/fast-classify.js';
 import { DataLineEvent, type SseEvent } from '../sse/framer.js';
 import { classifyMessagesBody, classifyMessagesEvent, classifyResponsesBody, classifyResponsesEvent } from '../sse/route-events.js';
 import { isRecord } from '../util/json.js';
@@ -91,7 +91,7 @@ export function streamErrorEvent(cause: GatewayErrorCause, route = 'chat_complet
 }
 
 /** Classifies one upstream SSE event by the route's protocol. */
-export function classifyStreamEvent(route: Route, event: SseEvent, withParts: boolean, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts {
+export function classifyStreamEvent(route: Route, event: SseEvent, withParts: boolean, knownId?: string, knownModel?: string, into?: ChunkScratch): EventFacts {
   if (route === 'responses') return classifyResponsesEvent(event.type, event.data, withParts);
   if (route === 'messages') return classifyMessagesEvent(event.type, event.data, withParts);
   // A stored response replayed: the Responses protocol, but its tokens were counted when it was generated.

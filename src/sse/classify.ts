@@ -5,7 +5,7 @@
  */
 import { isRecord } from '../util/json.js';
 import { readOutputParts, type OutputPart } from './output-parts.js';
-import { fastClassify, fastClassifyBytes, type ChunkFacts } from './fast-classify.js';
+import { fastClassify, fastClassifyBytes, type ChunkScratch } from './fast-classify.js';
 import type { DataLineEvent } from './framer.js';
 
 /** The fast path alone, exported for its tests (test/classify-fastpath.test.ts). */
@@ -242,7 +242,7 @@ export function answerFacts(usage: Usage | 'invalid' | undefined, id: unknown, m
  * same (no string per event for them; the facts are equal either way). `into`: facts the fast path fills in place
  * (fast-classify.ts `chunkScratch`), valid until the next classification into them.
  */
-export function classifyEventData(data: string, withParts = false, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts {
+export function classifyEventData(data: string, withParts = false, knownId?: string, knownModel?: string, into?: ChunkScratch): EventFacts {
   if (withParts) return classifyEventDataSlow(data, true);
   return fastClassify(data, knownId, knownModel, into) ?? classifyEventDataSlow(data);
 }
@@ -252,7 +252,7 @@ export function classifyEventData(data: string, withParts = false, knownId?: str
  * The fast path reads its bytes where they lie; only an event it declines is decoded, for JSON.parse. The same facts
  * as `classifyEventData(event.data, …)` (test/classify-fastpath.test.ts).
  */
-export function classifyDataLine(event: DataLineEvent, withParts = false, knownId?: string, knownModel?: string, into?: ChunkFacts): EventFacts {
+export function classifyDataLine(event: DataLineEvent, withParts = false, knownId?: string, knownModel?: string, into?: ChunkScratch): EventFacts {
   if (withParts) return classifyEventDataSlow(event.data, true);
   return fastClassifyBytes(event.raw, event.start, event.end, knownId, knownModel, into) ?? classifyEventDataSlow(event.data);
 }

@@ -40,9 +40,11 @@ interface Options {
   /** Streamed answers of this many tokens (events: tokens + the role chunk + [DONE]); 0: non-streaming. */
   tokens: number;
   itlMs: number;
+  /** Each target's node writes /tmp/perf-PID.map (--perf-basic-prof), to name the JIT code in callgrind's table. */
+  perfMap: boolean;
 }
 
-const USAGE = `usage: node dist/bench/instructions.js [--a DIR] [--b DIR] [--floor|--no-floor] [--runs N] [--warmup N] [--requests N] [--concurrency N]
+const USAGE = `usage: node dist/bench/instructions.js [--a DIR] [--b DIR] [--floor|--no-floor] [--runs N] [--warmup N] [--requests N] [--concurrency N] [--perf-map]
   --a DIR          a second checkout with dist/ built, counted beside --b (B/A is reported)
   --b DIR          the checkout counted (default .)
   --no-floor       leave out the bare Node relay (bench/proxy/floor.ts)
@@ -51,14 +53,20 @@ const USAGE = `usage: node dist/bench/instructions.js [--a DIR] [--b DIR] [--flo
   --requests N     requests counted (default 2000)
   --concurrency N  requests in flight (default 32; keep it low when streaming: valgrind runs ~50x slower)
   --tokens N       streamed answers of N tokens, paced by --itl-ms (default 0: non-streaming, max_tokens 1)
-  --itl-ms N       the simulator's time between tokens when streaming (default 10)`;
+  --itl-ms N       the simulator's time between tokens when streaming (default 10)
+  --perf-map       each target's node also writes /tmp/perf-PID.map (--perf-basic-prof): the names of the JIT code
+                   callgrind lists as bare addresses (take the map's latest entry covering one: V8 reuses code space)`;
 
 function parse(argv: string[]): Options {
-  const options: Options = { a: undefined, b: '.', floor: true, runs: 2, warmup: 4000, requests: 2000, concurrency: 32, tokens: 0, itlMs: 10 };
+  const options: Options = { a: undefined, b: '.', floor: true, runs: 2, warmup: 4000, requests: 2000, concurrency: 32, tokens: 0, itlMs: 10, perfMap: false };
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i];
     if (flag === '--floor' || flag === '--no-floor') {
       options.floor = flag === '--floor';
+      continue;
+    }
+    if (flag === '--perf-map') {
+      options.perfMap = true;
       continue;
     }
     const value = argv[++i];
@@ -127,7 +135,7 @@ async function count(target: Target, simOrigin: string, dir: string, options: Op
     core: PROXY_CORE,
     dir,
     command: 'valgrind',
-    args: ['--tool=callgrind', '--instr-atstart=no', '--smc-check=all-non-file', `--callgrind-out-file=${out}`, process.execPath, '--single-threaded', ...script],
+    args: ['--tool=callgrind', '--instr-atstart=no', '--smc-check=all-non-file', `--callgrind-out-file=${out}`, process.execPath, '--single-threaded', ...(options.perfMap ? ['--perf-basic-prof'] : []), ...script],
   });
   const origin = `http://127.0.0.1:${port}`;
   await waitFor200(`${origin}${target.kind === 'waybill' ? '/readyz' : '/health'}`, 120_000, child);
@@ -140,6 +148,7 @@ async function count(target: Target, simOrigin: string, dir: string, options: Op
   execFileSync('callgrind_control', ['--instr=off', String(child.pid)], { stdio: 'ignore' });
   await pool.close();
   await child.stop(60_000);
+  if (options.perfMap) console.log(`    ${out}: its JIT code's names in /tmp/perf-${String(child.pid)}.map`);
   return read(out);
 }
 

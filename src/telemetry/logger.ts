@@ -59,7 +59,7 @@ const sym = (name: string): symbol => {
 };
 
 /**
- * `logger.info(record as object, msg)` for a record of data only (strings, numbers, booleans, arrays and plain objects of them,
+ * `logger.info(record, msg)` for a record of data only (strings, numbers, booleans, arrays and plain objects of them,
  * undefined fields left out), built as one `JSON.stringify` instead of pino's walk over its fields and one string per
  * field: the request's wide line (one per request) was the largest allocation of a request's settlement (issue 27).
  * The line is the one pino writes — its level, time, bindings, the record's fields in order, the message and its

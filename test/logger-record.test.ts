@@ -4,6 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { tracingChannel } from 'node:diagnostics_channel';
 import { Writable } from 'node:stream';
 import { createLogger, dataRecordWriter } from '../src/telemetry/logger.js';
+import { requestLogMembers, type RequestLogLine } from '../src/telemetry/request-log.js';
 
 // The oracle is pino itself: the writer must write, byte for byte, the line `logger.info(record, msg)` writes.
 
@@ -55,6 +56,30 @@ describe('dataRecordWriter: the line logger.info writes, built in one JSON.strin
     expect(writer[0]).toContain('"worker":2');
     expect(writer).toEqual(expected);
     expect(JSON.parse(writer[0] as string)).toMatchObject({ level: 30, msg: 'request', request_id: 'r-1', attempts: [{ upstream: 'a', duration_ms: 1.5 }] });
+  });
+
+  it("equals pino for request lines written by the line's own members writer, message after message", () => {
+    const a = capture({ base: { service: 'waybill' } });
+    const b = capture({ base: { service: 'waybill' } });
+    const write = dataRecordWriter<RequestLogLine>(b.logger, requestLogMembers);
+    fc.assert(
+      fc.property(
+        fc.record({ id: text, ms: fc.integer({ min: -1e9, max: 1e12 }), msg: fc.constantFrom('request', 'other', 'request') }),
+        ({ id, ms, msg }) => {
+          const line: RequestLogLine = {
+            request_id: id, trace_id: undefined, model: 'm', tenant: 't', route: 'chat_completions', stream: false, code: 200, outcome: 'delivered',
+            attempts: [{ upstream: 'u', result: 'delivered', status: 200, duration_ms: ms / 1000 }], ttft_ms: ms / 1000, tpot_ms: undefined,
+            tokens: { prompt: 3, cached: undefined, completion: 1 }, finish_reasons: ['stop'], anomalies: [], cancel_phase: undefined, slo: 'met',
+            prompt_len: 'short', accepted: true, checks_failed: [], format_valid: undefined, verdict: undefined, evaluator: false,
+            evaluation_sample: undefined, client_retry: undefined, routing: undefined, duration_ms: (ms + 7) / 1000,
+          };
+          a.logger.info(line, msg);
+          write(line, msg);
+          expect(b.lines).toEqual(a.lines);
+        },
+      ),
+      { numRuns: 300 },
+    );
   });
 
   it('writes nothing when info is off, and follows a level changed after it was made', () => {

@@ -10,7 +10,14 @@ import { requestInfo } from './helpers/ledger-info.js';
 const units = fc.array(fc.integer({ min: 0, max: 0xffff }), { maxLength: 10 }).map((codes) => String.fromCharCode(...codes));
 const text = fc.oneof(units, fc.string({ maxLength: 12 }), fc.string({ unit: 'grapheme', maxLength: 6 }), fc.constantFrom('', '"', '\\', '\n', '\u2028', '\ud83d\ude00', '\ud800', 'a\udc00b'));
 /** Every number JSON writes differently from its digits: NaN, the infinities, -0, exponents. */
-const number = fc.oneof(fc.integer(), fc.double(), fc.constantFrom(Number.NaN, Infinity, -Infinity, -0, 1e21, 1e-7, Number.MAX_VALUE));
+const number = fc.oneof(
+  fc.integer(),
+  fc.double(),
+  fc.constantFrom(Number.NaN, Infinity, -Infinity, -0, 1e21, 1e-7, Number.MAX_VALUE, 1e12, 1e12 - 0.001, -0.001, 0.5),
+  // Times rounded to the µs, as the line's are: written from their digits (request-log.ts num), up to where that stops.
+  fc.integer({ min: -1e15 - 10, max: 1e15 + 10 }).map((k) => k / 1000),
+  fc.integer({ min: -1e7, max: 1e7 }).map((k) => k / 1000),
+);
 const maybe = <T>(arb: fc.Arbitrary<T>) => fc.option(arb, { nil: undefined });
 
 const line: fc.Arbitrary<RequestLogLine> = fc.record({

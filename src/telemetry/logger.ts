@@ -69,10 +69,11 @@ const sym = (name: string): symbol => {
  * while something subscribes to pino's `tracing:pino_asJson` channel (an agent may add fields there), and a record
  * JSON.stringify refuses (a BigInt, a cycle: pino's safe stringify writes them). Strings differ from pino's in one
  * respect only: a lone surrogate in a short top-level string is escaped (`\udXXX`, valid JSON) where pino writes it
- * raw, to be replaced by U+FFFD on output. `serialize` is JSON.stringify or one written for the record's shape that
- * writes the same text (request-log.ts requestLogJson).
+ * raw, to be replaced by U+FFFD on output. `members` writes the record's JSON without its braces ('' for none):
+ * JSON.stringify's, or one written for the record's shape that writes the same text (request-log.ts
+ * requestLogMembers), which spares the line a copy of itself (a slice of the whole text, flattened).
  */
-export function dataRecordWriter<T extends object>(logger: Logger, serialize: (record: T) => string = JSON.stringify): (record: T, msg: string) => void {
+export function dataRecordWriter<T extends object>(logger: Logger, members: (record: T) => string = jsonMembers): (record: T, msg: string) => void {
   const l = logger as unknown as Record<symbol, unknown>;
   const hooks = l[sym('hooksSym')] as { logMethod?: unknown; streamWrite?: unknown } | undefined;
   const formatters = l[sym('formattersSym')] as { log?: unknown } | undefined;
@@ -104,16 +105,29 @@ export function dataRecordWriter<T extends object>(logger: Logger, serialize: (r
   // Read at each line: setBindings replaces the bindings.
   const lsCache = sym('lsCacheSym');
   const chindings = sym('chindingsSym');
+  // The line's end for the last message seen (the request lines' is always the same).
+  let lastMsg: string | undefined;
+  let tail = '';
   return (record, msg) => {
     if (!logger.isLevelEnabled('info')) return;
     if (asJsonChannel.hasSubscribers) return void logger.info(record as object, msg);
     let fields: string;
     try {
-      fields = serialize(record);
+      fields = members(record);
     } catch {
       return void logger.info(record as object, msg);
     }
+    if (msg !== lastMsg) {
+      lastMsg = msg;
+      tail = ',' + messageKey + ':' + JSON.stringify(msg) + end;
+    }
     const head = (l[lsCache] as Record<number, string>)[30] as string;
-    out.write(head + time.call(logger) + (l[chindings] as string) + (fields.length > 2 ? ',' + fields.slice(1, -1) : '') + ',' + messageKey + ':' + JSON.stringify(msg) + end);
+    out.write(head + time.call(logger) + (l[chindings] as string) + (fields === '' ? '' : ',' + fields) + tail);
   };
+}
+
+/** JSON.stringify's text of an object without its braces. */
+function jsonMembers(record: object): string {
+  const text = JSON.stringify(record);
+  return text.length > 2 ? text.slice(1, -1) : '';
 }

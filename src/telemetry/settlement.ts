@@ -10,7 +10,7 @@ import { evaluationSample, type EvaluationSettings } from './evaluation.js';
 import type { ObserverGuard } from './guard.js';
 import type { GatewayMetrics } from './metrics.js';
 import { dataRecordWriter } from './logger.js';
-import { requestLogJson, requestLogLine } from './request-log.js';
+import { requestLogLine, requestLogMembers } from './request-log.js';
 import type { RequestTrace } from './request-trace.js';
 
 export interface SettlementRecorderDeps {
@@ -36,7 +36,7 @@ export type PublishSettlement = (settlement: Settlement, requestId: string, trac
 
 export function createSettlementRecorder(deps: SettlementRecorderDeps): PublishSettlement {
   const { metrics, logger, guard, logRequests, onSettled, evaluation } = deps;
-  const writeLine = dataRecordWriter(logger, requestLogJson);
+  const writeLine = dataRecordWriter(logger, requestLogMembers);
   return (settlement, requestId, trace, inflightLabel, at) => {
     const traceId = trace.traceId;
     const sample = evaluation === undefined ? undefined : guard.run('hook', () => evaluationSample(evaluation, settlement, requestId, traceId), undefined);

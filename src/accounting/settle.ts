@@ -176,8 +176,18 @@ export function settle(rec: RequestRecord, info: RequestInfo, at: number): Settl
 
 /** An attempt's public record as settled: one the shell stopped watching without telling why is judged now. */
 function settledAttempt(rec: RequestRecord, info: RequestInfo, attempt: AttemptFacts, at: number): AttemptRecord {
-  const { sawDone: _d, error: _e, anomalyKinds: _k, ...record } = attempt;
-  return record.result !== undefined ? record : { ...record, result: judgedResult(rec, info, attempt), endedAt: record.endedAt ?? at };
+  const judged = attempt.result === undefined;
+  // Field by field, one literal: an object rest copy went through V8's generic property copy (~3k instructions a
+  // request under callgrind, issue 27).
+  return {
+    upstream: attempt.upstream,
+    startedAt: attempt.startedAt,
+    status: attempt.status,
+    result: judged ? judgedResult(rec, info, attempt) : attempt.result,
+    endedAt: judged ? (attempt.endedAt ?? at) : attempt.endedAt,
+    firstOutputAt: attempt.firstOutputAt,
+    failure: attempt.failure,
+  };
 }
 
 /** The record of a request the gateway answered itself with `status`, without any attempt (http/answers.ts). */

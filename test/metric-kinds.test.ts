@@ -422,6 +422,9 @@ const counter = new SharedCounter(r, { name: 'c_total', type: 'counter', labels:
 const histogram = new SharedHistogram(r, { name: 'h_seconds', type: 'histogram', labels: ['model', 'route'], help: 'h' }, [1]);
 // prom-client prints a sample's labels in the order of its first set; the later ones name them the other way.
 for (let i = 0; i < 3; i++) { counter.inc({ model: 'm', route: 'x' }); histogram.observe(i === 0 ? { model: 'm', route: 'x' } : { route: 'x', model: 'm' }, 0.5); }
+const plain = new SharedCounter(r, { name: 'p_total', type: 'counter', labels: [], help: 'h' });
+plain.inc({});
+plain.inc({});
 let unknown = '';
 try { counter.inc({ model: 'm', nope: 'y' }); } catch (error) { unknown = String(error); }
 const text = await r.text.metrics();
@@ -433,6 +436,7 @@ console.log(JSON.stringify({ refused, text, unknown }));
     expect(out.refused).toBe(true);
     expect(samples(out.text)).toContain('c_total{model="m",route="x"} 3');
     expect(samples(out.text)).toContain('h_seconds_count{model="m",route="x"} 3');
+    expect(samples(out.text)).toContain('p_total 2');
     expect(out.unknown).toContain('nope');
   });
 });

@@ -24,6 +24,8 @@ function nestedLookup(names: readonly string[]): NestedLookup {
     body += i < names.length - 1 ? ` level = level.get(${read}); if (level === undefined) return undefined;` : ` return level.get(${read});`;
   });
   return generated<NestedLookup>(['root', 'labels'], body, (root, labels) => {
+    // As the generated body: no label names, no lookup (undefined, not the root map).
+    if (names.length === 0) return undefined;
     let level: unknown = root;
     for (const name of names) {
       if (level === undefined) return undefined;

@@ -53,6 +53,9 @@ describe('delivered streams', () => {
     expect(client.status).toBe(200);
     expect(client.headers['content-type']).toBe('text/event-stream; charset=utf-8');
     expect(client.headers['x-request-id']).toBe('req-1');
+    // The stream's head: no cache, and buffering reverse proxies in front of the gateway told to pass events at once.
+    expect(client.headers['cache-control']).toBe('no-cache');
+    expect(client.headers['x-accel-buffering']).toBe('no');
     // The client did not ask for usage, so the simulator sent none to it directly: identical bytes.
     expect(withoutCreated(client.body)).toBe(withoutCreated(upstream.body));
     expect(client.body.endsWith(DONE)).toBe(true);

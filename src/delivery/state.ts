@@ -191,11 +191,17 @@ export function reportAnomalies(s: DeliveryState): void {
 
 // --- The client's wire ------------------------------------------------------------------------------------------
 
+/**
+ * Sends the head. `headers` is a fresh object of the caller's, which this completes with the request's id rather than
+ * copies: a copy by spread, with its shape differing by caller, took V8's slow path for the id's property on every
+ * request (and Node's for-in over the copy another), ~2% of a non-streaming request's CPU.
+ */
 export function writeHead(s: DeliveryState, status: number, headers: Record<string, string | number>): void {
   // Nothing is written once the response is over (the client left while an attempt was still reporting).
   if (responseEnded(s) || s.headSent) return;
   s.headSent = true;
-  emit(s, { kind: 'write_head', status, headers: { ...headers, 'x-request-id': s.request.requestId } });
+  headers['x-request-id'] = s.request.requestId;
+  emit(s, { kind: 'write_head', status, headers });
 }
 
 export function forward(s: DeliveryState, raw: Buffer): void {

@@ -10,11 +10,15 @@ import { DataLineEvent, type SseEvent } from '../sse/framer.js';
 import { classifyMessagesBody, classifyMessagesEvent, classifyResponsesBody, classifyResponsesEvent } from '../sse/route-events.js';
 import { isRecord } from '../util/json.js';
 
-export const SSE_HEADERS = {
-  'cache-control': 'no-cache',
-  // Tell buffering reverse proxies in front of Waybill (nginx) to pass events through at once.
-  'x-accel-buffering': 'no',
-};
+/** A stream's head, the upstream's content type kept: a fresh object per response (writeHead completes it). */
+export function sseHead(contentType: string | undefined): Record<string, string | number> {
+  return {
+    'content-type': contentType ?? 'text/event-stream; charset=utf-8',
+    'cache-control': 'no-cache',
+    // Tell buffering reverse proxies in front of Waybill (nginx) to pass events through at once.
+    'x-accel-buffering': 'no',
+  };
+}
 
 /** Classifies a whole non-stream body (or an error body); with `withParts`, with its answer's pieces. */
 export function classifyBody(body: Buffer, withParts = false): EventFacts {

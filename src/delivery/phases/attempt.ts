@@ -9,7 +9,7 @@ import { recordBody, recordConnectFailure, recordProtocolViolation, recordStream
 import type { SseEvent } from '../../sse/framer.js';
 import type { MachineEvent } from '../machine.js';
 import { arm, clear, dropOut, emit, endClient, flush, forward, isArmed, observe, reportAnomalies, responseEnded, writeHead, type DeliveryState } from '../state.js';
-import { classifyStreamEvent, classifyWholeBody, SSE_HEADERS } from '../wire.js';
+import { classifyStreamEvent, classifyWholeBody, sseHead } from '../wire.js';
 import { decide, retryNow, settleIfDone } from './ending.js';
 
 export function attemptStarted(s: DeliveryState, attempt: number, upstream: string): void {
@@ -49,11 +49,9 @@ export function upstreamFact(s: DeliveryState, event: Exclude<Extract<MachineEve
       recordBody(s.record, s.request.info, s.at, event.status, classifyWholeBody(s.request.info.route, event.body, s.contentType, wantsParts(s.record)));
       reportAnomalies(s);
       if (s.record.ending?.kind === 'complete' && !responseEnded(s)) {
-        writeHead(s, 200, {
-          'content-type': s.contentType ?? 'application/json',
-          'content-length': event.body.length,
-          ...(s.metadata !== undefined ? { metadata: s.metadata } : {}),
-        });
+        const headers: Record<string, string | number> = { 'content-type': s.contentType ?? 'application/json', 'content-length': event.body.length };
+        if (s.metadata !== undefined) headers['metadata'] = s.metadata;
+        writeHead(s, 200, headers);
         return endClient(s, event.body);
       }
       return decide(s);
@@ -129,7 +127,7 @@ function hold(s: DeliveryState, raw: Buffer): void {
 function commit(s: DeliveryState): void {
   clear(s, 'first_output');
   if (!responseEnded(s)) s.phase = 'streaming';
-  writeHead(s, 200, { 'content-type': s.contentType ?? 'text/event-stream; charset=utf-8', ...SSE_HEADERS });
+  writeHead(s, 200, sseHead(s.contentType));
   armIdle(s);
 }
 

@@ -33,6 +33,8 @@ function isDeadline(error: unknown): boolean {
 export class Upstream {
   readonly name: string;
   readonly url: URL;
+  /** The configured URL's path without its trailing slashes: what API paths are appended to. */
+  private readonly basePath: string;
   readonly weight: number;
   readonly maxInflight: number;
   readonly dispatcher: Pool;
@@ -72,6 +74,8 @@ export class Upstream {
     const probeTimeoutMs = settings.health.timeoutMs;
     this.name = config.name;
     this.url = config.url;
+    // Once, not per attempt (the URL's pathname getter and a regular expression were ~0.4 µs of every request).
+    this.basePath = config.url.pathname.replace(/\/+$/, '');
     this.weight = config.weight;
     this.maxInflight = config.maxInflight ?? Number.POSITIVE_INFINITY;
     this.maxBodyBytes = settings.health.maxBodyBytes;
@@ -114,8 +118,7 @@ export class Upstream {
 
   /** The path on this upstream for an API path, respecting a base path in the configured URL. */
   path(apiPath: string): string {
-    const base = this.url.pathname.replace(/\/+$/, '');
-    return `${base}${apiPath}`;
+    return this.basePath + apiPath;
   }
 
   /**

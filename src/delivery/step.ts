@@ -75,8 +75,10 @@ export function step(s: DeliveryState, event: MachineEvent, at: number): readonl
 
 function stepEffects(s: DeliveryState): readonly Effect[] {
   if (s.effectCount === 0) return NO_EFFECTS;
-  // Shortening keeps the backing store (V8 trims only arrays far larger than their length).
-  s.effects.length = s.effectCount;
+  // Shortening keeps the backing store (V8 trims only arrays far larger than their length). A store to an array's
+  // length is a call into V8's runtime even from optimised code, so it is made only when the length changes (a
+  // stream's reads give one effect each, step after step).
+  if (s.effects.length !== s.effectCount) s.effects.length = s.effectCount;
   return s.effects;
 }
 

@@ -116,10 +116,11 @@ export function requestLogMembers(line: RequestLogLine): string {
   if (line.ttft_ms !== undefined) out += ',"ttft_ms":' + num(line.ttft_ms);
   if (line.tpot_ms !== undefined) out += ',"tpot_ms":' + num(line.tpot_ms);
   const { prompt, cached, completion } = line.tokens;
-  let tokens = prompt === undefined ? '' : ',"prompt":' + num(prompt);
-  if (cached !== undefined) tokens += ',"cached":' + num(cached);
-  if (completion !== undefined) tokens += ',"completion":' + num(completion);
-  out += ',"tokens":{' + tokens.slice(1) + '},"finish_reasons":' + strings(line.finish_reasons) + ',"anomalies":' + strings(line.anomalies);
+  // Each member after the first with its comma (a slice of the joined string would flatten it, through V8's runtime).
+  let tokens = prompt === undefined ? '' : '"prompt":' + num(prompt);
+  if (cached !== undefined) tokens += (tokens === '' ? '"cached":' : ',"cached":') + num(cached);
+  if (completion !== undefined) tokens += (tokens === '' ? '"completion":' : ',"completion":') + num(completion);
+  out += ',"tokens":{' + tokens + '},"finish_reasons":' + strings(line.finish_reasons) + ',"anomalies":' + strings(line.anomalies);
   if (line.cancel_phase !== undefined) out += ',"cancel_phase":"' + esc(line.cancel_phase) + '"';
   out += ',"slo":"' + esc(line.slo) + '","prompt_len":"' + esc(line.prompt_len) + (line.accepted ? '","accepted":true,"checks_failed":' : '","accepted":false,"checks_failed":') + strings(line.checks_failed);
   if (line.format_valid !== undefined) out += ',"format_valid":"' + esc(line.format_valid) + '"';

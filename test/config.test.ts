@@ -48,6 +48,7 @@ describe('configuration', () => {
       headers_timeout: 10_000,
       max_header_bytes: 16 * 1024,
       workers: 'auto',
+      helper_threads: 'auto',
       max_connections: 4096,
       max_json_depth: 128,
       max_choices: 128,

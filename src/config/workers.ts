@@ -32,6 +32,20 @@ export function workerCount(setting: 'auto' | number, machine: { readonly availa
   return Math.max(1, Math.min(machine.availableParallelism, quota ?? Number.POSITIVE_INFINITY));
 }
 
+/**
+ * Whether the serving processes lower their helper threads' priority (`server.helper_threads`): `yield` and `share`
+ * say so; `auto` yields when the `workers` serving processes have every core this process may use, so that a helper
+ * thread could only run by preempting a serving thread (docs/operations.md, "Helper threads").
+ */
+export function helpersYield(
+  setting: 'auto' | 'yield' | 'share',
+  workers: number,
+  machine: { readonly availableParallelism: number; readonly cgroupCpuMax?: string | undefined },
+): boolean {
+  if (setting !== 'auto') return setting === 'yield';
+  return workerCount('auto', machine) <= workers;
+}
+
 /** Worker `index`'s share (0-based) of `total` split between `count` workers: they add up to `total`, at least 1 each. */
 export function shareOf(total: number, index: number, count: number): number {
   const base = Math.floor(total / count);

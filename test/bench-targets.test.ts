@@ -71,12 +71,16 @@ describe('--variant NAME=JSON', () => {
     ]);
   });
 
+  it("takes server keys other than the bench's own", () => {
+    expect(parseVariant('helpers-share={"server":{"helper_threads":"share"}}')).toEqual({ name: 'helpers-share', config: { server: { helper_threads: 'share' } } });
+  });
+
   it('refuses a bad name, bad JSON or a non-object', () => {
     for (const raw of [undefined, '=x', 'A={}', 'a b={}', 'a={', 'a=[]', 'a=1', 'a=null']) expect(() => parseVariant(raw)).toThrow(UsageError);
   });
 
   it("refuses the bench's own keys and a built-in row's name", () => {
-    for (const raw of ['a={"server":{"port":1}}', 'a={"pools":[]}', 'a={"shutdown":{}}', 'lean={}', '2w={}', 'turns-off={}', 'otel={}', 'contract={}']) {
+    for (const raw of ['a={"server":{"port":1}}', 'a={"server":{"host":"0.0.0.0","helper_threads":"share"}}', 'a={"server":{"workers":2}}', 'a={"server":1}', 'a={"pools":[]}', 'a={"shutdown":{}}', 'lean={}', '2w={}', 'turns-off={}', 'otel={}', 'contract={}']) {
       expect(() => parseVariant(raw)).toThrow(UsageError);
     }
   });

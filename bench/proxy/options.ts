@@ -49,8 +49,9 @@ export const USAGE = `usage: node dist/bench/proxy.js [options]
                        for Waybill and nginx (needs perf on PATH)
   --out FILE           JSON results (default bench-results.json)
   --keep               keep the temporary directory (configs, child logs)
-  --variant NAME=JSON  also a waybill-NAME row: the default configuration with JSON's top-level keys over it, e.g.
-                       --variant signals-off='{"engine_signals":{"enabled":false}}' (repeatable)`;
+  --variant NAME=JSON  also a waybill-NAME row: the default configuration with JSON's top-level keys over it (server's
+                       keys merged with the bench's host and port), e.g. --variant signals-off='{"engine_signals":
+                       {"enabled":false}}' or --variant helpers-share='{"server":{"helper_threads":"share"}}' (repeatable)`;
 
 export function parseOptions(argv: string[]): Options {
   const options: Options = {
@@ -167,7 +168,9 @@ export function parseOptions(argv: string[]): Options {
 
 export class UsageError extends Error {}
 
-const BENCH_KEYS = ['server', 'pools', 'shutdown'];
+const BENCH_KEYS = ['pools', 'shutdown'];
+/** The `server` keys a variant may not set: where the gateway listens, and how many processes (`--workers`). */
+const BENCH_SERVER_KEYS = ['host', 'port', 'admin_port', 'admin_host', 'workers'];
 /** The built-in rows' suffixes (waybill-lean, waybill-2w, …) and names their config and log files take. */
 const BUILT_IN_ROWS = ['lean', 'otel', '2w', 'turns-off', 'contract'];
 
@@ -185,6 +188,11 @@ export function parseVariant(raw: string | undefined): { name: string; config: R
   if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new UsageError(`--variant ${name}: the configuration must be a JSON object`);
   // The bench's own keys: where the gateway listens, what it proxies, how fast it stops.
   for (const key of BENCH_KEYS) if (key in config) throw new UsageError(`--variant ${name}: ${key} is the bench's own (set per row), not a variant's`);
+  if ('server' in config) {
+    const server = config.server;
+    if (typeof server !== 'object' || server === null || Array.isArray(server)) throw new UsageError(`--variant ${name}: server must be a JSON object`);
+    for (const key of BENCH_SERVER_KEYS) if (key in server) throw new UsageError(`--variant ${name}: server.${key} is the bench's own (set per row), not a variant's`);
+  }
   if (BUILT_IN_ROWS.includes(name)) throw new UsageError(`--variant ${name}: waybill-${name} is a built-in row`);
   return { name, config: config as Record<string, unknown> };
 }

@@ -237,12 +237,13 @@ export async function startGateway(bin: string, core: number, dir: string, setti
   const port = await freePort();
   // JSON is YAML. Only what the bench needs is set; the shutdown keys only shorten the stop after the last window.
   const config = {
-    server: { host: '127.0.0.1', port },
     pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: settings.upstream }] }],
     ...(settings.logging === 'lean' ? { logging: { level: 'warn', requests: false } } : {}),
     ...(settings.turnBudget !== undefined ? { streaming: { turn_budget: settings.turnBudget } } : {}),
     shutdown: { grace: 0, drain_timeout: 1 },
     ...settings.extra,
+    // A variant's server keys (parseVariant refuses host, port and workers) beside the bench's own.
+    server: { ...(settings.extra?.server as Record<string, unknown> | undefined), host: '127.0.0.1', port },
   };
   const configFile = join(dir, `${settings.name}.yaml`);
   writeFileSync(configFile, JSON.stringify(config, null, 2));

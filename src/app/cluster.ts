@@ -85,20 +85,15 @@ export const METRICS_TIMEOUT_MS = 10_000;
 export const LIMIT_TIMEOUT_MS = 1_000;
 export const RESTART_MAX_MS = 30_000;
 
-/** The cores this process may use, as `workerCount` reads them: its CPU affinity and its cgroup v2 quota. */
-export function thisMachine(): { readonly availableParallelism: number; readonly cgroupCpuMax: string | undefined } {
+/** `server.workers` on this machine: `auto` is its CPU affinity, capped by the cgroup v2 quota. */
+export function workersOnThisMachine(setting: 'auto' | number): number {
   let cgroupCpuMax: string | undefined;
   try {
     cgroupCpuMax = readFileSync('/sys/fs/cgroup/cpu.max', 'utf8');
   } catch {
     // No cgroup v2 CPU controller here: the affinity alone.
   }
-  return { availableParallelism: availableParallelism(), cgroupCpuMax };
-}
-
-/** `server.workers` on this machine: `auto` is its CPU affinity, capped by the cgroup v2 quota. */
-export function workersOnThisMachine(setting: 'auto' | number): number {
-  return workerCount(setting, thisMachine());
+  return workerCount(setting, { availableParallelism: availableParallelism(), cgroupCpuMax });
 }
 
 /** Whether this process was forked by a cluster primary (ours or another supervisor's). */

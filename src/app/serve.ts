@@ -4,6 +4,7 @@
  * (app/primary.ts); SIGHUP reloads the configuration, SIGINT/SIGTERM drains. Each part's modules are imported when
  * it runs: the primary never loads the gateway, nor OpenTelemetry.
  */
+import { availableParallelism } from 'node:os';
 import { parseArgs } from 'node:util';
 import type { FastifyBaseLogger } from 'fastify';
 import type { Config } from '../config/load.js';
@@ -135,7 +136,7 @@ export async function serve(argv: string[]): Promise<number> {
     link.close();
     return 2;
   }
-  lowerHelperThreads(config.server.helper_threads, identity?.count ?? 1, workers.thisMachine(), log);
+  lowerHelperThreads(config.server.helper_threads, identity?.count ?? 1, log);
   if (link !== undefined) return serveAsWorker(argv, gateway, link, url, () => tracing.shutdown());
   // Where everything is, in one line: with server.admin_port the operational endpoints are on the admin listener.
   const ops = gateway.adminUrl ?? url;
@@ -160,16 +161,16 @@ export async function serve(argv: string[]): Promise<number> {
  * `server.helper_threads` once the gateway listens (app/helper-threads.ts): by then V8's and libuv's threads have
  * started. One line says what was done; `yield` where it cannot be done is a warning, `auto` there says nothing.
  */
-function lowerHelperThreads(setting: 'auto' | 'yield' | 'share', workers: number, machine: Parameters<typeof helpersYield>[2], log: FastifyBaseLogger): void {
-  if (!helpersYield(setting, workers, machine)) return;
+function lowerHelperThreads(setting: 'auto' | 'yield' | 'share', workers: number, log: FastifyBaseLogger): void {
+  if (!helpersYield(setting, workers, availableParallelism())) return;
   const result = yieldHelperThreads();
   if (result === undefined) {
     if (setting === 'yield') log.warn({ helper_threads: setting, platform: process.platform }, 'server.helper_threads: yield needs Linux and /proc; the helper threads keep their priority');
     return;
   }
-  const line = { helper_threads: setting, pid: process.pid, lowered: result.lowered, nice: HELPER_NICE, ...(result.failed > 0 && { failed: result.failed, reason: result.reason }) };
-  if (result.failed > 0) log.warn(line, 'helper threads lowered to nice 19, some refused');
-  else log.info(line, 'helper threads lowered to nice 19: they run in the serving thread\'s idle time');
+  const line = { helper_threads: setting, pid: process.pid, nice: HELPER_NICE, lowered: result.lowered, threadpool_kept: result.threadpool, ...(result.refused > 0 && { refused: result.refused, reason: result.reason }) };
+  if (result.refused > 0) log.warn(line, 'helper threads lowered to nice 19, some refused');
+  else log.info(line, "helper threads lowered to nice 19: they run in the serving thread's idle time");
 }
 
 /** One of several workers: the primary said where everything is; it says when to reload and when to drain. */

@@ -172,11 +172,10 @@ export const configSchema = z.strictObject({
        */
       workers: z.union([z.literal('auto'), z.number().int().min(1).max(256)]).default('auto'),
       /**
-       * V8's and libuv's helper threads (garbage collection, compilation, the threadpool) beside each serving thread:
-       * `yield` lowers them to nice 19 once the gateway listens, so they run in the serving thread's idle time instead
-       * of preempting it for tens of ms; `share` leaves them as they are; `auto` yields when the serving processes
-       * have every core this process may use (affinity and cgroup quota ≤ workers). Linux only (docs/operations.md,
-       * "Helper threads").
+       * V8's helper threads (garbage collection, compilation) beside each serving thread: `yield` lowers them to nice
+       * 19 once the gateway listens, so they run in the serving thread's idle time instead of preempting it for tens of
+       * ms; `share` leaves them as they are; `auto` yields when the serving processes have every core this process may
+       * run on (CPU affinity ≤ workers). Linux only (docs/operations.md, "Helper threads").
        */
       helper_threads: z.enum(['auto', 'yield', 'share']).default('auto'),
       body_limit_bytes: z.number().int().positive().default(16 * 1024 * 1024),

@@ -34,16 +34,14 @@ export function workerCount(setting: 'auto' | number, machine: { readonly availa
 
 /**
  * Whether the serving processes lower their helper threads' priority (`server.helper_threads`): `yield` and `share`
- * say so; `auto` yields when the `workers` serving processes have every core this process may use, so that a helper
- * thread could only run by preempting a serving thread (docs/operations.md, "Helper threads").
+ * say so; `auto` yields when the `workers` serving processes have every core this process may run on (its CPU
+ * affinity), so that a helper thread can only run by taking a serving thread's core. A cgroup CPU quota alone does
+ * not count: it confines no thread to a core, and priority only orders threads waiting for the same core
+ * (docs/operations.md, "Helper threads").
  */
-export function helpersYield(
-  setting: 'auto' | 'yield' | 'share',
-  workers: number,
-  machine: { readonly availableParallelism: number; readonly cgroupCpuMax?: string | undefined },
-): boolean {
+export function helpersYield(setting: 'auto' | 'yield' | 'share', workers: number, availableParallelism: number): boolean {
   if (setting !== 'auto') return setting === 'yield';
-  return workerCount('auto', machine) <= workers;
+  return availableParallelism <= workers;
 }
 
 /** Worker `index`'s share (0-based) of `total` split between `count` workers: they add up to `total`, at least 1 each. */

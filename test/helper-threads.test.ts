@@ -6,7 +6,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { availableParallelism, getPriority, tmpdir } from 'node:os';
+import { getPriority, setPriority, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { stringify } from 'yaml';
@@ -35,9 +35,30 @@ describe('auto: yield when the serving processes have every core this process ma
     expect(helpersYield(setting, workers, affinity)).toBe(yields);
   });
 
-  it('names no thread where there is no /proc to name them by', () => {
-    expect(yieldHelperThreads('darwin')).toBeUndefined();
-    expect(yieldHelperThreads('win32')).toBeUndefined();
+  it('lowers nothing elsewhere than Linux', () => {
+    const calls: number[] = [];
+    for (const platform of ['darwin', 'win32'] as const) expect(yieldHelperThreads({ platform, setPriority: (tid) => calls.push(tid) })).toBeUndefined();
+    expect(calls).toEqual([]);
+  });
+
+  it.skipIf(process.platform !== 'linux')('on Linux: a thread that ended meanwhile is skipped, a refusal counted with its reason, the main thread never asked', () => {
+    const asked: number[] = [];
+    let call = 0;
+    const result = yieldHelperThreads({
+      setPriority: (tid) => {
+        asked.push(tid);
+        call++;
+        // The real error for a thread that is gone: os.setPriority on an id no thread has.
+        if (call === 1) setPriority(2 ** 30, 19);
+        // A refusal as Node reports it (a SystemError with the errno's name in info.code).
+        if (call === 2) throw Object.assign(new Error('A system error occurred: uv_os_setpriority returned EACCES (permission denied)'), { code: 'ERR_SYSTEM_ERROR', info: { code: 'EACCES' } });
+      },
+    });
+    // This test process's own threads: V8's workers and libuv's pool at least, the main thread not among them.
+    expect(asked.length).toBeGreaterThanOrEqual(4);
+    expect(asked).not.toContain(process.pid);
+    expect(result).toMatchObject({ lowered: asked.length - 2, refused: 1 });
+    expect(result?.reason).toContain('EACCES');
   });
 });
 
@@ -152,8 +173,24 @@ const own = getPriority();
 const linux = process.platform === 'linux';
 if (linux && own >= 19) console.warn(`skipped: test/helper-threads.test.ts's serve tests need to run below nice 19 (they run at ${own})`);
 const taskset = { command: 'taskset', install: 'Debian: apt-get install util-linux' };
-// `taskset -c 0,1` needs two cores this process may run on.
-const twoCores = availableParallelism() >= 2;
+
+/** The CPUs this process may run on, from /proc/self/status (`Cpus_allowed_list: 0-3,8`); [] elsewhere. */
+function allowedCpus(): number[] {
+  let list: string | undefined;
+  try {
+    list = /^Cpus_allowed_list:\s*(\S+)/m.exec(readFileSync('/proc/self/status', 'utf8'))?.[1];
+  } catch {
+    return [];
+  }
+  return (list ?? '').split(',').flatMap((range) => {
+    const [from, to] = range.split('-').map(Number);
+    if (from === undefined || !Number.isInteger(from)) return [];
+    return Array.from({ length: (to ?? from) - from + 1 }, (_, i) => from + i);
+  });
+}
+const [firstCpu, secondCpu] = allowedCpus();
+const oneCpu = String(firstCpu);
+const twoCpus = `${firstCpu},${secondCpu}`;
 
 describe.skipIf(!linux || own >= 19)('waybill serve on Linux: the threads as the kernel sees them', () => {
   let sim: Simulator;
@@ -203,8 +240,8 @@ describe.skipIf(!linux || own >= 19)('waybill serve on Linux: the threads as the
   });
 
   describeWithTool(taskset, 'auto', () => {
-    it('pinned to one core (taskset -c 0), one serving process has every core: its helpers yield', async () => {
-      const served = await serve(simUrl, 'auto', { prefix: ['taskset', '-c', '0'], until: listening });
+    it.skipIf(firstCpu === undefined)('pinned to one core (taskset -c N), one serving process has every core: its helpers yield', async () => {
+      const served = await serve(simUrl, 'auto', { prefix: ['taskset', '-c', oneCpu], until: listening });
       try {
         const line = served.lines.find(lowered);
         expect(line).toMatchObject({ helper_threads: 'auto' });
@@ -214,8 +251,8 @@ describe.skipIf(!linux || own >= 19)('waybill serve on Linux: the threads as the
       }
     });
 
-    it.skipIf(!twoCores)('on two cores (taskset -c 0,1), one worker leaves a core to its helpers: none lowered', async () => {
-      const served = await serve(simUrl, 'auto', { prefix: ['taskset', '-c', '0,1'], until: listening });
+    it.skipIf(secondCpu === undefined)('on two cores (taskset -c N,M), one worker leaves a core to its helpers: none lowered', async () => {
+      const served = await serve(simUrl, 'auto', { prefix: ['taskset', '-c', twoCpus], until: listening });
       try {
         expectUnchanged(served.child.pid as number);
         expect(served.lines.some(lowered)).toBe(false);
@@ -224,8 +261,8 @@ describe.skipIf(!linux || own >= 19)('waybill serve on Linux: the threads as the
       }
     });
 
-    it.skipIf(!twoCores)('on two cores (taskset -c 0,1), two workers have every core: both lower theirs', async () => {
-      const served = await serve(simUrl, 'auto', { prefix: ['taskset', '-c', '0,1'], workers: 2, until: lowered, count: 2 });
+    it.skipIf(secondCpu === undefined)('on two cores (taskset -c N,M), two workers have every core: both lower theirs', async () => {
+      const served = await serve(simUrl, 'auto', { prefix: ['taskset', '-c', twoCpus], workers: 2, until: lowered, count: 2 });
       try {
         const lines = served.lines.filter(lowered);
         expect(lines.map((l) => l.worker).sort()).toEqual([0, 1]);

@@ -242,7 +242,7 @@ export async function startGateway(bin: string, core: number, dir: string, setti
     ...(settings.turnBudget !== undefined ? { streaming: { turn_budget: settings.turnBudget } } : {}),
     shutdown: { grace: 0, drain_timeout: 1 },
     ...settings.extra,
-    // A variant's server keys (parseVariant refuses host, port and workers) beside the bench's own.
+    // A variant's server keys (parseVariant refuses host, port, the admin listener's and workers) beside the bench's own.
     server: { ...(settings.extra?.server as Record<string, unknown> | undefined), host: '127.0.0.1', port },
   };
   const configFile = join(dir, `${settings.name}.yaml`);

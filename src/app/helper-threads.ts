@@ -12,7 +12,7 @@
  *
  * Linux applies `setpriority(PRIO_PROCESS, tid)` to one thread, so each thread in `/proc/self/task` but the main one
  * is lowered. libuv's threadpool is left alone where it can be told apart: libuv 1.50 and later name its threads
- * `libuv-worker`; before that (Node 20) every thread is named `node`, and the pool is lowered too. Threads started
+ * `libuv-worker`; before that (Node 20, early Node 22) every thread is named `node`, and the pool is lowered too. Threads started
  * later take the priority of the thread that starts them. Elsewhere than Linux nothing is done.
  */
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
@@ -34,22 +34,27 @@ export interface HelperThreadsResult {
   readonly reason?: string;
 }
 
+/** Where the threads are and how one is lowered; the process's own, except in tests. */
+export interface HelperThreadsHost {
+  readonly platform?: NodeJS.Platform;
+  readonly setPriority?: (tid: number, priority: number) => void;
+}
+
 /**
  * Lowers every thread of this process but the main one and libuv's named threadpool to nice 19; undefined where
- * threads cannot be named (not Linux, or no /proc).
+ * threads cannot be named: not Linux, no /proc, or a /proc of another PID namespace (its thread ids are not the ones
+ * `setpriority` takes here).
  * @example
  * const result = yieldHelperThreads();
  * if (result !== undefined) log.info({ lowered: result.lowered }, 'helper threads lowered to nice 19');
  */
-export function yieldHelperThreads(platform: NodeJS.Platform = process.platform): HelperThreadsResult | undefined {
-  if (platform !== 'linux') return undefined;
+export function yieldHelperThreads(host: HelperThreadsHost = {}): HelperThreadsResult | undefined {
+  if ((host.platform ?? process.platform) !== 'linux') return undefined;
+  const set = host.setPriority ?? setPriority;
   let tids: string[];
-  let main: number;
   try {
+    if (readlinkSync('/proc/self') !== String(process.pid)) return undefined;
     tids = readdirSync('/proc/self/task');
-    // This thread's id as /proc numbers it ("PID/task/TID"), which is not process.pid when /proc belongs to another
-    // PID namespace.
-    main = Number(readlinkSync('/proc/thread-self').split('/').pop());
   } catch {
     return undefined;
   }
@@ -59,7 +64,8 @@ export function yieldHelperThreads(platform: NodeJS.Platform = process.platform)
   let reason: string | undefined;
   for (const name of tids) {
     const tid = Number(name);
-    if (!Number.isInteger(tid) || tid <= 0 || tid === main) continue;
+    // The main thread's id is the process's.
+    if (!Number.isInteger(tid) || tid <= 0 || tid === process.pid) continue;
     let comm: string;
     try {
       comm = readFileSync(`/proc/self/task/${name}/comm`, 'utf8').trim();
@@ -71,10 +77,11 @@ export function yieldHelperThreads(platform: NodeJS.Platform = process.platform)
       continue;
     }
     try {
-      setPriority(tid, HELPER_NICE);
+      set(tid, HELPER_NICE);
       lowered++;
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ESRCH') continue; // ended meanwhile
+      // os.setPriority throws a SystemError: code ERR_SYSTEM_ERROR, the errno's name in info.code.
+      if ((err as { info?: { code?: unknown } }).info?.code === 'ESRCH') continue; // ended meanwhile
       refused++;
       reason ??= err instanceof Error ? err.message : String(err);
     }

@@ -12,8 +12,8 @@
  *
  * Linux applies `setpriority(PRIO_PROCESS, tid)` to one thread, so each thread in `/proc/self/task` but the main one
  * is lowered. libuv's threadpool is left alone where it can be told apart: libuv 1.50 and later name its threads
- * `libuv-worker`; before that (Node 20, early Node 22) every thread is named `node`, and the pool is lowered too. Threads started
- * later take the priority of the thread that starts them. Elsewhere than Linux nothing is done.
+ * `libuv-worker`; before that (Node 20, early Node 22) every thread is named `node`, and the pool is lowered too.
+ * Threads started later take the priority of the thread that starts them. Elsewhere than Linux nothing is done.
  */
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import { setPriority } from 'node:os';

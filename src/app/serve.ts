@@ -165,7 +165,7 @@ function lowerHelperThreads(setting: 'auto' | 'yield' | 'share', workers: number
   if (!helpersYield(setting, workers, availableParallelism())) return;
   const result = yieldHelperThreads();
   if (result === undefined) {
-    if (setting === 'yield') log.warn({ helper_threads: setting, platform: process.platform }, 'server.helper_threads: yield needs Linux and /proc; the helper threads keep their priority');
+    if (setting === 'yield') log.warn({ helper_threads: setting, platform: process.platform }, "server.helper_threads: yield needs Linux and this process's /proc; the helper threads keep their priority");
     return;
   }
   const line = { helper_threads: setting, pid: process.pid, nice: HELPER_NICE, lowered: result.lowered, threadpool_kept: result.threadpool, ...(result.refused > 0 && { refused: result.refused, reason: result.reason }) };

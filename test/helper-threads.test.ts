@@ -3,21 +3,15 @@
  * lowers V8's and libuv's threads to nice 19, read back from the kernel (/proc/PID/task/TID/stat), never from what the
  * gateway says it did; and the pure decision of `auto`.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { getPriority, setPriority, tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { createInterface } from 'node:readline';
-import { stringify } from 'yaml';
+import { readdirSync, readFileSync } from 'node:fs';
+import { getPriority, setPriority } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { yieldHelperThreads } from '../src/app/helper-threads.js';
 import type { ConfigInput } from '../src/config/schema.js';
 import { helpersYield } from '../src/config/workers.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
+import { serveRaw, type Line, type Served } from './helpers/served.js';
 import { describeWithTool } from './helpers/system-tool.js';
-
-const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
 
 describe('auto: yield when the serving processes have every core this process may run on', () => {
   it.each([
@@ -62,14 +56,6 @@ describe('auto: yield when the serving processes have every core this process ma
   });
 });
 
-interface Line {
-  readonly msg?: string;
-  readonly pid?: number;
-  readonly lowered?: number;
-  readonly worker?: number;
-  readonly [key: string]: unknown;
-}
-
 const THREADPOOL = 'libuv-worker';
 
 /** Each thread of `pid`, by TID: its nice value and its name, from the kernel. */
@@ -113,55 +99,29 @@ function expectUnchanged(pid: number): void {
   expect([...threads.values()].map((t) => t.nice)).toEqual([...threads.values()].map(() => own));
 }
 
-/** `waybill serve` with `helper_threads`, until `count` lines match `until`; its lines kept. */
+/** `waybill serve` with `helper_threads` in front of `sim`, once `count` lines match `until`. */
 async function serve(
   sim: string,
   helperThreads: 'auto' | 'yield' | 'share',
   options: { workers?: number; prefix?: readonly string[]; until: (line: Line) => boolean; count?: number },
-): Promise<{ child: ChildProcess; lines: Line[]; stop: () => Promise<void> }> {
-  const dir = mkdtempSync(join(tmpdir(), 'waybill-helpers-'));
-  const file = join(dir, 'waybill.yaml');
+): Promise<Served> {
   const config: ConfigInput = {
     server: { host: '127.0.0.1', port: 0, helper_threads: helperThreads },
     pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: sim }] }],
     health: { interval: '1h' },
     shutdown: { grace: '0s', drain_timeout: '1s' },
   };
-  writeFileSync(file, stringify(config));
-  const [command, ...args] = [...(options.prefix ?? []), process.execPath, BIN, 'serve', '--config', file, '--workers', String(options.workers ?? 1)];
-  const child = spawn(command, args, { stdio: ['ignore', 'pipe', 'inherit'] });
-  const exited = once(child, 'exit');
-  const lines: Line[] = [];
-  const wanted = options.count ?? 1;
-  const started = new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`gave up after 20 s; lines:\n${lines.map((l) => JSON.stringify(l)).join('\n')}`)), 20_000);
-    child.once('exit', (code) => reject(new Error(`serve exited (${code}) before listening; lines:\n${lines.map((l) => JSON.stringify(l)).join('\n')}`)));
-    createInterface({ input: child.stdout as NodeJS.ReadableStream }).on('line', (text) => {
-      let line: Line;
-      try {
-        line = JSON.parse(text) as Line;
-      } catch {
-        line = { msg: text };
-      }
-      lines.push(line);
-      if (lines.filter(options.until).length >= wanted) {
-        clearTimeout(timer);
-        resolve();
-      }
-    });
-  });
-  const stop = async () => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
-    await exited;
-    rmSync(dir, { recursive: true, force: true });
-  };
+  const served = serveRaw(config, options.workers ?? 1, options.prefix);
   try {
-    await started;
+    await Promise.race([
+      served.until('the lines awaited', options.until, options.count),
+      served.exited.then((code) => Promise.reject(new Error(`serve exited (${code}) first; lines:\n${served.lines.map((l) => JSON.stringify(l)).join('\n')}`))),
+    ]);
   } catch (err) {
-    await stop();
+    await served.stop();
     throw err;
   }
-  return { child, lines, stop };
+  return served;
 }
 
 const listening = (line: Line) => line.msg === 'waybill listening';

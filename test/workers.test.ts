@@ -9,15 +9,9 @@
  *   included, and the primary exits 0;
  * and the pure parts: how many workers `auto` means (affinity, cgroup quota), and each worker's share of a limit.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { once } from 'node:events';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { createInterface } from 'node:readline';
+import { rmSync } from 'node:fs';
 import { Agent, request } from 'undici';
-import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseLoadArgs, runLoadWith } from '../load/main.js';
 import { parseConfig } from '../src/config/load.js';
@@ -28,83 +22,12 @@ import type { Decision } from '../src/proxy/tenant-limits.js';
 import { createSimulator, type Simulator } from '../src/sim/server.js';
 import { prefixBlocks } from '../src/routing/prefix-key.js';
 import { choiceText } from '../src/sim/wire.js';
-import { ADMIN_HEADERS, adminKey, metricValue, untilContentEvents } from './helpers/stack.js';
+import { serveRaw, type Served } from './helpers/served.js';
+import { adminKey, untilContentEvents } from './helpers/stack.js';
 
-const BIN = new URL('../bin/waybill.js', import.meta.url).pathname;
 const KEY = 'sk-team-a';
 const FREE_KEY = 'sk-free';
 const sha256 = (text: string) => createHash('sha256').update(text).digest('hex');
-
-interface Line {
-  readonly msg?: string;
-  readonly worker?: number;
-  readonly primary?: boolean;
-  readonly url?: string;
-  readonly [key: string]: unknown;
-}
-
-/** A `waybill serve` process with its JSON lines, awaitable. */
-class Served {
-  readonly lines: Line[] = [];
-  private readonly watchers = new Set<() => void>();
-  readonly exited: Promise<number | null>;
-  base = '';
-
-  constructor(
-    readonly child: ChildProcess,
-    readonly dir: string,
-  ) {
-    this.exited = once(child, 'exit').then(([code]) => code as number | null);
-    createInterface({ input: child.stdout as NodeJS.ReadableStream }).on('line', (line) => {
-      try {
-        this.lines.push(JSON.parse(line) as Line);
-      } catch {
-        this.lines.push({ msg: line });
-      }
-      for (const watcher of this.watchers) watcher();
-    });
-  }
-
-  /** Resolves when `count` lines match (bounded: gives up after `ms`, naming what it waited for). */
-  async until(what: string, match: (line: Line) => boolean, count = 1, ms = 20_000): Promise<Line[]> {
-    const found = () => this.lines.filter(match);
-    if (found().length >= count) return found();
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.watchers.delete(check);
-        reject(new Error(`gave up after ${ms} ms waiting for ${what}; lines:\n${this.lines.map((l) => JSON.stringify(l)).join('\n')}`));
-      }, ms);
-      const check = () => {
-        if (found().length < count) return;
-        clearTimeout(timer);
-        this.watchers.delete(check);
-        resolve(found());
-      };
-      this.watchers.add(check);
-    });
-  }
-
-  async metric(name: string, labels: Record<string, string> = {}): Promise<number> {
-    const response = await request(`${this.base}/metrics`, { headers: ADMIN_HEADERS });
-    return metricValue(await response.body.text(), name, labels);
-  }
-
-  async stop(): Promise<number | null> {
-    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGTERM');
-    const code = await this.exited;
-    rmSync(this.dir, { recursive: true, force: true });
-    return code;
-  }
-}
-
-/** `waybill serve --config FILE --workers N`, not yet listening. */
-function serveRaw(config: ConfigInput, workers = 2): Served {
-  const dir = mkdtempSync(join(tmpdir(), 'waybill-workers-'));
-  const file = join(dir, 'waybill.yaml');
-  writeFileSync(file, stringify(config));
-  const child = spawn(process.execPath, [BIN, 'serve', '--config', file, '--workers', String(workers)], { stdio: ['ignore', 'pipe', 'inherit'] });
-  return new Served(child, dir);
-}
 
 async function serve(config: ConfigInput, workers = 2): Promise<Served> {
   const served = serveRaw(config, workers);

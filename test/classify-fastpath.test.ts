@@ -338,25 +338,33 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
     expect(filled).toBeGreaterThan(100);
   });
 
-  it("into one scratch over a stream: the kept head changes no answer (the same facts, or a decline, as a fresh scratch's)", () => {
+  it("into one scratch over a stream: the kept head and template change no answer (the same facts, or a decline, as a fresh scratch's)", () => {
     // Events share a few heads, as a stream's chunks do, and some are cut or mutated anywhere (in the head too), so
     // a head that matches the kept one is followed by bodies the fast path must still decline.
     const head = fc.record({ chat: fc.boolean(), id: plainName, model: plainName, created: fc.nat() });
-    const body = fc.record({ index: fc.integer({ min: 0, max: 12 }), text: fc.oneof(contentString, fc.constant(null)), role: fc.boolean() });
+    // Mostly as vLLM streams (choice 0, no role after the first, one tail), so chunks share a template; not always.
+    const body = fc.record({
+      index: fc.oneof({ weight: 3, arbitrary: fc.constant(0) }, { weight: 1, arbitrary: fc.integer({ min: 0, max: 12 }) }),
+      text: fc.oneof({ weight: 4, arbitrary: contentString }, { weight: 1, arbitrary: fc.constant(null) }),
+      role: fc.constantFrom(false, false, false, true),
+      stopReason: fc.constantFrom(false, false, false, true),
+    });
     const edit = fc.option(fc.record({ at: fc.nat(), cut: fc.boolean(), with: fc.constantFrom(...MUTATIONS) }), { freq: 3 });
     const streamOf = fc.array(head, { minLength: 1, maxLength: 3 }).chain((heads) =>
       fc.array(fc.record({ head: fc.nat({ max: heads.length - 1 }), body, edit }), { minLength: 1, maxLength: 12 }).map((events) => ({ heads, events })),
     );
     let kept = 0;
+    let templated = 0;
     fc.assert(
       fc.property(streamOf, ({ heads, events }) => {
         const into = chunkScratch();
         for (const event of events) {
           const h = heads[event.head] as { chat: boolean; id: string; model: string; created: number };
-          const { index, text, role } = event.body;
+          const { index, text, role, stopReason } = event.body;
           const choice = h.chat
             ? { index, delta: role ? { role: 'assistant', content: text } : { content: text }, logprobs: null, finish_reason: null }
             : { index, text: text ?? '', logprobs: null, finish_reason: null };
+          if (stopReason) Object.assign(choice, { stop_reason: null });
           let data = JSON.stringify({ id: h.id, object: h.chat ? 'chat.completion.chunk' : 'text_completion', created: h.created, model: h.model, choices: [choice] });
           if (event.edit !== null) {
             const at = event.edit.at % (data.length + 1);
@@ -364,6 +372,10 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
           }
           const bytes = Buffer.from(`data: ${data}\n\n`);
           const hadHead = into.head.bytes.length > 0 && bytes.subarray(6).indexOf(into.head.bytes) === 0;
+          // The kept template's prefix and suffix around this chunk's bytes (whether its string is valid is the path's).
+          const { prefix, suffix } = into.head.template;
+          const inner = bytes.subarray(6, bytes.length - 2);
+          const hadTemplate = prefix.length > 0 && inner.length >= prefix.length + suffix.length && inner.subarray(0, prefix.length).equals(prefix) && inner.subarray(inner.length - suffix.length).equals(suffix);
           const alone = fastClassifyBytes(bytes, 6, bytes.length - 2);
           const facts = fastClassifyBytes(bytes, 6, bytes.length - 2, undefined, undefined, into);
           if (alone === undefined) {
@@ -371,6 +383,7 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
             continue;
           }
           if (hadHead) kept++;
+          if (hadTemplate) templated++;
           expect(facts).toBe(into);
           const { outputChars, head: _kept, ...rest } = into;
           const { outputChars: aloneChars = 0, ...aloneRest } = alone as typeof into;
@@ -381,8 +394,44 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
       }),
       { numRuns: 1500 },
     );
-    // The kept head was matched, not only kept: a stream's later chunks took it.
+    // The kept head and template were matched, not only kept: a stream's later chunks took them.
     expect(kept).toBeGreaterThan(500);
+    expect(templated).toBeGreaterThan(300);
+  });
+
+  it("a chunk around the kept template whose string is broken (a quote, a backslash, a control byte inside it) declines as a fresh scan does", () => {
+    const prefix = (chat: boolean) =>
+      chat
+        ? '{"id":"chatcmpl-7","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"'
+        : '{"id":"cmpl-7","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"';
+    const suffix = (chat: boolean) => (chat ? '"},"logprobs":null,"finish_reason":null}]}' : '","logprobs":null,"finish_reason":null}]}');
+    const line = (data: string) => Buffer.from(`data: ${data}\n\n`);
+    let declined = 0;
+    fc.assert(
+      fc.property(fc.boolean(), contentString, contentString, fc.nat(), fc.constantFrom(...MUTATIONS), (chat, first, text, at, insert) => {
+        const into = chunkScratch();
+        const opening = line(prefix(chat) + JSON.stringify(first).slice(1, -1) + suffix(chat));
+        expect(fastClassifyBytes(opening, 6, opening.length - 2, undefined, undefined, into)).toBe(into);
+        expect(into.head.template.prefix.length).toBeGreaterThan(0);
+        const inner = JSON.stringify(text).slice(1, -1);
+        const cut = at % (inner.length + 1);
+        const data = prefix(chat) + inner.slice(0, cut) + insert + inner.slice(cut) + suffix(chat);
+        const bytes = line(data);
+        const alone = fastClassifyBytes(bytes, 6, bytes.length - 2);
+        const facts = fastClassifyBytes(bytes, 6, bytes.length - 2, undefined, undefined, into);
+        if (alone === undefined) {
+          declined++;
+          expect(facts).toBeUndefined();
+          return;
+        }
+        const { outputChars, head: _kept, ...rest } = facts as typeof into;
+        const { outputChars: aloneChars = 0, ...aloneRest } = alone as typeof into;
+        expect(rest).toStrictEqual(aloneRest);
+        expect(outputChars).toBe(aloneChars);
+      }),
+      { numRuns: 1000 },
+    );
+    expect(declined).toBeGreaterThan(200);
   });
 
   // Whether the known strings are reused (not sliced again) is not observable from JavaScript: bench/step-alloc.ts

@@ -6,7 +6,7 @@
  * first.
  */
 import type { ChoiceFinish, EventFacts } from './classify.js';
-import { StreamHead, textAt } from './stream-head.js';
+import { equalAt, StreamHead, textAt } from './stream-head.js';
 
 // ---------------------------------------------------------------------------------------------------------------
 // Fast path: vLLM's ordinary delta chunk, recognised by its exact compact text (docs/routes.md, "Chat and legacy
@@ -80,6 +80,12 @@ let pos = 0;
 let end = 0;
 /** The generated text scanDelta found, in UTF-16 units (content plus reasoning under either name, counted once). */
 let deltaChars = 0;
+/**
+ * Where scanDelta found a delta that is exactly `{"content":STRING}`: the string's first byte and its closing quote;
+ * -1 for any other delta (a chunk template is kept only around such a string).
+ */
+let contentOpen = -1;
+let contentClose = -1;
 
 /** The byte at `i`, or -1 at or past the end: no case matches it. */
 function byteAt(i: number): number {
@@ -219,6 +225,7 @@ function scanStringOrNull(): number {
  */
 function scanDelta(): number {
   deltaChars = 0;
+  contentOpen = -1;
   if (byteAt(pos) === CLOSE_BRACE) {
     pos++;
     return 0;
@@ -226,6 +233,7 @@ function scanDelta(): number {
   let seen = 0;
   let output = 0;
   let reasoningChars = 0;
+  const first = pos;
   for (;;) {
     let key: number;
     if (take(CONTENT_KEY)) {
@@ -254,6 +262,11 @@ function scanDelta(): number {
     const c = byteAt(pos++);
     if (c === CLOSE_BRACE) {
       deltaChars += reasoningChars;
+      // One member, content, a string: `"content":"` at the delta's start and its closing quote just before `}`.
+      if (seen === CONTENT && byteAt(first + CONTENT_KEY.length) === QUOTE) {
+        contentOpen = first + CONTENT_KEY.length + 1;
+        contentClose = pos - 2;
+      }
       return output;
     }
     if (c !== COMMA) return -1;
@@ -313,6 +326,32 @@ export function fastClassifyBytes(bytes: Buffer, from: number, to: number, known
   return facts;
 }
 
+/**
+ * A chunk made of the kept template's prefix, a valid JSON string and its suffix (stream-head.ts, ChunkTemplate): its
+ * facts, filled into `into`, or undefined (not such a chunk: the caller scans it). Leaves `pos` anywhere.
+ */
+function matchTemplate(bytes: Buffer, from: number, head: StreamHead, into: ChunkScratch): EventFacts | undefined {
+  const template = head.template;
+  const prefix = template.prefix;
+  if (prefix.length === 0) return undefined;
+  const open = from + prefix.length;
+  const close = end - template.suffix.length;
+  if (close < open || !equalAt(bytes, from, prefix) || !equalAt(bytes, close, template.suffix)) return undefined;
+  pos = open;
+  const chars = scanJsonString();
+  // The string must end at the suffix's quote: an earlier quote makes the rest something the template never saw.
+  if (chars < 0 || pos !== close + 1) return undefined;
+  const only = indexOnly(template.index);
+  const outputs = chars > 0 ? only : NO_INDICES;
+  into.output = outputs;
+  into.answers = outputs;
+  into.choices = only;
+  into.id = template.id;
+  into.model = template.model;
+  into.outputChars = chars;
+  return into;
+}
+
 function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | undefined, into: ChunkScratch | undefined): EventFacts | undefined {
   const from = pos;
   const head = into?.head;
@@ -322,7 +361,13 @@ function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | u
   let modelStart = 0;
   let modelEnd = 0;
   let chat: boolean;
-  const matched = head !== undefined && head.bytes.length > 0 && take(head.bytes);
+  if (head !== undefined) {
+    const facts = matchTemplate(bytes, from, head, into as ChunkScratch);
+    if (facts !== undefined) return facts;
+    pos = from;
+  }
+  const matched = head !== undefined && head.bytes.length > 0 && from + head.bytes.length <= end && equalAt(bytes, from, head.bytes);
+  if (matched) pos = from + head.bytes.length;
   if (matched) {
     chat = head.chat;
   } else {
@@ -344,13 +389,19 @@ function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | u
   if (index < 0) return undefined;
   let output: number;
   let chars: number;
+  let open: number;
+  let close: number;
   if (chat) {
     if (!take(DELTA_OPEN)) return undefined;
     output = scanDelta();
     chars = deltaChars;
+    open = contentOpen;
+    close = contentClose;
   } else {
     if (!take(TEXT_KEY)) return undefined;
+    open = pos;
     chars = scanJsonString();
+    close = pos - 1;
     output = chars > 0 ? OUTPUT_BIT | ANSWER_BIT : chars;
   }
   if (output < 0 || !take(TAIL)) return undefined;
@@ -369,6 +420,7 @@ function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | u
     model = textAt(bytes, modelStart, modelEnd, knownModel);
     head?.keep(bytes, from, headEnd, chat, id, model);
   }
+  if (head !== undefined && open >= 0) head.template.keep(bytes, from, open, close, end, chat, index, id, model);
   if (into !== undefined) {
     into.output = outputs;
     into.answers = answers;

@@ -16,6 +16,8 @@ export class StreamHead {
   chat = false;
   id = '';
   model = '';
+  /** The last templated chunk (ChunkTemplate), matched before the head. */
+  readonly template = new ChunkTemplate();
 
   keep(from: Buffer, start: number, stop: number, chat: boolean, id: string, model: string): void {
     // A head longer than this (a long id or model) is scanned each time rather than kept.
@@ -25,6 +27,51 @@ export class StreamHead {
     this.id = id;
     this.model = model;
   }
+}
+
+/**
+ * The last accepted chunk whose only varying part is one string — a chat delta that is exactly `{"content":STRING}`,
+ * or a completions choice's `text` — as the bytes around that string: everything before its opening quote's end
+ * (`prefix`, the head included) and everything from its closing quote on (`suffix`). vLLM's content chunks differ
+ * only in that string, so a chunk made of the same prefix, a valid JSON string and the same suffix is matched with two
+ * comparisons and one short scan. The grammar reads the bytes after the string in a state that the prefix alone
+ * decides (the string changes no state but its length), so the same prefix and suffix around any valid string give
+ * the same facts but the string's own: the index, id and model kept here, and output iff the string is not empty.
+ */
+export class ChunkTemplate {
+  prefix: Buffer = NO_BYTES;
+  suffix: Buffer = NO_BYTES;
+  chat = false;
+  index = 0;
+  id = '';
+  model = '';
+
+  /** `from[start, open)` the prefix, `from[close, stop)` the suffix (close: the string's closing quote). */
+  keep(from: Buffer, start: number, open: number, close: number, stop: number, chat: boolean, index: number, id: string, model: string): void {
+    // A chunk whose parts are longer than this (a long id, model or tail) is scanned each time rather than kept.
+    if (open - start > 1024 || stop - close > 256) {
+      this.prefix = NO_BYTES;
+      return;
+    }
+    this.prefix = Buffer.from(from.subarray(start, open));
+    this.suffix = Buffer.from(from.subarray(close, stop));
+    this.chat = chat;
+    this.index = index;
+    this.id = id;
+    this.model = model;
+  }
+}
+
+/**
+ * Whether `literal` is at `bytes[at]` (the caller checked it fits). Long literals (a kept head or prefix) go to
+ * Buffer's native comparison (memcmp): a JavaScript loop over two byte arrays costs ~1.5 ns per byte here, the native
+ * call ~80 ns however short (a micro-benchmark of 167 bytes: 250 against 90 ns; of 42 bytes: 65 against 84).
+ */
+export function equalAt(bytes: Buffer, at: number, literal: Buffer): boolean {
+  const n = literal.length;
+  if (n > 64) return bytes.compare(literal, 0, n, at, at + n) === 0;
+  for (let k = 0; k < n; k++) if (bytes[at + k] !== literal[k]) return false;
+  return true;
 }
 
 /**

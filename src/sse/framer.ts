@@ -183,7 +183,8 @@ class SseFramer implements Framer {
     let nextLF = -2;
     let nextCR = -2;
     for (;;) {
-      if (nextLF !== -1 && nextLF < pos) nextLF = chunk.indexOf(LF, pos);
+      // A blank line straight after a line is every event's end: read that byte rather than call into indexOf.
+      if (nextLF !== -1 && nextLF < pos) nextLF = pos < n && chunk[pos] === LF ? pos : chunk.indexOf(LF, pos);
       if (nextCR !== -1 && nextCR < pos) nextCR = chunk.indexOf(CR, pos);
       let eol: number;
       if (nextCR === -1) {

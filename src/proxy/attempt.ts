@@ -13,8 +13,12 @@ import type { Upstream } from './upstreams.js';
 /** What an attempt reports: the delivery machine's upstream events, each naming the attempt. */
 export type AttemptEvent = Extract<MachineEvent, { attempt: number }>;
 
-/** Where the attempt reports to: the logical request that owns it. `attempt_settled` comes exactly once, last. */
-export type AttemptReport = (event: AttemptEvent) => void;
+/**
+ * Where the attempt reports to: the logical request that owns it. `attempt_settled` comes exactly once, last. `at`:
+ * when it happened, on the shell's clock, when the attempt read the clock for it (an upstream read's events all carry
+ * the read's start); otherwise the receiver stamps it.
+ */
+export type AttemptReport = (event: AttemptEvent, at?: number) => void;
 
 const NETWORK_CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT']);
 
@@ -41,8 +45,6 @@ export interface TurnShare {
   readonly turns: ReadTurns;
   /** `streaming.turn_budget` in milliseconds; 0: never yield. */
   readonly budgetMs: number;
-  /** Monotonic milliseconds, sub-millisecond (performance.now). */
-  readonly now: () => number;
 }
 
 export class Attempt implements Dispatcher.DispatchHandler, Yielding {
@@ -65,6 +67,8 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
   /** Paused because the client's socket is full / because the turn's budget ran out: it reads again when neither is. */
   private clientPaused = false;
   private yieldedTurn = false;
+  /** When the upstream read being framed began (the stamp of its blocks); undefined outside a read. */
+  private readAt: number | undefined = undefined;
 
   constructor(
     readonly upstream: Upstream,
@@ -77,6 +81,8 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
       maxErrorBodyBytes: number;
       /** Wall-clock milliseconds, to read a Retry-After date. */
       wallNow: () => number;
+      /** The shell's clock: monotonic milliseconds, sub-millisecond (performance.now). */
+      now: () => number;
       turnShare?: TurnShare | undefined;
     },
   ) {
@@ -160,7 +166,7 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
       this.framer = createFramer(
         {
           onBlock: (raw, event) => {
-            if (!this.done && this.abortReason === undefined) this.report({ type: 'block', attempt: this.number, raw, event });
+            if (!this.done && this.abortReason === undefined) this.report({ type: 'block', attempt: this.number, raw, event }, this.readAt);
           },
           onOversized: () => this.abort('oversized'),
         },
@@ -173,11 +179,18 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
   onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.done || this.abortReason !== undefined) return;
     if (this.framer !== undefined) {
+      // One clock read stamps the read's events and starts its turn's measure: each costs ~50 ns (a brand check and
+      // the system clock), and a stream's reads are most of what the gateway does.
+      const start = this.options.now();
+      this.readAt = start;
+      try {
+        this.framer.feed(chunk);
+      } finally {
+        this.readAt = undefined;
+      }
+      this.report(this.chunkDone, start);
       const share = this.answering ? this.options.turnShare : undefined;
-      const start = share === undefined ? 0 : share.now();
-      this.framer.feed(chunk);
-      this.report(this.chunkDone);
-      if (share !== undefined && share.turns.spent(share.now() - start, share.budgetMs) && !this.done && !this.yieldedTurn) {
+      if (share !== undefined && share.turns.spent(this.options.now() - start, share.budgetMs) && !this.done && !this.yieldedTurn) {
         this.yieldedTurn = true;
         this.controller?.pause();
         share.turns.yield(this, share.budgetMs);

@@ -127,6 +127,10 @@ export class Exchange {
   /** Kept from the start: Node detaches it from the response once the response is done. */
   private readonly socket: Socket | null;
   private readonly queue: MachineEvent[] = [];
+  /** When each queued event happened (read as it was queued, or given by the attempt that reported it). */
+  private readonly stamps: number[] = [];
+  /** The stamp of the last event the machine took. */
+  private lastAt = -Infinity;
   /**
    * The last pick and its attempt's number, for the settlement's routing outcome (the answering attempt's pick). Fields,
    * not collections, here and below: a Map is a few hundred bytes per request, kept for its life (issue 27).
@@ -145,7 +149,7 @@ export class Exchange {
   private queueAbort: AbortController | undefined;
   private readonly observe: (observation: Observation) => void;
   /** How attempts report: straight into the event queue. */
-  private readonly report = (event: MachineEvent) => this.send(event);
+  private readonly report = (event: MachineEvent, at?: number) => this.send(event, at);
   private readonly drained = () => this.send({ type: 'client_drain' });
   private readonly writer: ClientWriter;
   private held: HeldRequest | undefined;
@@ -205,13 +209,26 @@ export class Exchange {
     this.send({ type: 'shutdown' });
   }
 
-  private send(event: MachineEvent): void {
-    this.queue.push(event);
-    if (this.running) return;
+  /**
+   * Hands `event` to the machine, stamped `at` (when it happened; default now). One that comes while a step's effects
+   * are being carried out waits its turn, stamped as it comes, so the machine sees times in the order it sees events.
+   */
+  private send(event: MachineEvent, at?: number): void {
+    if (this.running) {
+      this.queue.push(event);
+      this.stamps.push(at ?? this.deps.now());
+      return;
+    }
     this.running = true;
     try {
-      for (let next = this.queue.shift(); next !== undefined; next = this.queue.shift()) {
-        for (const effect of this.machine.handle(next, this.deps.now())) {
+      let next: MachineEvent | undefined = event;
+      let stamp = at ?? this.deps.now();
+      for (; next !== undefined; next = this.queue.shift(), stamp = this.stamps.shift() as number) {
+        // A read's events carry the read's start, which a step queued meanwhile (a write that filled the socket) may
+        // have passed: the machine's clock never goes back.
+        if (stamp < this.lastAt) stamp = this.lastAt;
+        this.lastAt = stamp;
+        for (const effect of this.machine.handle(next, stamp)) {
           try {
             this.execute(effect);
           } catch (error) {
@@ -219,6 +236,7 @@ export class Exchange {
             // not carried out (a write after a failed head would go out under Node's implicit 200), and the machine
             // ends the request from there, once.
             this.queue.push({ type: 'internal_error', error });
+            this.stamps.push(this.deps.now());
             break;
           }
         }
@@ -365,6 +383,7 @@ export class Exchange {
       maxResponseBytes: config.streaming.maxResponseBytes,
       maxErrorBodyBytes: config.streaming.maxErrorBodyBytes,
       wallNow: this.deps.wallNow,
+      now: this.deps.now,
       turnShare: this.turnShare(),
     });
     this.current = attempt;
@@ -426,7 +445,7 @@ export class Exchange {
   private turnShare(): TurnShare | undefined {
     const turns = this.deps.readTurns;
     const budgetMs = this.deps.config.streaming.turnBudgetMs;
-    return turns === undefined || budgetMs === 0 || !this.request.info.stream ? undefined : { turns, budgetMs, now: this.deps.now };
+    return turns === undefined || budgetMs === 0 || !this.request.info.stream ? undefined : { turns, budgetMs };
   }
 
   /**

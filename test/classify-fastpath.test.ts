@@ -372,10 +372,12 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
           }
           const bytes = Buffer.from(`data: ${data}\n\n`);
           const hadHead = into.head.bytes.length > 0 && bytes.subarray(6).indexOf(into.head.bytes) === 0;
-          // The kept template's prefix and suffix around this chunk's bytes (whether its string is valid is the path's).
-          const { prefix, suffix } = into.head.template;
+          // A kept template's prefix and suffix around this chunk's bytes (whether its string is valid is the path's).
           const inner = bytes.subarray(6, bytes.length - 2);
-          const hadTemplate = prefix.length > 0 && inner.length >= prefix.length + suffix.length && inner.subarray(0, prefix.length).equals(prefix) && inner.subarray(inner.length - suffix.length).equals(suffix);
+          const hadTemplate = into.head.templates.some(
+            ({ prefix, suffix }) =>
+              prefix.length > 0 && inner.length >= prefix.length + suffix.length && inner.subarray(0, prefix.length).equals(prefix) && inner.subarray(inner.length - suffix.length).equals(suffix),
+          );
           const alone = fastClassifyBytes(bytes, 6, bytes.length - 2);
           const facts = fastClassifyBytes(bytes, 6, bytes.length - 2, undefined, undefined, into);
           if (alone === undefined) {
@@ -412,7 +414,7 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
         const into = chunkScratch();
         const opening = line(prefix(chat) + JSON.stringify(first).slice(1, -1) + suffix(chat));
         expect(fastClassifyBytes(opening, 6, opening.length - 2, undefined, undefined, into)).toBe(into);
-        expect(into.head.template.prefix.length).toBeGreaterThan(0);
+        expect(into.head.templates[0]?.prefix.length).toBeGreaterThan(0);
         const inner = JSON.stringify(text).slice(1, -1);
         const cut = at % (inner.length + 1);
         const data = prefix(chat) + inner.slice(0, cut) + insert + inner.slice(cut) + suffix(chat);
@@ -432,6 +434,32 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
       { numRuns: 1000 },
     );
     expect(declined).toBeGreaterThan(200);
+  });
+
+  it('a stream of interleaved choices keeps a template per choice: their chunks match without replacing each other', () => {
+    const into = chunkScratch();
+    const line = (index: number, text: string) =>
+      Buffer.from(`data: {"id":"chatcmpl-2","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":${index},"delta":{"content":"${text}"},"logprobs":null,"finish_reason":null}]}\n\n`);
+    const classify = (bytes: Buffer) => fastClassifyBytes(bytes, 6, bytes.length - 2, undefined, undefined, into);
+    classify(line(0, 'a'));
+    classify(line(1, 'b'));
+    const kept = into.head.templates.map((t) => t.prefix);
+    expect(kept[0]?.length).toBeGreaterThan(0);
+    expect(kept[1]?.length).toBeGreaterThan(0);
+    for (let k = 0; k < 6; k++) {
+      const index = k % 2;
+      const bytes = line(index, `t${k}`);
+      const facts = classify(bytes);
+      expect(facts).toBe(into);
+      const { outputChars, head: _kept, ...rest } = into;
+      const { outputChars: aloneChars = 0, ...aloneRest } = fastClassifyBytes(bytes, 6, bytes.length - 2) as typeof into;
+      expect(rest).toStrictEqual(aloneRest);
+      expect(outputChars).toBe(aloneChars);
+    }
+    // Matched, not kept again: each choice's template is the buffer kept from its first chunk.
+    expect(into.head.templates.map((t) => t.prefix)).toEqual(kept);
+    expect(into.head.templates[0]?.prefix).toBe(kept[0]);
+    expect(into.head.templates[1]?.prefix).toBe(kept[1]);
   });
 
   // Whether the known strings are reused (not sliced again) is not observable from JavaScript: bench/step-alloc.ts

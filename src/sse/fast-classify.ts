@@ -4,9 +4,13 @@
  * matcher with its own scan state, checked against the JSON.parse path by test/classify-fastpath.test.ts;
  * classify.ts's `classifyEventData` (a decoded string) and `classifyDataLine` (a framer's undecoded data line) call it
  * first.
+ *
+ * Longer than 400 lines on purpose: it is one byte-level matcher whose helpers share one scan state (module variables
+ * each loop copies to locals); split across modules, that state would have to be exported as mutable bindings or
+ * passed into every helper on the per-event path.
  */
 import type { ChoiceFinish, EventFacts } from './classify.js';
-import { equalAt, StreamHead, textAt } from './stream-head.js';
+import { equalAt, StreamHead, TEMPLATE_CHOICES, textAt, type ChunkTemplate } from './stream-head.js';
 
 // ---------------------------------------------------------------------------------------------------------------
 // Fast path: vLLM's ordinary delta chunk, recognised by its exact compact text (docs/routes.md, "Chat and legacy
@@ -327,11 +331,19 @@ export function fastClassifyBytes(bytes: Buffer, from: number, to: number, known
 }
 
 /**
- * A chunk made of the kept template's prefix, a valid JSON string and its suffix (stream-head.ts, ChunkTemplate): its
+ * A chunk made of a kept template's prefix, a valid JSON string and its suffix (stream-head.ts, ChunkTemplate): its
  * facts, filled into `into`, or undefined (not such a chunk: the caller scans it). Leaves `pos` anywhere.
  */
-function matchTemplate(bytes: Buffer, from: number, head: StreamHead, into: ChunkScratch): EventFacts | undefined {
-  const template = head.template;
+function matchTemplates(bytes: Buffer, from: number, head: StreamHead, into: ChunkScratch): EventFacts | undefined {
+  const templates = head.templates;
+  for (let i = 0; i < templates.length; i++) {
+    const facts = matchTemplate(bytes, from, templates[i] as ChunkTemplate, into);
+    if (facts !== undefined) return facts;
+  }
+  return undefined;
+}
+
+function matchTemplate(bytes: Buffer, from: number, template: ChunkTemplate, into: ChunkScratch): EventFacts | undefined {
   const prefix = template.prefix;
   if (prefix.length === 0) return undefined;
   const open = from + prefix.length;
@@ -362,7 +374,7 @@ function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | u
   let modelEnd = 0;
   let chat: boolean;
   if (head !== undefined) {
-    const facts = matchTemplate(bytes, from, head, into as ChunkScratch);
+    const facts = matchTemplates(bytes, from, head, into as ChunkScratch);
     if (facts !== undefined) return facts;
     pos = from;
   }
@@ -420,7 +432,7 @@ function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | u
     model = textAt(bytes, modelStart, modelEnd, knownModel);
     head?.keep(bytes, from, headEnd, chat, id, model);
   }
-  if (head !== undefined && open >= 0) head.template.keep(bytes, from, open, close, end, chat, index, id, model);
+  if (head !== undefined && open >= 0 && index < TEMPLATE_CHOICES) (head.templates[index] as ChunkTemplate).keep(bytes, from, open, close, end, chat, index, id, model);
   if (into !== undefined) {
     into.output = outputs;
     into.answers = answers;

@@ -1,23 +1,31 @@
 /**
  * What the fast path (fast-classify.ts) reuses between the chunks of one stream, whose id and model repeat in every
- * chunk: the kept head of the last chunk it accepted, and the stream's known id and model read without a new string.
+ * chunk: the kept head of the last chunk it accepted, a template of the last content chunk of each of its first
+ * choices, and the stream's known id and model read without a new string.
  */
 const NO_BYTES = Buffer.alloc(0);
+
+/** Choices with a template each (n above this: the later choices' chunks are matched by the head and scanned). */
+export const TEMPLATE_CHOICES = 4;
 
 /**
  * The head of the last chunk the fast path accepted into a scratch: its bytes up to the choice's index
  * (`{"id":…,"object":…,"created":…,"model":…,"choices":[{"index":`), whether it was a chat chunk, and the id and model
  * read from them. vLLM repeats one head in every chunk of a stream (one id, one `created`, one model), so a chunk
  * that begins with these bytes is matched by one comparison instead of being scanned again: the grammar reads a head
- * from its own bytes alone, so equal bytes give equal facts. Any other chunk is scanned in full.
+ * from its own bytes alone, so equal bytes give equal facts. A chunk that no template matches and that does not
+ * begin with the kept head is scanned in full.
  */
 export class StreamHead {
   bytes: Buffer = NO_BYTES;
   chat = false;
   id = '';
   model = '';
-  /** The last templated chunk (ChunkTemplate), matched before the head. */
-  readonly template = new ChunkTemplate();
+  /**
+   * The last templated chunk (ChunkTemplate) of choice i, for i < TEMPLATE_CHOICES: a stream of several choices
+   * interleaves them, and one template for all would be replaced at every chunk. Matched before the head.
+   */
+  readonly templates: readonly ChunkTemplate[] = Array.from({ length: TEMPLATE_CHOICES }, () => new ChunkTemplate());
 
   keep(from: Buffer, start: number, stop: number, chat: boolean, id: string, model: string): void {
     // A head longer than this (a long id or model) is scanned each time rather than kept.

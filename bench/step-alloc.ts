@@ -119,9 +119,21 @@ function run(options: Options): { perEvent: number; perRequest: number; batches:
     m.handle(head, (at += 1));
     m.handle(block(1, ROLE), (at += 1));
     m.handle(chunkDone, at);
-    // Framed: one framer per upstream response, as the attempt has; its block report is a new object per event there too.
+    // Framed: one framer per upstream response, as the attempt has, and one block report reused as the attempt reuses
+    // it when the exchange takes each event at once (the machine is called synchronously here): both handed back.
+    const report: Extract<MachineEvent, { type: 'block' }> = { type: 'block', attempt: 1, raw: TOKEN.raw, event: null };
     const framer = options.framed === true
-      ? createFramer({ onBlock: (raw, event) => m.handle({ type: 'block', attempt: 1, raw, event }, at), onOversized: () => { throw new Error('oversized'); } })
+      ? createFramer({
+          onBlock: (raw, event) => {
+            report.raw = raw;
+            report.event = event;
+            m.handle(report, at);
+            return true;
+          },
+          onOversized: () => {
+            throw new Error('oversized');
+          },
+        })
       : undefined;
     const from = heap();
     for (let t = 0; t < options.tokens; t++) {

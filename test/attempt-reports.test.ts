@@ -1,7 +1,8 @@
 /**
- * An attempt reads the clock once per upstream read of a stream (twice while it answers, to charge the read to the
- * turn's budget) and stamps every event of that read with the read's start (src/proxy/attempt.ts). Driven by hand,
- * as undici drives a dispatch handler, with a clock that counts its reads.
+ * What an attempt reports per upstream read of a stream (src/proxy/attempt.ts), driven by hand as undici drives a
+ * dispatch handler: it reads the clock once per read (twice while it answers, to charge the read to the turn's
+ * budget) and stamps every event of that read with the read's start; a block report the exchange took at once is
+ * reused for the next block, one it queued is left as it is.
  */
 import type { Dispatcher } from 'undici';
 import { describe, expect, it } from 'vitest';
@@ -12,7 +13,7 @@ import type { Upstream } from '../src/proxy/upstreams.js';
 const chunk = (text: string): string =>
   `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"${text}"},"logprobs":null,"finish_reason":null}]}\n\n`;
 
-function harness(share: boolean) {
+function harness(share: boolean, taken: (event: AttemptEvent) => boolean = () => true) {
   let reads = 0;
   let time = 100;
   const now = () => {
@@ -28,7 +29,11 @@ function harness(share: boolean) {
     charged.push(ms);
     return spent(ms, budgetMs);
   };
-  const attempt = new Attempt({} as Upstream, 1, (event, at) => reports.push({ event, at }), {
+  const attempt = new Attempt({} as Upstream, 1, (event, at) => {
+    // What the event holds when it is reported (a reused object changes later).
+    reports.push({ event: { ...event }, at });
+    return taken(event);
+  }, {
     streaming: true,
     maxEventBytes: 1 << 20,
     maxResponseBytes: 1 << 20,
@@ -72,6 +77,23 @@ describe('an attempt stamps a read with one clock read', () => {
     expect(alone.reads() - from).toBe(1);
   });
 
+  it('the read whose first write makes it answering (at its chunk_done) is not charged; the next one is', () => {
+    const ref: { attempt?: Attempt } = {};
+    const h = harness(true, (event) => {
+      // The exchange marks the attempt answering while it carries out the read's write, at chunk_done.
+      if (event.type === 'chunk_done' && ref.attempt !== undefined) ref.attempt.answering = true;
+      return true;
+    });
+    ref.attempt = h.attempt;
+    const before = h.reads();
+    h.attempt.onResponseData(h.controller, Buffer.from(chunk('a')));
+    expect(h.reads() - before).toBe(1);
+    expect(h.charged).toEqual([]);
+    h.attempt.onResponseData(h.controller, Buffer.from(chunk('b')));
+    expect(h.reads() - before).toBe(3);
+    expect(h.charged).toEqual([1.5]);
+  });
+
   it("events outside a read (the framer's last block at the end, the stream's end) are left for the receiver to stamp", () => {
     const { attempt, controller, reports } = harness(false);
     // A block whose blank line ended in a CR that was the read's last byte: dispatched only at the end.
@@ -84,5 +106,49 @@ describe('an attempt stamps a read with one clock read', () => {
       ['stream_end', undefined],
       ['attempt_settled', undefined],
     ]);
+  });
+});
+
+describe('an attempt reuses a block report the exchange took at once', () => {
+  it('taken: the next block comes in the same object, which holds no bytes in between', () => {
+    const objects: AttemptEvent[] = [];
+    const { attempt, controller } = harness(false, (event) => {
+      if (event.type === 'block') objects.push(event);
+      return true;
+    });
+    attempt.onResponseData(controller, Buffer.from(chunk('a') + chunk('b')));
+    attempt.onResponseData(controller, Buffer.from(chunk('c')));
+    expect(objects).toHaveLength(3);
+    expect(new Set(objects).size).toBe(1);
+    const report = objects[0] as Extract<AttemptEvent, { type: 'block' }>;
+    expect(report.raw.length).toBe(0);
+    expect(report.event).toBeNull();
+  });
+
+  it('queued: that object and its event are left as they were, and the next block gets new ones', () => {
+    const queued: Array<{ report: Extract<AttemptEvent, { type: 'block' }>; raw: string; data: string | undefined }> = [];
+    let n = 0;
+    const { attempt, controller } = harness(false, (event) => {
+      if (event.type !== 'block') return true;
+      n++;
+      // The second and third blocks wait behind a step, as the exchange queues what comes while it runs.
+      if (n === 2 || n === 3) {
+        queued.push({ report: event, raw: event.raw.toString(), data: event.event?.data });
+        return false;
+      }
+      return true;
+    });
+    attempt.onResponseData(controller, Buffer.from(chunk('a') + chunk('b') + chunk('c') + chunk('d')));
+    expect(queued).toHaveLength(2);
+    const [second, third] = queued;
+    expect(second?.report).not.toBe(third?.report);
+    expect(second?.report.event).not.toBe(third?.report.event);
+    // Read after the read is over, as the queue reads them: unchanged by the blocks that came later.
+    for (const q of queued) {
+      expect(q.report.raw.toString()).toBe(q.raw);
+      expect(q.report.event?.data).toBe(q.data);
+    }
+    const content = (data: string | undefined) => (JSON.parse(data ?? '') as { choices: { delta: { content: string } }[] }).choices[0]?.delta.content;
+    expect(queued.map((q) => content(q.data))).toEqual(['b', 'c']);
   });
 });

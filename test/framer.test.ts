@@ -322,6 +322,37 @@ describe('createFramer: a data line left undecoded (DataLineEvent)', () => {
     expect(blocks.map((b) => b.event?.id)).toEqual([undefined, undefined, undefined, undefined]);
   });
 
+  it('an event handed back (onBlock returns true) is reused for the next data line, read afresh; one kept is never touched', () => {
+    const seen: { event: SseEvent | null; data: string; start: number }[] = [];
+    let handBack = true;
+    const framer = createFramer({
+      onBlock: (_raw, event) => {
+        seen.push({ event, data: event?.data ?? '', start: event instanceof DataLineEvent ? event.start : -1 });
+        return handBack;
+      },
+      onOversized: () => undefined,
+    });
+    framer.feed(bytes('data: one\n\ndata: two\n\n'));
+    // Kept from here on: the receiver queues it (returns false), so the next block gets a new object.
+    handBack = false;
+    framer.feed(bytes(': c\ndata: three\n\n'));
+    framer.feed(bytes('data: four\n\n'));
+    handBack = true;
+    framer.feed(bytes('event: e\ndata: five\n\ndata: six\n\n'));
+    const events = seen.map((s) => s.event);
+    expect(seen.map((s) => s.data)).toEqual(['one', 'two', 'three', 'four', 'five', 'six']);
+    expect(events[1]).toBe(events[0]);
+    expect(events[2]).toBe(events[0]);
+    expect(events[3]).not.toBe(events[2]);
+    // The kept ones still read as they were given.
+    expect([events[2]?.data, events[3]?.data]).toEqual(['three', 'four']);
+    expect((events[2] as DataLineEvent).start).toBe(seen[2]?.start);
+    // A plain event (an `event:` field) is never reused, and handing it back gives the framer nothing to reuse.
+    expect(events[4]).not.toBeInstanceOf(DataLineEvent);
+    expect(events[5]).toBeInstanceOf(DataLineEvent);
+    expect(new Set(events).size).toBe(4);
+  });
+
   it('decodes on first read, once, from the block as it was given', () => {
     const [block] = given([bytes('data: x\n\n')]);
     const event = block?.event;

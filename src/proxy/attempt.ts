@@ -16,9 +16,13 @@ export type AttemptEvent = Extract<MachineEvent, { attempt: number }>;
 /**
  * Where the attempt reports to: the logical request that owns it. `attempt_settled` comes exactly once, last. `at`:
  * when it happened, on the shell's clock, when the attempt read the clock for it (an upstream read's events all carry
- * the read's start); otherwise the receiver stamps it.
+ * the read's start); otherwise the receiver stamps it. Returns true when the event was taken at once and nothing keeps
+ * it (not queued behind a step): the attempt may reuse the object, and what it carried, for a later report.
  */
-export type AttemptReport = (event: AttemptEvent, at?: number) => void;
+export type AttemptReport = (event: AttemptEvent, at?: number) => boolean;
+
+type BlockReport = Extract<AttemptEvent, { type: 'block' }>;
+const NO_BYTES = Buffer.alloc(0);
 
 const NETWORK_CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_CONNECT_TIMEOUT']);
 
@@ -69,6 +73,8 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
   private yieldedTurn = false;
   /** When the upstream read being framed began (the stamp of its blocks); undefined outside a read. */
   private readAt: number | undefined = undefined;
+  /** A block report taken and let go: reused for the next block instead of a new object per event. */
+  private spareBlock: BlockReport | undefined = undefined;
 
   constructor(
     readonly upstream: Upstream,
@@ -166,7 +172,22 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
       this.framer = createFramer(
         {
           onBlock: (raw, event) => {
-            if (!this.done && this.abortReason === undefined) this.report({ type: 'block', attempt: this.number, raw, event }, this.readAt);
+            if (this.done || this.abortReason !== undefined) return false;
+            let report = this.spareBlock;
+            this.spareBlock = undefined;
+            if (report === undefined) {
+              report = { type: 'block', attempt: this.number, raw, event };
+            } else {
+              report.raw = raw;
+              report.event = event;
+            }
+            // Taken at once: the machine keeps neither the report nor the event (it reads them within its step), so
+            // both go back for the next block. Queued behind a step: both stay as they are until it is handled.
+            if (!this.report(report, this.readAt)) return false;
+            report.raw = NO_BYTES;
+            report.event = null;
+            this.spareBlock = report;
+            return true;
           },
           onOversized: () => this.abort('oversized'),
         },
@@ -181,15 +202,18 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
     if (this.framer !== undefined) {
       // One clock read stamps the read's events and starts its turn's measure: each costs ~50 ns (a brand check and
       // the system clock), and a stream's reads are most of what the gateway does.
+      // Only a stream that was answering when the read began is charged: the read that carries its first token (whose
+      // write makes it answering) is what the budget keeps room for.
+      const share = this.answering ? this.options.turnShare : undefined;
       const start = this.options.now();
+      const outer = this.readAt;
       this.readAt = start;
       try {
         this.framer.feed(chunk);
       } finally {
-        this.readAt = undefined;
+        this.readAt = outer;
       }
       this.report(this.chunkDone, start);
-      const share = this.answering ? this.options.turnShare : undefined;
       if (share !== undefined && share.turns.spent(this.options.now() - start, share.budgetMs) && !this.done && !this.yieldedTurn) {
         this.yieldedTurn = true;
         this.controller?.pause();

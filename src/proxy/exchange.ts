@@ -26,6 +26,7 @@ import type { PublishSettlement } from '../telemetry/settlement.js';
 import type { Admission } from './admission.js';
 import { Attempt, type TurnShare } from './attempt.js';
 import { ClientWriter } from './client-writer.js';
+import { EventQueue } from './event-queue.js';
 import { withHeaders, type FlatHeaders } from './headers.js';
 import type { ReadTurns } from './read-turns.js';
 import type { ResponseHomes } from './response-homes.js';
@@ -126,11 +127,8 @@ export class Exchange {
   private readonly controls: ModelControls;
   /** Kept from the start: Node detaches it from the response once the response is done. */
   private readonly socket: Socket | null;
-  private readonly queue: MachineEvent[] = [];
-  /** When each queued event happened (read as it was queued, or given by the attempt that reported it). */
-  private readonly stamps: number[] = [];
-  /** The stamp of the last event the machine took. */
-  private lastAt = -Infinity;
+  /** Events that came while a step's effects were carried out, with when they happened. */
+  private readonly pending = new EventQueue<MachineEvent>();
   /**
    * The last pick and its attempt's number, for the settlement's routing outcome (the answering attempt's pick). Fields,
    * not collections, here and below: a Map is a few hundred bytes per request, kept for its life (issue 27).
@@ -212,31 +210,25 @@ export class Exchange {
   /**
    * Hands `event` to the machine, stamped `at` (when it happened; default now). One that comes while a step's effects
    * are being carried out waits its turn, stamped as it comes, so the machine sees times in the order it sees events.
+   * Returns whether it was handled at once (not queued): the machine keeps no event past its step.
    */
-  private send(event: MachineEvent, at?: number): void {
+  private send(event: MachineEvent, at?: number): boolean {
     if (this.running) {
-      this.queue.push(event);
-      this.stamps.push(at ?? this.deps.now());
-      return;
+      this.pending.push(event, at ?? this.deps.now());
+      return false;
     }
     this.running = true;
     try {
-      let next: MachineEvent | undefined = event;
       let stamp = at ?? this.deps.now();
-      for (; next !== undefined; next = this.queue.shift(), stamp = this.stamps.shift() as number) {
-        // A read's events carry the read's start, which a step queued meanwhile (a write that filled the socket) may
-        // have passed: the machine's clock never goes back.
-        if (stamp < this.lastAt) stamp = this.lastAt;
-        this.lastAt = stamp;
-        for (const effect of this.machine.handle(next, stamp)) {
+      for (let next: MachineEvent | undefined = event; next !== undefined; next = this.pending.shift(), stamp = this.pending.at) {
+        for (const effect of this.machine.handle(next, this.pending.clock(stamp))) {
           try {
             this.execute(effect);
           } catch (error) {
             // Carrying out an effect failed (a bug, or a socket in a state nobody expected): the rest of the step is
             // not carried out (a write after a failed head would go out under Node's implicit 200), and the machine
             // ends the request from there, once.
-            this.queue.push({ type: 'internal_error', error });
-            this.stamps.push(this.deps.now());
+            this.pending.push({ type: 'internal_error', error }, this.deps.now());
             break;
           }
         }
@@ -244,6 +236,7 @@ export class Exchange {
     } finally {
       this.running = false;
     }
+    return true;
   }
 
   private execute(effect: Effect): void {

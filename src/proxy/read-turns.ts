@@ -17,7 +17,8 @@
  * request is invisible until its body has been read and routed — the very turns this keeps short — and counting only
  * dispatched streams lost most of the gain (TTFT p50 at saturation 22.5 ms against 26.8 without any turns in the same
  * run, where the kept design gave 11.0–11.6 ms in others; docs/performance.md). Below
- * saturation nobody yields (a turn's reads take far less than the budget), and the cost is two clock reads per read.
+ * saturation nobody yields (a turn's reads take far less than the budget), and the cost is one clock read per read
+ * (its start is the read's stamp, read anyway: attempt.ts).
  * The reads are timed on the wall clock (performance.now): time the process spends preempted inside a read counts, so
  * a CPU-starved process yields somewhat more, which is the direction that keeps new streams served.
  *

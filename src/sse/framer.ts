@@ -20,6 +20,8 @@
  * ```
  */
 
+import { DataLineEvent } from './data-line.js';
+
 export interface SseEvent {
   /** The last `event:` field's value in the block, or 'message'. */
   readonly type: string;
@@ -29,35 +31,8 @@ export interface SseEvent {
   readonly id: string | undefined;
 }
 
-/**
- * The event of a block whose only field is one `data:` line (comments and blank lines aside) — every event vLLM
- * sends — with its value not decoded: `raw[start, end)`, UTF-8. A byte classifier reads it there
- * (sse/fast-classify.ts); `data` decodes it on first use, to the string a plain event would hold — from `raw`,
- * which may be a view of the chunk fed (see Framer.feed). No `event:` or `id:`
- * field: the type is 'message', the id undefined. A fresh object per event, like any SseEvent.
- */
-export class DataLineEvent implements SseEvent {
-  #data: string | undefined = undefined;
-
-  constructor(
-    /** The block's raw bytes: what onBlock was given with this event. */
-    readonly raw: Buffer,
-    readonly start: number,
-    readonly end: number,
-  ) {}
-
-  get type(): string {
-    return 'message';
-  }
-
-  get id(): undefined {
-    return undefined;
-  }
-
-  get data(): string {
-    return (this.#data ??= this.raw.toString('utf8', this.start, this.end));
-  }
-}
+// The event of a block that is one `data:` line, undecoded (data-line.ts): part of what the framer hands out.
+export { DataLineEvent };
 
 export interface FramerCallbacks {
   /**
@@ -69,11 +44,15 @@ export interface FramerCallbacks {
    * Buffer when it spans chunks. A block whose only field is one `data:` line comes with a `DataLineEvent`, its value
    * undecoded in `raw`; read `data` to decode it.
    *
+   * Return true to hand `event` back once done with it — nothing keeps it, and it is read no more: the framer then
+   * reuses a `DataLineEvent` for a later block rather than allocating one per event. Anything else (a receiver that
+   * queues the event) keeps it as it is.
+   *
    * A blank line ended by a CR that is the last byte of a chunk is dispatched when the next chunk arrives (or at
    * `end()`): only the next byte tells whether the line end is CR or CRLF, and the LF of a CRLF belongs to this
    * block. Streams in LF or CRLF style are never delayed by this unless a chunk boundary splits a CRLF.
    */
-  onBlock(raw: Buffer, event: SseEvent | null): void;
+  onBlock(raw: Buffer, event: SseEvent | null): unknown;
   /**
    * A block exceeded maxEventBytes: either the unfinished block buffered so far, or a block that lies inside one
    * chunk (so the outcome does not depend on how the stream was chunked). `bufferedBytes` is the number of bytes
@@ -146,6 +125,8 @@ class SseFramer implements Framer {
   #id: string | undefined = undefined;
 
   #atStreamStart = true;
+  /** A DataLineEvent the receiver handed back, for the next data-line block. */
+  #spare: DataLineEvent | undefined = undefined;
   #failed = false;
   #ended = false;
 
@@ -352,17 +333,25 @@ class SseFramer implements Framer {
     // WHATWG "dispatch the event": an empty data buffer dispatches nothing; type and data buffers reset either way.
     // One data field and no other: its value stays bytes, where it is in `raw`.
     let event: SseEvent | null = null;
+    let line: DataLineEvent | undefined;
     if (this.#firstStart >= 0) {
-      event =
-        this.#more === '' && this.#type === '' && this.#id === undefined
-          ? new DataLineEvent(raw, this.#firstStart, this.#firstEnd)
-          : { type: this.#type === '' ? 'message' : this.#type, data: raw.toString('utf8', this.#firstStart, this.#firstEnd) + this.#more, id: this.#id };
+      if (this.#more === '' && this.#type === '' && this.#id === undefined) {
+        const spare = this.#spare;
+        this.#spare = undefined;
+        line = spare === undefined ? new DataLineEvent(raw, this.#firstStart, this.#firstEnd) : spare.reuse(raw, this.#firstStart, this.#firstEnd);
+        event = line;
+      } else {
+        event = { type: this.#type === '' ? 'message' : this.#type, data: raw.toString('utf8', this.#firstStart, this.#firstEnd) + this.#more, id: this.#id };
+      }
     }
     this.#firstStart = -1;
     this.#more = '';
     this.#type = '';
     this.#id = undefined;
-    this.#callbacks.onBlock(raw, event);
+    if (this.#callbacks.onBlock(raw, event) === true && line !== undefined) {
+      line.release();
+      this.#spare = line;
+    }
     return true;
   }
 

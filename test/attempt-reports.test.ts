@@ -30,7 +30,7 @@ function harness(share: boolean, taken: (event: AttemptEvent) => boolean = () =>
     return spent(ms, budgetMs);
   };
   const attempt = new Attempt({} as Upstream, 1, (event, at) => {
-    // What the event holds when it is reported (a reused object changes later).
+    // The report's own fields when it is reported (a reused report changes later; its SseEvent is not copied).
     reports.push({ event: { ...event }, at });
     return taken(event);
   }, {

@@ -436,7 +436,7 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
     expect(declined).toBeGreaterThan(200);
   });
 
-  it('a stream of interleaved choices keeps a template per choice: their chunks match without replacing each other', () => {
+  it('a stream of interleaved choices keeps a template per choice (the first four): their chunks match without replacing each other', () => {
     const into = chunkScratch();
     const line = (index: number, text: string) =>
       Buffer.from(`data: {"id":"chatcmpl-2","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":${index},"delta":{"content":"${text}"},"logprobs":null,"finish_reason":null}]}\n\n`);
@@ -456,10 +456,23 @@ describe('fastClassify agrees with JSON.parse on generated events', () => {
       expect(rest).toStrictEqual(aloneRest);
       expect(outputChars).toBe(aloneChars);
     }
+    // Choices past the templated ones, and one whose index begins with another's digit (10 and 11 against 1):
+    // scanned, the same facts, no template kept or replaced for them.
+    for (const index of [10, 11, 5, 1]) {
+      const bytes = line(index, `i${index}`);
+      const facts = classify(bytes);
+      expect(facts).toBe(into);
+      expect(into.choices).toEqual([index]);
+      const { outputChars, head: _kept, ...rest } = into;
+      const { outputChars: aloneChars = 0, ...aloneRest } = fastClassifyBytes(bytes, 6, bytes.length - 2) as typeof into;
+      expect(rest).toStrictEqual(aloneRest);
+      expect(outputChars).toBe(aloneChars);
+    }
     // Matched, not kept again: each choice's template is the buffer kept from its first chunk.
     expect(into.head.templates.map((t) => t.prefix)).toEqual(kept);
     expect(into.head.templates[0]?.prefix).toBe(kept[0]);
     expect(into.head.templates[1]?.prefix).toBe(kept[1]);
+    expect(into.head.templates[2]?.prefix.length).toBe(0);
   });
 
   // Whether the known strings are reused (not sliced again) is not observable from JavaScript: bench/step-alloc.ts

@@ -348,7 +348,11 @@ function matchTemplate(bytes: Buffer, from: number, template: ChunkTemplate, int
   if (prefix.length === 0) return undefined;
   const open = from + prefix.length;
   const close = end - template.suffix.length;
-  if (close < open || !equalAt(bytes, from, prefix) || !equalAt(bytes, close, template.suffix)) return undefined;
+  if (close < open) return undefined;
+  // The choice's index and the byte after it first: another choice's chunk differs there, ~150 bytes in.
+  const at = template.indexAt;
+  if (bytes[from + at] !== prefix[at] || bytes[from + at + 1] !== prefix[at + 1]) return undefined;
+  if (!equalAt(bytes, from, prefix) || !equalAt(bytes, close, template.suffix)) return undefined;
   pos = open;
   const chars = scanJsonString();
   // The string must end at the suffix's quote: an earlier quote makes the rest something the template never saw.
@@ -432,7 +436,7 @@ function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | u
     model = textAt(bytes, modelStart, modelEnd, knownModel);
     head?.keep(bytes, from, headEnd, chat, id, model);
   }
-  if (head !== undefined && open >= 0 && index < TEMPLATE_CHOICES) (head.templates[index] as ChunkTemplate).keep(bytes, from, open, close, end, chat, index, id, model);
+  if (head !== undefined && open >= 0 && index < TEMPLATE_CHOICES) (head.templates[index] as ChunkTemplate).keep(bytes, from, headEnd, open, close, end, chat, index, id, model);
   if (into !== undefined) {
     into.output = outputs;
     into.answers = answers;

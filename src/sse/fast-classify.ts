@@ -436,7 +436,7 @@ function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | u
     model = textAt(bytes, modelStart, modelEnd, knownModel);
     head?.keep(bytes, from, headEnd, chat, id, model);
   }
-  if (head !== undefined && open >= 0 && index < TEMPLATE_CHOICES) (head.templates[index] as ChunkTemplate).keep(bytes, from, headEnd, open, close, end, chat, index, id, model);
+  if (head !== undefined && open >= 0 && index < TEMPLATE_CHOICES) (head.templates[index] as ChunkTemplate).keep(bytes, from, headEnd, open, close, end, index, id, model);
   if (into !== undefined) {
     into.output = outputs;
     into.answers = answers;

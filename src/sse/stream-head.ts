@@ -51,13 +51,12 @@ export class ChunkTemplate {
   suffix: Buffer = NO_BYTES;
   /** Where the choice's index begins in the prefix: templates of a stream differ there first, so it is checked first. */
   indexAt = 0;
-  chat = false;
   index = 0;
   id = '';
   model = '';
 
   /** `from[start, open)` the prefix, `from[close, stop)` the suffix (close: the string's closing quote), the index at `indexAt`. */
-  keep(from: Buffer, start: number, indexAt: number, open: number, close: number, stop: number, chat: boolean, index: number, id: string, model: string): void {
+  keep(from: Buffer, start: number, indexAt: number, open: number, close: number, stop: number, index: number, id: string, model: string): void {
     // A chunk whose parts are longer than this (a long id, model or tail) is scanned each time rather than kept.
     if (open - start > 1024 || stop - close > 256) {
       this.prefix = NO_BYTES;
@@ -66,7 +65,6 @@ export class ChunkTemplate {
     this.prefix = Buffer.from(from.subarray(start, open));
     this.suffix = Buffer.from(from.subarray(close, stop));
     this.indexAt = indexAt - start;
-    this.chat = chat;
     this.index = index;
     this.id = id;
     this.model = model;

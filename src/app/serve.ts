@@ -161,7 +161,7 @@ export async function serve(argv: string[]): Promise<number> {
  * `server.helper_threads` once the gateway listens (app/helper-threads.ts): by then V8's and libuv's threads have
  * started. One line says what was done; `yield` where it cannot be done is a warning, `auto` there says nothing.
  */
-function lowerHelperThreads(setting: 'auto' | 'yield' | 'share', workers: number, log: FastifyBaseLogger): void {
+function lowerHelperThreads(setting: Config['server']['helper_threads'], workers: number, log: FastifyBaseLogger): void {
   if (!helpersYield(setting, workers, availableParallelism())) return;
   const result = yieldHelperThreads();
   if (result === undefined) {

@@ -39,7 +39,7 @@ export function workerCount(setting: 'auto' | number, machine: { readonly availa
  * not count: it confines no thread to a core, and priority only orders threads waiting for the same core
  * (docs/operations.md, "Helper threads").
  */
-export function helpersYield(setting: 'auto' | 'yield' | 'share', workers: number, availableParallelism: number): boolean {
+export function helpersYield(setting: Config['server']['helper_threads'], workers: number, availableParallelism: number): boolean {
   if (setting !== 'auto') return setting === 'yield';
   return availableParallelism <= workers;
 }

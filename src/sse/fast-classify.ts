@@ -96,13 +96,11 @@ function byteAt(i: number): number {
   return i < end ? (src[i] as number) : -1;
 }
 
-/** Whether `literal` is at `pos`; advances past it when it is. */
-function take(literal: Uint8Array): boolean {
-  const bytes = src;
+/** Whether `literal` is at `pos`; advances past it when it is. A long one (a kept head) is compared natively. */
+function take(literal: Buffer): boolean {
   const at = pos;
   const n = literal.length;
-  if (at + n > end) return false;
-  for (let k = 0; k < n; k++) if (bytes[at + k] !== literal[k]) return false;
+  if (at + n > end || !equalAt(src, at, literal)) return false;
   pos = at + n;
   return true;
 }
@@ -382,8 +380,7 @@ function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | u
     if (facts !== undefined) return facts;
     pos = from;
   }
-  const matched = head !== undefined && head.bytes.length > 0 && from + head.bytes.length <= end && equalAt(bytes, from, head.bytes);
-  if (matched) pos = from + head.bytes.length;
+  const matched = head !== undefined && head.bytes.length > 0 && take(head.bytes);
   if (matched) {
     chat = head.chat;
   } else {

@@ -10,7 +10,7 @@
  * passed into every helper on the per-event path.
  */
 import type { ChoiceFinish, EventFacts } from './classify.js';
-import { equalAt, StreamHead, TEMPLATE_CHOICES, textAt, type ChunkTemplate } from './stream-head.js';
+import { equalAt, equalWordsAt, StreamHead, TEMPLATE_CHOICES, textAt, type ChunkTemplate } from './stream-head.js';
 
 // ---------------------------------------------------------------------------------------------------------------
 // Fast path: vLLM's ordinary delta chunk, recognised by its exact compact text (docs/routes.md, "Chat and legacy
@@ -350,7 +350,7 @@ function matchTemplate(bytes: Buffer, from: number, template: ChunkTemplate, int
   // The choice's index and the byte after it first: another choice's chunk differs there, ~150 bytes in.
   const at = template.indexAt;
   if (bytes[from + at] !== prefix[at] || bytes[from + at + 1] !== prefix[at + 1]) return undefined;
-  if (!equalAt(bytes, from, prefix) || !equalAt(bytes, close, template.suffix)) return undefined;
+  if (!equalAt(bytes, from, prefix) || !equalWordsAt(bytes, close, template.suffix, template.suffixWords)) return undefined;
   pos = open;
   const chars = scanJsonString();
   // The string must end at the suffix's quote: an earlier quote makes the rest something the template never saw.
@@ -433,7 +433,7 @@ function scan(bytes: Buffer, knownId: string | undefined, knownModel: string | u
     model = textAt(bytes, modelStart, modelEnd, knownModel);
     head?.keep(bytes, from, headEnd, chat, id, model);
   }
-  if (head !== undefined && open >= 0 && index < TEMPLATE_CHOICES) (head.templates[index] as ChunkTemplate).keep(bytes, from, headEnd, open, close, end, index, id, model);
+  if (head !== undefined && open >= 0 && index < TEMPLATE_CHOICES) head.template(index).keep(bytes, from, headEnd, open, close, end, index, id, model);
   if (into !== undefined) {
     into.output = outputs;
     into.answers = answers;

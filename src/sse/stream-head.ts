@@ -4,6 +4,7 @@
  * choices, and the stream's known id and model read without a new string.
  */
 const NO_BYTES = Buffer.alloc(0);
+const NO_WORDS = new Int32Array(0);
 
 /** Choices with a template each (n above this: the later choices' chunks are matched by the head and scanned). */
 export const TEMPLATE_CHOICES = 4;
@@ -16,6 +17,8 @@ export const TEMPLATE_CHOICES = 4;
  * from its own bytes alone, so equal bytes give equal facts. A chunk that no template matches and that does not
  * begin with the kept head is scanned in full.
  */
+const NO_TEMPLATES: readonly ChunkTemplate[] = [];
+
 export class StreamHead {
   bytes: Buffer = NO_BYTES;
   chat = false;
@@ -23,9 +26,21 @@ export class StreamHead {
   model = '';
   /**
    * The last templated chunk (ChunkTemplate) of choice i, for i < TEMPLATE_CHOICES: a stream of several choices
-   * interleaves them, and one template for all would be replaced at every chunk. Matched before the head.
+   * interleaves them, and one template for all would be replaced at every chunk. Matched before the head. None until
+   * the first is kept: every request has a scratch, and a non-streamed one never keeps a template (making four per
+   * request, through `Array.from`, was ~1.5% of a non-streamed request's CPU).
    */
-  readonly templates: readonly ChunkTemplate[] = Array.from({ length: TEMPLATE_CHOICES }, () => new ChunkTemplate());
+  templates: readonly ChunkTemplate[] = NO_TEMPLATES;
+
+  /** Choice `index`'s template (index < TEMPLATE_CHOICES), the templates made on first use. */
+  template(index: number): ChunkTemplate {
+    if (this.templates.length === 0) {
+      const made: ChunkTemplate[] = [];
+      for (let i = 0; i < TEMPLATE_CHOICES; i++) made.push(new ChunkTemplate());
+      this.templates = made;
+    }
+    return this.templates[index] as ChunkTemplate;
+  }
 
   keep(from: Buffer, start: number, stop: number, chat: boolean, id: string, model: string): void {
     // A head longer than this (a long id or model) is scanned each time rather than kept.
@@ -49,6 +64,8 @@ export class StreamHead {
 export class ChunkTemplate {
   prefix: Buffer = NO_BYTES;
   suffix: Buffer = NO_BYTES;
+  /** The suffix as words (`wordsOf`), compared four bytes at a time. */
+  suffixWords: Int32Array = NO_WORDS;
   /** Where the choice's index begins in the prefix: templates of a stream differ there first, so it is checked first. */
   indexAt = 0;
   index = 0;
@@ -64,6 +81,7 @@ export class ChunkTemplate {
     }
     this.prefix = Buffer.from(from.subarray(start, open));
     this.suffix = Buffer.from(from.subarray(close, stop));
+    this.suffixWords = wordsOf(this.suffix);
     this.indexAt = indexAt - start;
     this.index = index;
     this.id = id;
@@ -80,6 +98,29 @@ export function equalAt(bytes: Buffer, at: number, literal: Buffer): boolean {
   const n = literal.length;
   if (n > 64) return bytes.compare(literal, 0, n, at, at + n) === 0;
   for (let k = 0; k < n; k++) if (bytes[at + k] !== literal[k]) return false;
+  return true;
+}
+
+/** `literal`'s whole four-byte groups as little-endian 32-bit words, for `equalWordsAt` (its last 0–3 bytes are not in them). */
+export function wordsOf(literal: Buffer): Int32Array {
+  const words = new Int32Array(literal.length >> 2);
+  for (let i = 0; i < words.length; i++) words[i] = literal.readInt32LE(i * 4);
+  return words;
+}
+
+/**
+ * `equalAt` for a literal whose `words` are kept (`wordsOf(literal)`): four bytes of `bytes` put together and
+ * compared with one word, which costs ~0.8 ns per byte here against the byte loop's ~1.4 (a micro-benchmark of a
+ * vLLM chunk's 42-byte suffix: 42 against 65 ns, the native comparison 85). Past 96 bytes the native call is cheaper.
+ */
+export function equalWordsAt(bytes: Buffer, at: number, literal: Buffer, words: Int32Array): boolean {
+  const n = literal.length;
+  if (n > 96) return bytes.compare(literal, 0, n, at, at + n) === 0;
+  let i = at;
+  for (let k = 0; k < words.length; k++, i += 4) {
+    if (((bytes[i] as number) | ((bytes[i + 1] as number) << 8) | ((bytes[i + 2] as number) << 16) | ((bytes[i + 3] as number) << 24)) !== words[k]) return false;
+  }
+  for (let k = words.length << 2; k < n; k++, i++) if (bytes[i] !== literal[k]) return false;
   return true;
 }
 

@@ -3,8 +3,9 @@
  * DeliveryMachine.handle, the one call the shell makes: the core's own share of the per-event cost, apart from
  * the framer (events are framed once, before the measurement) and the shell. A request is driven through its whole
  * life — start, admission, an attempt, the head, N token events each followed by the end of its upstream read
- * (`chunk_done`), `[DONE]`, the stream's end, the client's finish, settlement — the way src/proxy/exchange.ts drives
- * it, and the V8 heap is read around batches of events.
+ * (`chunk_done`; framed, the block that ends its read, `endOfRead`, as the attempt reports it), `[DONE]`, the stream's
+ * end, the client's finish, settlement — the way src/proxy/exchange.ts drives it, and the V8 heap is read around
+ * batches of events.
  *
  *   npm run build && node dist/bench/step-alloc.js [--requests 400] [--tokens 64]
  *
@@ -121,12 +122,15 @@ function run(options: Options): { perEvent: number; perRequest: number; batches:
     m.handle(chunkDone, at);
     // Framed: one framer per upstream response, as the attempt has, and one block report reused as the attempt reuses
     // it when the exchange takes each event at once (the machine is called synchronously here): both handed back.
-    const report: Extract<MachineEvent, { type: 'block' }> = { type: 'block', attempt: 1, raw: TOKEN.raw, event: null };
+    const report: Extract<MachineEvent, { type: 'block' }> = { type: 'block', attempt: 1, raw: TOKEN.raw, event: null, endOfRead: false };
+    let readEnded = false;
     const framer = options.framed === true
       ? createFramer({
-          onBlock: (raw, event) => {
+          onBlock: (raw, event, endsChunk) => {
             report.raw = raw;
             report.event = event;
+            report.endOfRead = endsChunk;
+            readEnded = endsChunk;
             m.handle(report, at);
             return true;
           },
@@ -135,12 +139,16 @@ function run(options: Options): { perEvent: number; perRequest: number; batches:
           },
         })
       : undefined;
-    const from = heap();
-    for (let t = 0; t < options.tokens; t++) {
+    // The first token is not counted: the stream's first content chunk makes its classifier's templates, once per
+    // request (src/sse/stream-head.ts), which the per-request figure holds.
+    let from = 0;
+    for (let t = -1; t < options.tokens; t++) {
+      if (t === 0) from = heap();
       at += 1;
+      readEnded = false;
       if (framer === undefined) m.handle(token, at);
       else framer.feed(TOKEN.raw);
-      m.handle(chunkDone, at);
+      if (!readEnded) m.handle(chunkDone, at);
     }
     const used = heap() - from;
     if (used >= 0) perEvent.push(used / options.tokens);

@@ -1,7 +1,8 @@
 /**
  * What an attempt reports per upstream read of a stream (src/proxy/attempt.ts), driven by hand as undici drives a
  * dispatch handler: it reads the clock once per read (twice while it answers, to charge the read to the turn's
- * budget) and stamps every event of that read with the read's start; a block report the exchange took at once is
+ * budget) and stamps every event of that read with the read's start; the read's last block ends the read
+ * (`endOfRead`) when the read ends with it, else a `chunk_done` does; a block report the exchange took at once is
  * reused for the next block, one it queued is left as it is.
  */
 import type { Dispatcher } from 'undici';
@@ -53,12 +54,36 @@ describe('an attempt stamps a read with one clock read', () => {
   it("before it answers: one read of the clock, and the read's blocks and its chunk_done all carry it", () => {
     const { attempt, controller, reports, reads } = harness(true);
     const before = reads();
-    attempt.onResponseData(controller, Buffer.from(chunk('a') + chunk('b')));
+    // The read ends inside a third event: its last whole block does not end it, a chunk_done does.
+    attempt.onResponseData(controller, Buffer.from(chunk('a') + chunk('b') + 'data: {"id"'));
     expect(reads() - before).toBe(1);
-    expect(reports.map((r) => r.event.type)).toEqual(['block', 'block', 'chunk_done']);
+    expect(reports.map((r) => [r.event.type, r.event.type === 'block' ? r.event.endOfRead : undefined])).toEqual([
+      ['block', false],
+      ['block', false],
+      ['chunk_done', undefined],
+    ]);
     const stamps = new Set(reports.map((r) => r.at));
     expect(stamps.size).toBe(1);
     expect([...stamps][0]).toBe(100 + 1.5 * reads());
+  });
+
+  it('a read that ends with a whole event: its last block ends the read, and no chunk_done follows', () => {
+    const { attempt, controller, reports } = harness(false);
+    attempt.onResponseData(controller, Buffer.from(chunk('a') + chunk('b')));
+    attempt.onResponseData(controller, Buffer.from(chunk('c')));
+    expect(reports.map((r) => [r.event.type, r.event.type === 'block' ? r.event.endOfRead : undefined])).toEqual([
+      ['block', false],
+      ['block', true],
+      ['block', true],
+    ]);
+    // The rest of the third event's bytes, then nothing: the read that completes it ends with it.
+    reports.length = 0;
+    attempt.onResponseData(controller, Buffer.from(chunk('d').slice(0, 20)));
+    attempt.onResponseData(controller, Buffer.from(chunk('d').slice(20)));
+    expect(reports.map((r) => [r.event.type, r.event.type === 'block' ? r.event.endOfRead : undefined])).toEqual([
+      ['chunk_done', undefined],
+      ['block', true],
+    ]);
   });
 
   it('while it answers: a second read at the end charges the read to the turn, from the same start', () => {
@@ -77,11 +102,12 @@ describe('an attempt stamps a read with one clock read', () => {
     expect(alone.reads() - from).toBe(1);
   });
 
-  it('the read whose first write makes it answering (at its chunk_done) is not charged; the next one is', () => {
+  it('the read whose first write makes it answering (at its end) is not charged; the next one is', () => {
     const ref: { attempt?: Attempt } = {};
     const h = harness(true, (event) => {
-      // The exchange marks the attempt answering while it carries out the read's write, at chunk_done.
-      if (event.type === 'chunk_done' && ref.attempt !== undefined) ref.attempt.answering = true;
+      // The exchange marks the attempt answering while it carries out the read's write, at the read's end.
+      const ends = event.type === 'chunk_done' || (event.type === 'block' && event.endOfRead === true);
+      if (ends && ref.attempt !== undefined) ref.attempt.answering = true;
       return true;
     });
     ref.attempt = h.attempt;
@@ -100,12 +126,17 @@ describe('an attempt stamps a read with one clock read', () => {
     attempt.onResponseData(controller, Buffer.from(chunk('a').replace(/\n\n$/, '\r\r')));
     reports.length = 0;
     attempt.onResponseEnd();
-    expect(reports.map((r) => [r.event.type, r.at])).toEqual([
-      ['block', undefined],
-      ['chunk_done', undefined],
-      ['stream_end', undefined],
-      ['attempt_settled', undefined],
+    expect(reports.map((r) => [r.event.type, r.at, r.event.type === 'block' ? r.event.endOfRead : undefined])).toEqual([
+      ['block', undefined, true],
+      ['stream_end', undefined, undefined],
+      ['attempt_settled', undefined, undefined],
     ]);
+    // A stream that ends after a whole event: nothing is left to dispatch, and a chunk_done still ends the read.
+    const after = harness(false);
+    after.attempt.onResponseData(after.controller, Buffer.from(chunk('a')));
+    after.reports.length = 0;
+    after.attempt.onResponseEnd();
+    expect(after.reports.map((r) => r.event.type)).toEqual(['chunk_done', 'stream_end', 'attempt_settled']);
   });
 });
 

@@ -75,10 +75,16 @@ interface Outcome {
 function frame(chunks: readonly Buffer[], maxEventBytes?: number): Outcome {
   const blocks: Outcome['blocks'] = [];
   let oversizedCalls = 0;
+  // Bytes fed so far (the chunk being fed included), and bytes of the blocks so far: a block ends its chunk iff its
+  // last byte is the last fed (the blocks' bytes and the trailing ones are the input, in order).
+  let fed = 0;
+  let framed = 0;
   const framer = createFramer(
     {
       // As plain fields: a DataLineEvent's are getters, and toEqual reads own properties only.
-      onBlock: (raw, event) => {
+      onBlock: (raw, event, endsChunk) => {
+        framed += raw.length;
+        expect(endsChunk).toBe(framed === fed);
         blocks.push({ raw: raw.toString('latin1'), event: event === null ? null : { type: event.type, data: event.data, id: event.id }, undecoded: event instanceof DataLineEvent });
         // Copied, so handed back (two blocks in three): the framer's reuse of its events is held to the reference too.
         return blocks.length % 3 !== 0;
@@ -87,7 +93,10 @@ function frame(chunks: readonly Buffer[], maxEventBytes?: number): Outcome {
     },
     maxEventBytes === undefined ? {} : { maxEventBytes },
   );
-  for (const chunk of chunks) framer.feed(chunk);
+  for (const chunk of chunks) {
+    fed += chunk.length;
+    framer.feed(chunk);
+  }
   const trailing = framer.end();
   expect(oversizedCalls).toBe(framer.failed ? 1 : 0);
   return { blocks, trailing, failed: framer.failed };

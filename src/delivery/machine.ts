@@ -17,7 +17,7 @@
  * | start | the request was handed over (body read and checked) |
  * | queued / admission | the model's admission gate queued it / answered |
  * | attempt_started / no_upstream | the shell picked an upstream for a `start_attempt` effect / found none |
- * | response_start, protocol_violation, block, chunk_done, body, stream_end, network_failure, attempt_settled | what the current attempt reported (stale attempts are ignored) |
+ * | response_start, protocol_violation, block, chunk_done, body, stream_end, network_failure, attempt_settled | what the current attempt reported (stale attempts are ignored); a read's bytes are written at its end: `chunk_done`, or its last block's `endOfRead` |
  * | timer | an armed timer fired (a stale or cleared one is ignored) |
  * | client_blocked / client_drain | a write filled the client socket / it drained |
  * | client_finish / client_close | the response reached the client's socket / the client left |
@@ -60,7 +60,8 @@ export type MachineEvent =
       metadata?: string | undefined;
     }
   | { type: 'protocol_violation'; attempt: number; violation: ProtocolViolation }
-  | { type: 'block'; attempt: number; raw: Buffer; event: SseEvent | null }
+  /** `endOfRead`: the last block of its upstream read, which ends the read as `chunk_done` would (one step, not two). */
+  | { type: 'block'; attempt: number; raw: Buffer; event: SseEvent | null; endOfRead?: boolean }
   | { type: 'chunk_done'; attempt: number }
   | { type: 'body'; attempt: number; status: number; body: Buffer }
   | { type: 'stream_end'; attempt: number; how: StreamEnd }

@@ -64,8 +64,13 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
   private contentType: string | undefined;
   /** Names this attempt to its upstream's circuit breaker. */
   ticket = 0;
-  /** Reported after every read of a stream: one object for all of them (the machine never keeps or changes events). */
+  /**
+   * Reported after a read of a stream whose last block did not end it (`endOfRead`): one object for all of them (the
+   * machine never keeps or changes events).
+   */
   private readonly chunkDone: AttemptEvent;
+  /** The read being framed has reported its last block with `endOfRead`: no `chunk_done` after it. */
+  private readEnded = false;
   /** The client has been written to from this attempt: its reads share the turn budget. */
   answering = false;
   /** Paused because the client's socket is full / because the turn's budget ran out: it reads again when neither is. */
@@ -171,16 +176,19 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
     if (this.options.streaming && statusCode === 200 && isEventStream(headers)) {
       this.framer = createFramer(
         {
-          onBlock: (raw, event) => {
+          onBlock: (raw, event, endsChunk) => {
             if (this.done || this.abortReason !== undefined) return false;
             let report = this.spareBlock;
             this.spareBlock = undefined;
             if (report === undefined) {
-              report = { type: 'block', attempt: this.number, raw, event };
+              report = { type: 'block', attempt: this.number, raw, event, endOfRead: endsChunk };
             } else {
               report.raw = raw;
               report.event = event;
+              report.endOfRead = endsChunk;
             }
+            // The read's last block ends the read itself: the machine writes the read's bytes in the same step.
+            this.readEnded = endsChunk;
             // Taken at once: the machine keeps neither the report nor the event (it reads them within its step), so
             // both go back for the next block. Queued behind a step: both stay as they are until it is handled.
             if (!this.report(report, this.readAt)) return false;
@@ -206,14 +214,20 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
       // write makes it answering) is what the budget keeps room for.
       const share = this.answering ? this.options.turnShare : undefined;
       const start = this.options.now();
+      // A read inside a read (a report's effects resuming the upstream) keeps its own stamp and end.
       const outer = this.readAt;
+      const outerEnded = this.readEnded;
       this.readAt = start;
+      this.readEnded = false;
+      let ended: boolean;
       try {
         this.framer.feed(chunk);
       } finally {
+        ended = this.readEnded;
         this.readAt = outer;
+        this.readEnded = outerEnded;
       }
-      this.report(this.chunkDone, start);
+      if (!ended) this.report(this.chunkDone, start);
       if (share !== undefined && share.turns.spent(this.options.now() - start, share.budgetMs) && !this.done && !this.yieldedTurn) {
         this.yieldedTurn = true;
         this.controller?.pause();
@@ -243,8 +257,9 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
     if (this.done) return;
     if (this.framer !== undefined) {
       // end() may still dispatch a block: one whose last line ended in a CR that could have begun a CRLF.
+      this.readEnded = false;
       this.framer.end();
-      this.report(this.chunkDone);
+      if (!this.readEnded) this.report(this.chunkDone);
       this.report({ type: 'stream_end', attempt: this.number, how: 'eof' });
     } else {
       this.reportBody();

@@ -51,8 +51,11 @@ export interface FramerCallbacks {
    * A blank line ended by a CR that is the last byte of a chunk is dispatched when the next chunk arrives (or at
    * `end()`): only the next byte tells whether the line end is CR or CRLF, and the LF of a CRLF belongs to this
    * block. Streams in LF or CRLF style are never delayed by this unless a chunk boundary splits a CRLF.
+   *
+   * `endsChunk`: the block ends at the last byte of the chunk being fed (or it is dispatched by `end()`), so this
+   * `feed` dispatches no other block after it — a receiver that acts once per read can act with it.
    */
-  onBlock(raw: Buffer, event: SseEvent | null): unknown;
+  onBlock(raw: Buffer, event: SseEvent | null, endsChunk: boolean): unknown;
   /**
    * A block exceeded maxEventBytes: either the unfinished block buffered so far, or a block that lies inside one
    * chunk (so the outcome does not depend on how the stream was chunked). `bufferedBytes` is the number of bytes
@@ -348,7 +351,7 @@ class SseFramer implements Framer {
     this.#more = '';
     this.#type = '';
     this.#id = undefined;
-    if (this.#callbacks.onBlock(raw, event) === true && line !== undefined) {
+    if (this.#callbacks.onBlock(raw, event, end === chunk.length) === true && line !== undefined) {
       line.release();
       this.#spare = line;
     }

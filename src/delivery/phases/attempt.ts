@@ -41,7 +41,11 @@ export function upstreamFact(s: DeliveryState, event: Exclude<Extract<MachineEve
       reportAnomalies(s);
       return decide(s);
     case 'block':
-      return block(s, event.raw, event.event);
+      block(s, event.raw, event.event);
+      // The read's last block ends the read in the same step: a read of one event (vLLM's usual) is one step.
+      if (event.endOfRead !== true) return;
+      flush(s);
+      return decide(s);
     case 'chunk_done':
       flush(s);
       return decide(s);

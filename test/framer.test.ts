@@ -207,6 +207,38 @@ describe('createFramer: chunk boundaries', () => {
     framer.feed(bytes('\n\n'));
     expect(blocks).toEqual(['data: 1\n\n', 'data: 2\n\n']);
   });
+
+  it('a chunk fed from inside onBlock is framed after the chunk being framed, as if fed after it', () => {
+    // The block is completed by a chunk that is one LF (its blank line's CR ended the chunk before), and the receiver
+    // reads the next chunk while handling it: that chunk leaves a block unfinished, which the rest must not touch.
+    const chunks = ['data: a\r\r', '\n', 'data: b\r\n\r\ndata: par', 'tial\n\n'].map((c) => bytes(c));
+    const nested: { raw: string; event: SseEvent | null; endsChunk: boolean }[] = [];
+    let fedInside = false;
+    const framer = createFramer({
+      onBlock: (raw, event, endsChunk) => {
+        nested.push({ raw: raw.toString(), event: plain(event), endsChunk });
+        if (!fedInside) {
+          fedInside = true;
+          framer.feed(chunks[2] as Buffer);
+        }
+      },
+      onOversized: () => undefined,
+    });
+    framer.feed(chunks[0] as Buffer);
+    framer.feed(chunks[1] as Buffer);
+    framer.feed(chunks[3] as Buffer);
+    expect(framer.end()).toBe(0);
+    const sequential: { raw: string; event: SseEvent | null; endsChunk: boolean }[] = [];
+    const reference = createFramer({
+      onBlock: (raw, event, endsChunk) => void sequential.push({ raw: raw.toString(), event: plain(event), endsChunk }),
+      onOversized: () => undefined,
+    });
+    for (const chunk of chunks) reference.feed(chunk);
+    reference.end();
+    expect(nested).toEqual(sequential);
+    expect(nested.map((b) => b.event?.data)).toEqual(['a', 'b', 'partial']);
+    expect(nested.map((b) => b.raw).join('')).toBe(chunks.map((c) => c.toString()).join(''));
+  });
 });
 
 describe('createFramer: realistic vLLM streams', () => {

@@ -11,11 +11,11 @@
  * | admitting | admission granted / refused / total deadline / shutdown | attempting / ending (429) / ending (429) / ending (503) |
  * | admitting | client_close (nothing in flight) | settled |
  * | attempting | block without output (held) | attempting |
- * | attempting | block with the first output, chunk_done / a complete body | streaming / ending |
+ * | attempting | block with the first output, the read's end (chunk_done, or the block's endOfRead) / a complete body | streaming / ending |
  * | attempting | a failure (body, stream_end, network_failure, protocol_violation): retried / not (its status) | backing_off / ending |
  * | attempting | no_upstream / client_close | ending (503, or the status of an earlier attempt's failure) / ending |
  * | attempting | a deadline or shutdown: the attempt is aborted, and its stream_end is the failure | attempting |
- * | streaming | block, chunk_done (written); client_blocked, client_drain (pause, resume the attempt) | streaming |
+ * | streaming | block, the read's end (written); client_blocked, client_drain (pause, resume the attempt) | streaming |
  * | streaming | `[DONE]`, the upstream's error event, a break, a deadline's stream_end | ending |
  * | backing_off | timer retry with the failed attempt ended (else retryDue until attempt_settled) | attempting |
  * | backing_off | total deadline, shutdown (the last failure answers), client_close | ending |

@@ -52,8 +52,8 @@ export interface FramerCallbacks {
    * `end()`): only the next byte tells whether the line end is CR or CRLF, and the LF of a CRLF belongs to this
    * block. Streams in LF or CRLF style are never delayed by this unless a chunk boundary splits a CRLF.
    *
-   * `endsChunk`: the block ends at the last byte of the chunk being fed (or it is dispatched by `end()`), so this
-   * `feed` dispatches no other block after it — a receiver that acts once per read can act with it.
+   * `endsChunk`: the block ends at the last byte of the chunk it completes (or it is dispatched by `end()`), so no
+   * other block of that chunk follows it — a receiver that acts once per read can act with it.
    */
   onBlock(raw: Buffer, event: SseEvent | null, endsChunk: boolean): unknown;
   /**
@@ -74,7 +74,8 @@ export interface Framer {
    * Parses one chunk, calling `onBlock` for every block it completes. The framer keeps views of `chunk` only
    * while they hold an unfinished block, but the events it hands out may be views of it too (a `DataLineEvent`
    * decodes its `data` from `raw` when first read): do not mutate a chunk after feeding it. If a callback throws, the
-   * exception propagates and the rest of the chunk is not parsed: discard the framer.
+   * exception propagates and the rest of the chunk is not parsed: discard the framer. A chunk fed from inside a
+   * callback is framed once the chunk being framed is done, before this `feed` returns.
    */
   feed(chunk: Buffer): void;
   /**
@@ -132,6 +133,9 @@ class SseFramer implements Framer {
   #spare: DataLineEvent | undefined = undefined;
   #failed = false;
   #ended = false;
+  /** A chunk is being framed; chunks fed meanwhile wait in #later. */
+  #feeding = false;
+  #later: Buffer[] = [];
 
   constructor(callbacks: FramerCallbacks, maxEventBytes: number) {
     this.#callbacks = callbacks;
@@ -144,6 +148,24 @@ class SseFramer implements Framer {
 
   feed(chunk: Buffer): void {
     if (this.#ended) throw new Error('SSE framer: feed() after end()');
+    if (this.#feeding) {
+      // Fed from inside a callback (a receiver whose reaction to a block reads the next chunk at once): framed after
+      // the chunk being framed, whose state is not to be touched half-way.
+      this.#later.push(chunk);
+      return;
+    }
+    this.#feeding = true;
+    try {
+      this.#feed(chunk);
+      while (this.#later.length > 0) this.#feed(this.#later.shift() as Buffer);
+    } finally {
+      this.#feeding = false;
+      // After a callback threw, the rest is not framed (discard the framer): nothing fed meanwhile is kept either.
+      if (this.#later.length > 0) this.#later = [];
+    }
+  }
+
+  #feed(chunk: Buffer): void {
     if (this.#failed) return;
     const n = chunk.length;
     if (n === 0) return;

@@ -202,3 +202,22 @@ describe('the delivery machine, phase by phase (one example per transition)', ()
     expect(inStep.map((e) => e.data.toString())).toEqual(['one', 'two']);
   });
 });
+
+describe('a step that throws (a bug in the request handling)', () => {
+  it('after it committed: its effects are discarded, so the client gets the 500 and the ledger counts the 500', () => {
+    const { request, deps } = parts();
+    // Committing arms the idle clock: its setting throws, inside the step whose block committed the answer.
+    const settings = Object.defineProperty({ ...deps.settings }, 'idleMs', {
+      get(): number {
+        throw new Error('bug');
+      },
+    });
+    const m = new DeliveryMachine(request, { ...deps, settings });
+    let at = 0;
+    for (const event of [...ATTEMPTING, data(ROLE)]) m.handle(event, (at += 1));
+    const effects = m.handle({ type: 'block', attempt: 1, raw: Buffer.from(`data: ${TOKEN}\n\n`), event: { type: 'message', data: TOKEN, id: undefined }, endOfRead: true }, (at += 1));
+    expect(effects.map((e) => (e.kind === 'write_head' ? `write_head:${e.status}` : e.kind)).filter((k) => k !== 'clear' && k !== 'observe')).toEqual(['abort_attempt', 'write_head:500', 'end', 'settle']);
+    const settle = effects.find((e) => e.kind === 'settle');
+    expect(settle?.kind === 'settle' && { code: settle.settlement.code, outcome: settle.settlement.outcome }).toEqual({ code: 500, outcome: 'failed' });
+  });
+});

@@ -62,12 +62,17 @@ export function step(s: DeliveryState, event: MachineEvent, at: number): readonl
   // decided on before throwing (else a throw inside the record's settlement would leave the request uncounted).
   const phase = s.phase;
   const headSent = s.headSent;
+  // The commit too: a step that committed and then threw never sent the head, so the ledger must not say it did.
+  const committedAt = s.record.committedAt;
+  const firstOutputAt = s.record.firstOutputAt;
   try {
     dispatch(s, event);
   } catch (error) {
     s.effectCount = 0;
     s.phase = phase;
     s.headSent = headSent;
+    s.record.committedAt = committedAt;
+    s.record.firstOutputAt = firstOutputAt;
     crash(s, error);
   }
   return stepEffects(s);

@@ -3,6 +3,8 @@
  *
  *   npm run build && node dist/bench/ab.js --a /path/to/other/checkout [--b .] [--scenario c64s] [--rounds 6]
  *   node dist/bench/ab.js --a . --b . --b-flags '--max-semi-space-size=64'     (one build, a node flag or not)
+ *   node dist/bench/ab.js --a relay --b . --scenario c64s                       (Waybill against the bare Node relay)
+ *   node dist/bench/ab.js --a . --b . --b-config '{"logging":{"requests":false}}'  (one build, a setting or not)
  *
  * A and B are checkouts with `dist/` built (e.g. `git worktree add /tmp/base main && cd /tmp/base && npm run build`,
  * with node_modules linked). One simulator; both gateways, default configuration, alive on core 0 for the whole run;
@@ -10,16 +12,22 @@
  * ±15% between two processes of the same build (docs/performance.md), more than most changes: the figure to read is
  * the median of the paired ratios B/A over the rounds, with their spread. Requests per event stay the same across
  * rows, so the ratio holds for per-request costs too when the scenario is `req`.
+ *
+ * `--a relay`: A is the bare Node relay (bench/proxy/floor.ts, this checkout's build) instead of a gateway, so the
+ * ratio to issue 27's bar comes paired, round by round, rather than from one window of each in a full run.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { runLoad } from './proxy/client.js';
-import { killAll, pinSelf, processCpuUs, startGateway, startSim, type Child } from './proxy/procs.js';
+import { FLOOR } from './proxy/layout.js';
+import { killAll, mainThreadUserUs, pinSelf, processCpuUs, startFloor, startGateway, startSim, type Child } from './proxy/procs.js';
 import { requestBody, SCENARIOS, type Scenario } from './proxy/scenarios.js';
 import { distribution, median } from './proxy/stats.js';
 
 const PROXY_CORE = 0;
+/** `--a relay`: the bare Node relay as A. */
+const RELAY = 'relay';
 const LOAD_CORE = 1;
 
 
@@ -29,13 +37,16 @@ interface Options {
   /** Extra node flags for A's / B's gateway (e.g. --max-semi-space-size=64): the same build with and without. */
   aFlags: string[];
   bFlags: string[];
+  /** Configuration keys for A's / B's gateway beside the bench's own (JSON, e.g. '{"logging":{"requests":false}}'). */
+  aConfig: Record<string, unknown> | undefined;
+  bConfig: Record<string, unknown> | undefined;
   scenario: string;
   rounds: number;
   seconds: number;
 }
 
 function parse(argv: string[]): Options {
-  const options: Options = { a: '', b: '.', aFlags: [], bFlags: [], scenario: 'c64s', rounds: 6, seconds: 4 };
+  const options: Options = { a: '', b: '.', aFlags: [], bFlags: [], aConfig: undefined, bConfig: undefined, scenario: 'c64s', rounds: 6, seconds: 4 };
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i];
     const value = argv[++i];
@@ -44,20 +55,31 @@ function parse(argv: string[]): Options {
     else if (flag === '--b') options.b = value;
     else if (flag === '--a-flags') options.aFlags = value.split(' ').filter((f) => f !== '');
     else if (flag === '--b-flags') options.bFlags = value.split(' ').filter((f) => f !== '');
+    else if (flag === '--a-config') options.aConfig = configObject(flag, value);
+    else if (flag === '--b-config') options.bConfig = configObject(flag, value);
     else if (flag === '--scenario') options.scenario = value;
     else if (flag === '--rounds') options.rounds = Number(value);
     else if (flag === '--seconds') options.seconds = Number(value);
     else throw new Error(`unknown flag ${flag}`);
   }
-  if (options.a === '') throw new Error('--a DIR is required (a checkout with dist/ built)');
+  if (options.a === '') throw new Error('--a DIR is required (a checkout with dist/ built, or `relay`: the bare Node relay)');
+  if (options.a === RELAY && (options.aFlags.length > 0 || options.aConfig !== undefined)) throw new Error('--a-flags, --a-config: not with --a relay');
   if (!SCENARIOS.some((s) => s.name === options.scenario)) throw new Error(`--scenario: one of ${SCENARIOS.map((s) => s.name).join(', ')}`);
   return options;
+}
+
+function configObject(flag: string, value: string): Record<string, unknown> {
+  const parsed: unknown = JSON.parse(value);
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new Error(`${flag}: a JSON object of configuration keys`);
+  return parsed as Record<string, unknown>;
 }
 
 interface Round {
   build: 'A' | 'B';
   usPerEvent: number;
   usPerRequest: number;
+  /** The main thread's user time alone, per event (per request when not streaming): mainThreadUserUs. */
+  userPerUnit: number;
   ttftP50: number;
   ttftP99: number;
 }
@@ -70,8 +92,11 @@ async function main(): Promise<void> {
   const bin = (checkout: string) => join(resolve(checkout), 'bin', 'waybill.js');
   const sim = await startSim(bin(options.b), LOAD_CORE, dir, { itlMs: workload.itlMs, ttftMs: workload.ttftMs, outputTokens: workload.tokens, seed: 1 });
   const gateways: Record<'A' | 'B', { child: Child; origin: string }> = {
-    A: await startGateway(bin(options.a), PROXY_CORE, dir, { name: 'waybill-a', upstream: sim.origin, logging: 'default', nodeFlags: options.aFlags }),
-    B: await startGateway(bin(options.b), PROXY_CORE, dir, { name: 'waybill-b', upstream: sim.origin, logging: 'default', nodeFlags: options.bFlags }),
+    A:
+      options.a === RELAY
+        ? await startFloor(FLOOR, PROXY_CORE, dir, sim.origin)
+        : await startGateway(bin(options.a), PROXY_CORE, dir, { name: 'waybill-a', upstream: sim.origin, logging: 'default', nodeFlags: options.aFlags, extra: options.aConfig ?? {} }),
+    B: await startGateway(bin(options.b), PROXY_CORE, dir, { name: 'waybill-b', upstream: sim.origin, logging: 'default', nodeFlags: options.bFlags, extra: options.bConfig ?? {} }),
   };
   const body = requestBody(workload.tokens, false, workload.stream);
   const requestMs = workload.ttftMs + workload.itlMs * (workload.tokens - 1);
@@ -83,6 +108,8 @@ async function main(): Promise<void> {
       const { child, origin } = gateways[build];
       let before = 0;
       let after = 0;
+      let userBefore = 0;
+      let userAfter = 0;
       const result = await runLoad({
         origin,
         path: '/v1/chat/completions',
@@ -92,8 +119,14 @@ async function main(): Promise<void> {
         rampMs: Math.min(requestMs, 5000),
         warmupMs: Math.max(2000, Math.min(requestMs, 5000) + 1000),
         windowMs: options.seconds * 1000,
-        onWindowStart: () => (before = processCpuUs(child.pid)),
-        onWindowEnd: () => (after = processCpuUs(child.pid)),
+        onWindowStart: () => {
+          before = processCpuUs(child.pid);
+          userBefore = mainThreadUserUs(child.pid);
+        },
+        onWindowEnd: () => {
+          after = processCpuUs(child.pid);
+          userAfter = mainThreadUserUs(child.pid);
+        },
       });
       const cpu = after - before;
       const requests = result.completed + result.incomplete;
@@ -102,12 +135,13 @@ async function main(): Promise<void> {
         build,
         usPerEvent: cpu / Math.max(1, result.events),
         usPerRequest: cpu / Math.max(1, requests),
+        userPerUnit: (userAfter - userBefore) / Math.max(1, workload.stream ? result.events : requests),
         ttftP50: ttft.p50,
         ttftP99: ttft.p99,
       };
       rounds.push(round);
       console.log(
-        `  ${build} ${result.events > 0 ? `${round.usPerEvent.toFixed(1)} µs/ev ` : ''}${round.usPerRequest.toFixed(0)} µs/req TTFT p50 ${round.ttftP50.toFixed(2)} p99 ${round.ttftP99.toFixed(2)} ms (${result.events} events, ${result.errors} errors)`,
+        `  ${build} ${result.events > 0 ? `${round.usPerEvent.toFixed(1)} µs/ev ` : ''}${round.usPerRequest.toFixed(0)} µs/req (main thread's user ${round.userPerUnit.toFixed(1)}) TTFT p50 ${round.ttftP50.toFixed(2)} p99 ${round.ttftP99.toFixed(2)} ms (${result.events} events, ${result.errors} errors)`,
       );
     }
   } finally {
@@ -119,18 +153,24 @@ async function main(): Promise<void> {
   }
   const of = (build: 'A' | 'B', pick: (r: Round) => number) => rounds.filter((r) => r.build === build).map(pick);
   const ratios: number[] = [];
+  const userRatios: number[] = [];
   for (let i = 0; i + 1 < rounds.length; i += 2) {
     const [x, y] = [rounds[i] as Round, rounds[i + 1] as Round];
     const [a, b] = x.build === 'A' ? [x, y] : [y, x];
     ratios.push(workload.stream ? b.usPerEvent / a.usPerEvent : b.usPerRequest / a.usPerRequest);
+    userRatios.push(b.userPerUnit / a.userPerUnit);
   }
   const unit = workload.stream ? 'µs/event' : 'µs/request';
   const cost = (r: Round) => (workload.stream ? r.usPerEvent : r.usPerRequest);
   console.log(`\n${options.scenario}, ${options.rounds} rounds × ${options.seconds} s`);
   console.log(`  A ${options.a}: median ${median(of('A', cost)).toFixed(1)} ${unit}, TTFT p50 ${median(of('A', (r) => r.ttftP50)).toFixed(2)} p99 ${median(of('A', (r) => r.ttftP99)).toFixed(2)} ms`);
   console.log(`  B ${options.b}: median ${median(of('B', cost)).toFixed(1)} ${unit}, TTFT p50 ${median(of('B', (r) => r.ttftP50)).toFixed(2)} p99 ${median(of('B', (r) => r.ttftP99)).toFixed(2)} ms`);
-  const sorted = [...ratios].sort((x, y) => x - y);
-  console.log(`  B/A paired: median ${median(ratios).toFixed(3)} (range ${(sorted[0] ?? NaN).toFixed(3)}–${(sorted[sorted.length - 1] ?? NaN).toFixed(3)})`);
+  const range = (values: number[]) => {
+    const sorted = [...values].sort((x, y) => x - y);
+    return `median ${median(values).toFixed(3)} (range ${(sorted[0] ?? NaN).toFixed(3)}–${(sorted[sorted.length - 1] ?? NaN).toFixed(3)})`;
+  };
+  console.log(`  B/A paired: ${range(ratios)}`);
+  console.log(`  B/A paired, the main thread's user time alone: ${range(userRatios)} (A ${median(of('A', (r) => r.userPerUnit)).toFixed(1)}, B ${median(of('B', (r) => r.userPerUnit)).toFixed(1)} ${unit})`);
 }
 
 main().catch((error: unknown) => {

@@ -33,7 +33,7 @@ export const USAGE = `usage: node dist/bench/proxy.js [options]
   --seconds N          measured window per target and repeat (default 10)
   --repeats N          repeats; medians are reported (default 2)
   --scenarios LIST     any of ${SCENARIOS.map((s) => s.name).join(',')} (default ${SCENARIOS.filter((s) => s.byDefault).map((s) => s.name).join(',')}), or none
-  --tokens N           output tokens per streamed request (default: the scenario's, 64 or 200)
+  --tokens N           output tokens per streamed request (default: the scenario's, 64 or 200; not reqs)
   --seed N             simulator seed (default 1)
   --warmup N           minimum warm-up seconds before each window (default 2)
   --nginx PATH|off     nginx binary (default: nginx on PATH, if any)
@@ -199,7 +199,8 @@ export function parseVariant(raw: string | undefined): { name: string; config: R
 
 /** Output tokens per request in `scenario`, after `--tokens`. */
 export function tokensOf(scenario: Scenario, options: Options): number {
-  return scenario.stream ? (options.outputTokens ?? scenario.tokens) : scenario.tokens;
+  // `reqs` is a streamed request's fixed cost: one token whatever --tokens asks of the streams.
+  return scenario.stream && scenario.name !== 'reqs' ? (options.outputTokens ?? scenario.tokens) : scenario.tokens;
 }
 
 export function scenarioNamed(name: string): Scenario {

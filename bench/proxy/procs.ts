@@ -375,6 +375,16 @@ export function processCpuUs(pid: number): number {
 }
 
 /**
+ * User time of a process's main thread, µs: the thread that serves (the relay's, and `serve --workers 1`'s), without
+ * the kernel's time in its system calls or V8's helper threads. The system calls cost every proxy about the same per
+ * event (docs/performance.md, "Why, ranked" 2 and 4), so this is where a gateway's own work shows, undiluted.
+ */
+export function mainThreadUserUs(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8');
+  return (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[11]) * 1e6) / CLK_TCK;
+}
+
+/**
  * Time on CPU of every thread of a process, µs, from /proc/<pid>/task/<tid>/schedstat (nanoseconds): finer than the
  * clock ticks of /proc/<pid>/stat, for small amounts such as the CPU a proxy uses at rest.
  */

@@ -1,5 +1,6 @@
 /**
- * Two builds of Waybill, A and B, on the same workload in one run: is B cheaper than A, and by how much?
+ * Two builds of Waybill, A and B (or the bare Node relay and a build), on the same workload in one run: is B cheaper
+ * than A, and by how much?
  *
  *   npm run build && node dist/bench/ab.js --a /path/to/other/checkout [--b .] [--scenario c64s] [--rounds 6]
  *   node dist/bench/ab.js --a . --b . --b-flags '--max-semi-space-size=64'     (one build, a node flag or not)
@@ -7,11 +8,12 @@
  *   node dist/bench/ab.js --a . --b . --b-config '{"logging":{"requests":false}}'  (one build, a setting or not)
  *
  * A and B are checkouts with `dist/` built (e.g. `git worktree add /tmp/base main && cd /tmp/base && npm run build`,
- * with node_modules linked). One simulator; both gateways, default configuration, alive on core 0 for the whole run;
+ * with node_modules linked). One simulator; both proxies, default configuration unless `--a-config`/`--b-config`, alive
+ * on core 0 for the whole run;
  * rounds alternate A, B, B, A, … so drift in the machine's state falls on both. A gateway's CPU per event differs by
  * ±15% between two processes of the same build (docs/performance.md), more than most changes: the figure to read is
  * the median of the paired ratios B/A over the rounds, with their spread. Requests per event stay the same across
- * rows, so the ratio holds for per-request costs too when the scenario is `req`.
+ * rows, so the ratio holds for per-request costs too; `req` and `reqs` report per request, the others per event.
  *
  * `--a relay`: A is the bare Node relay (bench/proxy/floor.ts, this checkout's build) instead of a gateway, so the
  * ratio to issue 27's bar comes paired, round by round, rather than from one window of each in a full run.
@@ -21,6 +23,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { runLoad } from './proxy/client.js';
 import { FLOOR } from './proxy/layout.js';
+import { parseConfigKeys } from './proxy/options.js';
 import { killAll, mainThreadUserUs, pinSelf, processCpuUs, startFloor, startGateway, startSim, type Child } from './proxy/procs.js';
 import { requestBody, SCENARIOS, type Scenario } from './proxy/scenarios.js';
 import { distribution, median } from './proxy/stats.js';
@@ -55,23 +58,18 @@ function parse(argv: string[]): Options {
     else if (flag === '--b') options.b = value;
     else if (flag === '--a-flags') options.aFlags = value.split(' ').filter((f) => f !== '');
     else if (flag === '--b-flags') options.bFlags = value.split(' ').filter((f) => f !== '');
-    else if (flag === '--a-config') options.aConfig = configObject(flag, value);
-    else if (flag === '--b-config') options.bConfig = configObject(flag, value);
+    else if (flag === '--a-config') options.aConfig = parseConfigKeys(flag, value);
+    else if (flag === '--b-config') options.bConfig = parseConfigKeys(flag, value);
     else if (flag === '--scenario') options.scenario = value;
     else if (flag === '--rounds') options.rounds = Number(value);
     else if (flag === '--seconds') options.seconds = Number(value);
     else throw new Error(`unknown flag ${flag}`);
   }
   if (options.a === '') throw new Error('--a DIR is required (a checkout with dist/ built, or `relay`: the bare Node relay)');
+  if (options.b === RELAY) throw new Error('--b relay: the relay is A only (--a relay)');
   if (options.a === RELAY && (options.aFlags.length > 0 || options.aConfig !== undefined)) throw new Error('--a-flags, --a-config: not with --a relay');
   if (!SCENARIOS.some((s) => s.name === options.scenario)) throw new Error(`--scenario: one of ${SCENARIOS.map((s) => s.name).join(', ')}`);
   return options;
-}
-
-function configObject(flag: string, value: string): Record<string, unknown> {
-  const parsed: unknown = JSON.parse(value);
-  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new Error(`${flag}: a JSON object of configuration keys`);
-  return parsed as Record<string, unknown>;
 }
 
 interface Round {
@@ -99,6 +97,8 @@ async function main(): Promise<void> {
     B: await startGateway(bin(options.b), PROXY_CORE, dir, { name: 'waybill-b', upstream: sim.origin, logging: 'default', nodeFlags: options.bFlags, extra: options.bConfig ?? {} }),
   };
   const body = requestBody(workload.tokens, false, workload.stream);
+  // A scenario of one-token answers is a request's cost: reported per request, streamed or not.
+  const perEvent = workload.stream && workload.tokens > 1;
   const requestMs = workload.ttftMs + workload.itlMs * (workload.tokens - 1);
   const rounds: Round[] = [];
   try {
@@ -135,13 +135,13 @@ async function main(): Promise<void> {
         build,
         usPerEvent: cpu / Math.max(1, result.events),
         usPerRequest: cpu / Math.max(1, requests),
-        userPerUnit: (userAfter - userBefore) / Math.max(1, workload.stream ? result.events : requests),
+        userPerUnit: (userAfter - userBefore) / Math.max(1, perEvent ? result.events : requests),
         ttftP50: ttft.p50,
         ttftP99: ttft.p99,
       };
       rounds.push(round);
       console.log(
-        `  ${build} ${result.events > 0 ? `${round.usPerEvent.toFixed(1)} µs/ev ` : ''}${round.usPerRequest.toFixed(0)} µs/req (main thread's user ${round.userPerUnit.toFixed(1)}) TTFT p50 ${round.ttftP50.toFixed(2)} p99 ${round.ttftP99.toFixed(2)} ms (${result.events} events, ${result.errors} errors)`,
+        `  ${build} ${result.events > 0 ? `${round.usPerEvent.toFixed(1)} µs/ev ` : ''}${round.usPerRequest.toFixed(0)} µs/req (main thread's user ${round.userPerUnit.toFixed(1)} µs/${perEvent ? 'ev' : 'req'}) TTFT p50 ${round.ttftP50.toFixed(2)} p99 ${round.ttftP99.toFixed(2)} ms (${result.events} events, ${result.errors} errors)`,
       );
     }
   } finally {
@@ -157,11 +157,12 @@ async function main(): Promise<void> {
   for (let i = 0; i + 1 < rounds.length; i += 2) {
     const [x, y] = [rounds[i] as Round, rounds[i + 1] as Round];
     const [a, b] = x.build === 'A' ? [x, y] : [y, x];
-    ratios.push(workload.stream ? b.usPerEvent / a.usPerEvent : b.usPerRequest / a.usPerRequest);
-    userRatios.push(b.userPerUnit / a.userPerUnit);
+    ratios.push(perEvent ? b.usPerEvent / a.usPerEvent : b.usPerRequest / a.usPerRequest);
+    // Clock ticks (10 ms): a short window at a light load can read none.
+    if (a.userPerUnit > 0) userRatios.push(b.userPerUnit / a.userPerUnit);
   }
-  const unit = workload.stream ? 'µs/event' : 'µs/request';
-  const cost = (r: Round) => (workload.stream ? r.usPerEvent : r.usPerRequest);
+  const unit = perEvent ? 'µs/event' : 'µs/request';
+  const cost = (r: Round) => (perEvent ? r.usPerEvent : r.usPerRequest);
   console.log(`\n${options.scenario}, ${options.rounds} rounds × ${options.seconds} s`);
   console.log(`  A ${options.a}: median ${median(of('A', cost)).toFixed(1)} ${unit}, TTFT p50 ${median(of('A', (r) => r.ttftP50)).toFixed(2)} p99 ${median(of('A', (r) => r.ttftP99)).toFixed(2)} ms`);
   console.log(`  B ${options.b}: median ${median(of('B', cost)).toFixed(1)} ${unit}, TTFT p50 ${median(of('B', (r) => r.ttftP50)).toFixed(2)} p99 ${median(of('B', (r) => r.ttftP99)).toFixed(2)} ms`);

@@ -79,7 +79,7 @@ async function main(argv: string[]): Promise<number> {
       `the simulator and this load client (pid ${process.pid}) on core ${LOAD_CORE} (taskset)`,
   );
   console.log(
-    `workload: closed loop of chat completions, streamed with 1 output token per event (${options.outputTokens ?? 'the scenario\'s'} tokens each) unless ` +
+    `workload: closed loop of chat completions, streamed with 1 output token per event (${options.outputTokens ?? 'the scenario\'s'} tokens each; reqs 1) unless ` +
       `the scenario says non-streaming; simulator jitter 0, seed ${options.seed}; ${options.seconds} s windows after a warm-up, ${options.repeats} repeat(s), medians reported`,
   );
   console.log(

@@ -33,7 +33,7 @@ export const USAGE = `usage: node dist/bench/proxy.js [options]
   --seconds N          measured window per target and repeat (default 10)
   --repeats N          repeats; medians are reported (default 2)
   --scenarios LIST     any of ${SCENARIOS.map((s) => s.name).join(',')} (default ${SCENARIOS.filter((s) => s.byDefault).map((s) => s.name).join(',')}), or none
-  --tokens N           output tokens per streamed request (default: the scenario's, 64 or 200; not reqs)
+  --tokens N           output tokens per streamed request (default: the scenario's, 64 or 200; reqs stays at 1)
   --seed N             simulator seed (default 1)
   --warmup N           minimum warm-up seconds before each window (default 2)
   --nginx PATH|off     nginx binary (default: nginx on PATH, if any)
@@ -179,22 +179,30 @@ export function parseVariant(raw: string | undefined): { name: string; config: R
   const at = raw?.indexOf('=') ?? -1;
   const name = raw?.slice(0, at) ?? '';
   if (raw === undefined || at < 1 || !/^[a-z0-9-]+$/.test(name)) throw new UsageError('--variant: needs NAME=JSON, NAME of a-z, 0-9 and -');
+  const config = parseConfigKeys(`--variant ${name}`, raw.slice(at + 1));
+  if (BUILT_IN_ROWS.includes(name)) throw new UsageError(`--variant ${name}: waybill-${name} is a built-in row`);
+  return { name, config };
+}
+
+/**
+ * A JSON object of configuration keys for a gateway the bench starts (`--variant`, bench/ab.js `--a-config`): none of
+ * the bench's own — where the gateway listens, what it proxies, how fast it stops. `label` names the flag in errors.
+ */
+export function parseConfigKeys(label: string, json: string): Record<string, unknown> {
   let config: unknown;
   try {
-    config = JSON.parse(raw.slice(at + 1));
+    config = JSON.parse(json);
   } catch {
-    throw new UsageError(`--variant ${name}: the configuration is not JSON`);
+    throw new UsageError(`${label}: the configuration is not JSON`);
   }
-  if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new UsageError(`--variant ${name}: the configuration must be a JSON object`);
-  // The bench's own keys: where the gateway listens, what it proxies, how fast it stops.
-  for (const key of BENCH_KEYS) if (key in config) throw new UsageError(`--variant ${name}: ${key} is the bench's own (set per row), not a variant's`);
+  if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new UsageError(`${label}: the configuration must be a JSON object`);
+  for (const key of BENCH_KEYS) if (key in config) throw new UsageError(`${label}: ${key} is the bench's own (set per row)`);
   if ('server' in config) {
     const server = config.server;
-    if (typeof server !== 'object' || server === null || Array.isArray(server)) throw new UsageError(`--variant ${name}: server must be a JSON object`);
-    for (const key of BENCH_SERVER_KEYS) if (key in server) throw new UsageError(`--variant ${name}: server.${key} is the bench's own (set per row), not a variant's`);
+    if (typeof server !== 'object' || server === null || Array.isArray(server)) throw new UsageError(`${label}: server must be a JSON object`);
+    for (const key of BENCH_SERVER_KEYS) if (key in server) throw new UsageError(`${label}: server.${key} is the bench's own (set per row)`);
   }
-  if (BUILT_IN_ROWS.includes(name)) throw new UsageError(`--variant ${name}: waybill-${name} is a built-in row`);
-  return { name, config: config as Record<string, unknown> };
+  return config as Record<string, unknown>;
 }
 
 /** Output tokens per request in `scenario`, after `--tokens`. */

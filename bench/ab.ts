@@ -76,7 +76,7 @@ interface Round {
   build: 'A' | 'B';
   usPerEvent: number;
   usPerRequest: number;
-  /** The main thread's user time alone, per event (per request when not streaming): mainThreadUserUs. */
+  /** The main thread's user time alone, per event, or per request in a scenario of one-token answers: mainThreadUserUs. */
   userPerUnit: number;
   ttftP50: number;
   ttftP99: number;

@@ -4,7 +4,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { compare } from '../bench/proxy/compare.js';
-import { parseOptions, parseVariant, UsageError } from '../bench/proxy/options.js';
+import { parseConfigKeys, parseOptions, parseVariant, tokensOf, UsageError } from '../bench/proxy/options.js';
 import type { ScenarioResult } from '../bench/proxy/run.js';
 import { checkTargets, ISSUE_27 } from '../bench/proxy/targets.js';
 import { formatSustained, sustainedStreams } from '../bench/proxy/sustained.js';
@@ -83,6 +83,25 @@ describe('--variant NAME=JSON', () => {
     for (const raw of ['a={"server":{"port":1}}', 'a={"server":{"host":"0.0.0.0","helper_threads":"share"}}', 'a={"server":{"workers":2}}', 'a={"server":1}', 'a={"pools":[]}', 'a={"shutdown":{}}', 'lean={}', '2w={}', 'turns-off={}', 'otel={}', 'contract={}']) {
       expect(() => parseVariant(raw)).toThrow(UsageError);
     }
+  });
+});
+
+describe("bench/ab.js --a-config / --b-config (parseConfigKeys)", () => {
+  it('takes configuration keys, and names the flag when it refuses the bench\'s own', () => {
+    expect(parseConfigKeys('--b-config', '{"logging":{"requests":false}}')).toEqual({ logging: { requests: false } });
+    expect(() => parseConfigKeys('--b-config', '{"pools":[]}')).toThrow('--b-config: pools is the bench\'s own');
+    expect(() => parseConfigKeys('--a-config', '{"server":{"admin_port":9}}')).toThrow('--a-config: server.admin_port');
+    expect(() => parseConfigKeys('--a-config', 'nope')).toThrow('--a-config: the configuration is not JSON');
+  });
+});
+
+describe('the reqs scenario', () => {
+  it('stays at one streamed token whatever --tokens asks of the streams', () => {
+    const options = parseOptions(['--tokens', '64', '--nginx', 'off']);
+    expect(tokensOf(scenarioNamed('reqs'), options)).toBe(1);
+    expect(scenarioNamed('reqs').stream).toBe(true);
+    expect(tokensOf(scenarioNamed('c64s'), options)).toBe(64);
+    expect(tokensOf(scenarioNamed('c1'), options)).toBe(64);
   });
 });
 

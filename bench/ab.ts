@@ -25,7 +25,7 @@ import { runLoad } from './proxy/client.js';
 import { FLOOR } from './proxy/layout.js';
 import { parseConfigKeys } from './proxy/options.js';
 import { killAll, mainThreadUserUs, pinSelf, processCpuUs, startFloor, startGateway, startSim, type Child } from './proxy/procs.js';
-import { requestBody, SCENARIOS, type Scenario } from './proxy/scenarios.js';
+import { measuresRequests, requestBody, SCENARIOS, type Scenario } from './proxy/scenarios.js';
 import { distribution, median } from './proxy/stats.js';
 
 const PROXY_CORE = 0;
@@ -97,8 +97,7 @@ async function main(): Promise<void> {
     B: await startGateway(bin(options.b), PROXY_CORE, dir, { name: 'waybill-b', upstream: sim.origin, logging: 'default', nodeFlags: options.bFlags, extra: options.bConfig ?? {} }),
   };
   const body = requestBody(workload.tokens, false, workload.stream);
-  // A scenario of one-token answers is a request's cost: reported per request, streamed or not.
-  const perEvent = workload.stream && workload.tokens > 1;
+  const perEvent = !measuresRequests(workload);
   const requestMs = workload.ttftMs + workload.itlMs * (workload.tokens - 1);
   const rounds: Round[] = [];
   try {

@@ -1,6 +1,6 @@
 /** The bench's command line: its flags (documented in docs/performance.md), their defaults and their checks. */
 import { execFileSync } from 'node:child_process';
-import { SCENARIOS, type Scenario } from './scenarios.js';
+import { measuresRequests, SCENARIOS, type Scenario } from './scenarios.js';
 
 export interface Options {
   seconds: number;
@@ -207,8 +207,7 @@ export function parseConfigKeys(label: string, json: string): Record<string, unk
 
 /** Output tokens per request in `scenario`, after `--tokens`. */
 export function tokensOf(scenario: Scenario, options: Options): number {
-  // `reqs` is a streamed request's fixed cost: one token whatever --tokens asks of the streams.
-  return scenario.stream && scenario.name !== 'reqs' ? (options.outputTokens ?? scenario.tokens) : scenario.tokens;
+  return measuresRequests(scenario) ? scenario.tokens : (options.outputTokens ?? scenario.tokens);
 }
 
 export function scenarioNamed(name: string): Scenario {

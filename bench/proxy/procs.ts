@@ -358,15 +358,21 @@ export function processTree(pid: number): number[] {
   return pids;
 }
 
+/** The user and system time in a /proc `stat` file (a process's or a thread's), in µs. */
+function statCpuUs(file: string): { user: number; system: number } {
+  const stat = readFileSync(file, 'utf8');
+  // Fields after the command name (which may contain spaces), from field 3 (state) on: utime is field 14, stime 15.
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return { user: (Number(fields[11]) * 1e6) / CLK_TCK, system: (Number(fields[12]) * 1e6) / CLK_TCK };
+}
+
 /** utime + stime of a process (all its threads) and of its descendants still running, in µs. */
 export function processCpuUs(pid: number): number {
   let us = 0;
   for (const one of processTree(pid)) {
     try {
-      const stat = readFileSync(`/proc/${one}/stat`, 'utf8');
-      // Fields after the command name (which may contain spaces), from field 3 (state) on.
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-      us += ((Number(fields[11]) + Number(fields[12])) * 1e6) / CLK_TCK;
+      const { user, system } = statCpuUs(`/proc/${one}/stat`);
+      us += user + system;
     } catch {
       // a descendant that ended meanwhile
     }
@@ -380,8 +386,7 @@ export function processCpuUs(pid: number): number {
  * event (docs/performance.md, "Why, ranked" 2 and 4), so this is where a gateway's own work shows, undiluted.
  */
 export function mainThreadUserUs(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8');
-  return (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[11]) * 1e6) / CLK_TCK;
+  return statCpuUs(`/proc/${pid}/task/${pid}/stat`).user;
 }
 
 /**

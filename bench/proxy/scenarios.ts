@@ -17,7 +17,7 @@ export interface Scenario {
   concurrency: number;
   itlMs: number;
   ttftMs: number;
-  /** Output tokens per request (one per event); `--tokens` overrides it for the streaming scenarios but `reqs`. */
+  /** Output tokens per request (one per event); `--tokens` overrides it but where `measuresRequests`. */
   tokens: number;
   /** false: non-streaming completions; the TTFT columns then hold whole-request latency. */
   stream: boolean;
@@ -48,6 +48,14 @@ export const SCENARIOS: Scenario[] = [
   // 64-token stream spreads over 66 events. Not in the default set; bench/ab.js --scenario reqs.
   { name: 'reqs', concurrency: 64, itlMs: 10, ttftMs: 50, tokens: 1, stream: true, variants: [], byDefault: false, fit: false, rssProbe: false, note: '64 concurrent streamed completions, max_tokens 1, answered after 50 ms' },
 ];
+
+/**
+ * Whether `scenario` measures a request rather than its events: non-streaming, or streamed answers of one token
+ * (`reqs`), whose length `--tokens` leaves alone and whose cost bench/ab.js reports per request.
+ */
+export function measuresRequests(scenario: Scenario): boolean {
+  return !scenario.stream || scenario.tokens === 1;
+}
 
 /** The chat completion every scenario sends: `max_tokens` answers of one token per event. */
 export function requestBody(outputTokens: number, contract = false, stream = true): Buffer {

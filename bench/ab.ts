@@ -17,6 +17,10 @@
  *
  * `--a relay`: A is the bare Node relay (bench/proxy/floor.ts, this checkout's build) instead of a gateway, so the
  * ratio to issue 27's bar comes paired, round by round, rather than from one window of each in a full run.
+ *
+ * `--split LONG` (e.g. `--scenario c64s --split c64`): each build's turn runs both scenarios, one after the other, and
+ * each turn's two windows split that proxy's CPU into a cost per request and a cost per event (bench/proxy/split.ts);
+ * then B − A of each, paired. Where a gap is paid, per request or per event, decides what can close it.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -26,6 +30,7 @@ import { FLOOR } from './proxy/layout.js';
 import { parseConfigKeys } from './proxy/options.js';
 import { killAll, mainThreadUserUs, pinSelf, processCpuUs, startFloor, startGateway, startSim, type Child } from './proxy/procs.js';
 import { measuresRequests, requestBody, SCENARIOS, type Scenario } from './proxy/scenarios.js';
+import { splitCosts, splitProblem } from './proxy/split.js';
 import { distribution, median } from './proxy/stats.js';
 
 const PROXY_CORE = 0;
@@ -44,12 +49,16 @@ interface Options {
   aConfig: Record<string, unknown> | undefined;
   bConfig: Record<string, unknown> | undefined;
   scenario: string;
+  /** A second scenario, of longer answers, run in each build's turn: the split into per request and per event. */
+  split: string | undefined;
   rounds: number;
   seconds: number;
 }
 
+const scenarioOf = (name: string) => SCENARIOS.find((s) => s.name === name) as Scenario;
+
 function parse(argv: string[]): Options {
-  const options: Options = { a: '', b: '.', aFlags: [], bFlags: [], aConfig: undefined, bConfig: undefined, scenario: 'c64s', rounds: 6, seconds: 4 };
+  const options: Options = { a: '', b: '.', aFlags: [], bFlags: [], aConfig: undefined, bConfig: undefined, scenario: 'c64s', split: undefined, rounds: 6, seconds: 4 };
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i];
     const value = argv[++i];
@@ -61,6 +70,7 @@ function parse(argv: string[]): Options {
     else if (flag === '--a-config') options.aConfig = parseConfigKeys(flag, value);
     else if (flag === '--b-config') options.bConfig = parseConfigKeys(flag, value);
     else if (flag === '--scenario') options.scenario = value;
+    else if (flag === '--split') options.split = value;
     else if (flag === '--rounds') options.rounds = Number(value);
     else if (flag === '--seconds') options.seconds = Number(value);
     else throw new Error(`unknown flag ${flag}`);
@@ -68,12 +78,19 @@ function parse(argv: string[]): Options {
   if (options.a === '') throw new Error('--a DIR is required (a checkout with dist/ built, or `relay`: the bare Node relay)');
   if (options.b === RELAY) throw new Error('--b relay: the relay is A only (--a relay)');
   if (options.a === RELAY && (options.aFlags.length > 0 || options.aConfig !== undefined)) throw new Error('--a-flags, --a-config: not with --a relay');
-  if (!SCENARIOS.some((s) => s.name === options.scenario)) throw new Error(`--scenario: one of ${SCENARIOS.map((s) => s.name).join(', ')}`);
+  for (const name of [options.scenario, options.split]) {
+    if (name !== undefined && !SCENARIOS.some((s) => s.name === name)) throw new Error(`--scenario, --split: one of ${SCENARIOS.map((s) => s.name).join(', ')}`);
+  }
+  if (options.split !== undefined) {
+    const problem = splitProblem(scenarioOf(options.scenario), scenarioOf(options.split));
+    if (problem !== undefined) throw new Error(`--split: ${problem}`);
+  }
   return options;
 }
 
 interface Round {
   build: 'A' | 'B';
+  scenario: string;
   usPerEvent: number;
   usPerRequest: number;
   /** The main thread's user time alone, per event, or per request in a scenario of one-token answers: mainThreadUserUs. */
@@ -84,11 +101,14 @@ interface Round {
 
 async function main(): Promise<void> {
   const options = parse(process.argv.slice(2));
-  const workload = SCENARIOS.find((s) => s.name === options.scenario) as Scenario;
+  const workloads = [scenarioOf(options.scenario), ...(options.split === undefined ? [] : [scenarioOf(options.split)])];
   pinSelf(LOAD_CORE);
   const dir = mkdtempSync(join(tmpdir(), 'waybill-ab-'));
   const bin = (checkout: string) => join(resolve(checkout), 'bin', 'waybill.js');
-  const sim = await startSim(bin(options.b), LOAD_CORE, dir, { itlMs: workload.itlMs, ttftMs: workload.ttftMs, outputTokens: workload.tokens, seed: 1 });
+  // One simulator for both scenarios of a split: its answers are capped by each request's max_tokens.
+  const first = workloads[0] as Scenario;
+  const outputTokens = Math.max(...workloads.map((w) => w.tokens));
+  const sim = await startSim(bin(options.b), LOAD_CORE, dir, { itlMs: first.itlMs, ttftMs: first.ttftMs, outputTokens, seed: 1 });
   const gateways: Record<'A' | 'B', { child: Child; origin: string }> = {
     A:
       options.a === RELAY
@@ -96,52 +116,12 @@ async function main(): Promise<void> {
         : await startGateway(bin(options.a), PROXY_CORE, dir, { name: 'waybill-a', upstream: sim.origin, logging: 'default', nodeFlags: options.aFlags, extra: options.aConfig ?? {} }),
     B: await startGateway(bin(options.b), PROXY_CORE, dir, { name: 'waybill-b', upstream: sim.origin, logging: 'default', nodeFlags: options.bFlags, extra: options.bConfig ?? {} }),
   };
-  const body = requestBody(workload.tokens, false, workload.stream);
-  const perEvent = !measuresRequests(workload);
-  const requestMs = workload.ttftMs + workload.itlMs * (workload.tokens - 1);
   const rounds: Round[] = [];
   try {
     for (let i = 0; i < options.rounds * 2; i++) {
-      // A B B A A B …: each build goes first as often as second.
+      // A B B A A B …: each build goes first as often as second; a split's two scenarios swap places each turn.
       const build: 'A' | 'B' = (i % 4 === 0 || i % 4 === 3) ? 'A' : 'B';
-      const { child, origin } = gateways[build];
-      let before = 0;
-      let after = 0;
-      let userBefore = 0;
-      let userAfter = 0;
-      const result = await runLoad({
-        origin,
-        path: '/v1/chat/completions',
-        body,
-        stream: workload.stream,
-        concurrency: workload.concurrency,
-        rampMs: Math.min(requestMs, 5000),
-        warmupMs: Math.max(2000, Math.min(requestMs, 5000) + 1000),
-        windowMs: options.seconds * 1000,
-        onWindowStart: () => {
-          before = processCpuUs(child.pid);
-          userBefore = mainThreadUserUs(child.pid);
-        },
-        onWindowEnd: () => {
-          after = processCpuUs(child.pid);
-          userAfter = mainThreadUserUs(child.pid);
-        },
-      });
-      const cpu = after - before;
-      const requests = result.completed + result.incomplete;
-      const ttft = distribution(result.ttft);
-      const round: Round = {
-        build,
-        usPerEvent: cpu / Math.max(1, result.events),
-        usPerRequest: cpu / Math.max(1, requests),
-        userPerUnit: (userAfter - userBefore) / Math.max(1, perEvent ? result.events : requests),
-        ttftP50: ttft.p50,
-        ttftP99: ttft.p99,
-      };
-      rounds.push(round);
-      console.log(
-        `  ${build} ${result.events > 0 ? `${round.usPerEvent.toFixed(1)} µs/ev ` : ''}${round.usPerRequest.toFixed(0)} µs/req (main thread's user ${round.userPerUnit.toFixed(1)} µs/${perEvent ? 'ev' : 'req'}) TTFT p50 ${round.ttftP50.toFixed(2)} p99 ${round.ttftP99.toFixed(2)} ms (${result.events} events, ${result.errors} errors)`,
-      );
+      for (const workload of i % 2 === 0 ? workloads : [...workloads].reverse()) rounds.push(await measure(build, gateways[build], workload, options.seconds));
     }
   } finally {
     await gateways.A.child.stop();
@@ -150,27 +130,128 @@ async function main(): Promise<void> {
     killAll();
     rmSync(dir, { recursive: true, force: true });
   }
+  for (const workload of workloads) summarise(options, workload, rounds.filter((r) => r.scenario === workload.name));
+  if (workloads.length === 2) summariseSplit(options, workloads as [Scenario, Scenario], rounds);
+}
+
+/** One build's window of one scenario. */
+async function measure(build: 'A' | 'B', gateway: { child: Child; origin: string }, workload: Scenario, seconds: number): Promise<Round> {
+  const { child, origin } = gateway;
+  const perEvent = !measuresRequests(workload);
+  const requestMs = workload.ttftMs + workload.itlMs * (workload.tokens - 1);
+  let before = 0;
+  let after = 0;
+  let userBefore = 0;
+  let userAfter = 0;
+  const result = await runLoad({
+    origin,
+    path: '/v1/chat/completions',
+    body: requestBody(workload.tokens, false, workload.stream),
+    stream: workload.stream,
+    concurrency: workload.concurrency,
+    rampMs: Math.min(requestMs, 5000),
+    warmupMs: Math.max(2000, Math.min(requestMs, 5000) + 1000),
+    windowMs: seconds * 1000,
+    onWindowStart: () => {
+      before = processCpuUs(child.pid);
+      userBefore = mainThreadUserUs(child.pid);
+    },
+    onWindowEnd: () => {
+      after = processCpuUs(child.pid);
+      userAfter = mainThreadUserUs(child.pid);
+    },
+  });
+  const cpu = after - before;
+  const requests = result.completed + result.incomplete;
+  const ttft = distribution(result.ttft);
+  const round: Round = {
+    build,
+    scenario: workload.name,
+    usPerEvent: cpu / Math.max(1, result.events),
+    usPerRequest: cpu / Math.max(1, requests),
+    userPerUnit: (userAfter - userBefore) / Math.max(1, perEvent ? result.events : requests),
+    ttftP50: ttft.p50,
+    ttftP99: ttft.p99,
+  };
+  console.log(
+    `  ${build} ${workload.name} ${result.events > 0 ? `${round.usPerEvent.toFixed(1)} µs/ev ` : ''}${round.usPerRequest.toFixed(0)} µs/req (main thread's user ${round.userPerUnit.toFixed(1)} µs/${perEvent ? 'ev' : 'req'}) TTFT p50 ${round.ttftP50.toFixed(2)} p99 ${round.ttftP99.toFixed(2)} ms (${result.events} events, ${result.errors} errors)`,
+  );
+  return round;
+}
+
+/** Median and range, for a paired figure. */
+function range(values: number[], digits = 3): string {
+  const sorted = [...values].sort((x, y) => x - y);
+  return `median ${median(values).toFixed(digits)} (range ${(sorted[0] ?? NaN).toFixed(digits)}–${(sorted[sorted.length - 1] ?? NaN).toFixed(digits)})`;
+}
+
+/** A's and B's windows of one scenario, paired as they ran (A B, B A, …). */
+function pairs(rounds: Round[]): Array<[Round, Round]> {
+  const paired: Array<[Round, Round]> = [];
+  for (let i = 0; i + 1 < rounds.length; i += 2) {
+    const [x, y] = [rounds[i] as Round, rounds[i + 1] as Round];
+    paired.push(x.build === 'A' ? [x, y] : [y, x]);
+  }
+  return paired;
+}
+
+function summarise(options: Options, workload: Scenario, rounds: Round[]): void {
+  const perEvent = !measuresRequests(workload);
   const of = (build: 'A' | 'B', pick: (r: Round) => number) => rounds.filter((r) => r.build === build).map(pick);
   const ratios: number[] = [];
   const userRatios: number[] = [];
-  for (let i = 0; i + 1 < rounds.length; i += 2) {
-    const [x, y] = [rounds[i] as Round, rounds[i + 1] as Round];
-    const [a, b] = x.build === 'A' ? [x, y] : [y, x];
+  for (const [a, b] of pairs(rounds)) {
     ratios.push(perEvent ? b.usPerEvent / a.usPerEvent : b.usPerRequest / a.usPerRequest);
     // Clock ticks (10 ms): a short window at a light load can read none.
     if (a.userPerUnit > 0) userRatios.push(b.userPerUnit / a.userPerUnit);
   }
   const unit = perEvent ? 'µs/event' : 'µs/request';
   const cost = (r: Round) => (perEvent ? r.usPerEvent : r.usPerRequest);
-  console.log(`\n${options.scenario}, ${options.rounds} rounds × ${options.seconds} s`);
+  console.log(`\n${workload.name}, ${options.rounds} rounds × ${options.seconds} s`);
   console.log(`  A ${options.a}: median ${median(of('A', cost)).toFixed(1)} ${unit}, TTFT p50 ${median(of('A', (r) => r.ttftP50)).toFixed(2)} p99 ${median(of('A', (r) => r.ttftP99)).toFixed(2)} ms`);
   console.log(`  B ${options.b}: median ${median(of('B', cost)).toFixed(1)} ${unit}, TTFT p50 ${median(of('B', (r) => r.ttftP50)).toFixed(2)} p99 ${median(of('B', (r) => r.ttftP99)).toFixed(2)} ms`);
-  const range = (values: number[]) => {
-    const sorted = [...values].sort((x, y) => x - y);
-    return `median ${median(values).toFixed(3)} (range ${(sorted[0] ?? NaN).toFixed(3)}–${(sorted[sorted.length - 1] ?? NaN).toFixed(3)})`;
-  };
   console.log(`  B/A paired: ${range(ratios)}`);
   console.log(`  B/A paired, the main thread's user time alone: ${range(userRatios)} (A ${median(of('A', (r) => r.userPerUnit)).toFixed(1)}, B ${median(of('B', (r) => r.userPerUnit)).toFixed(1)} ${unit})`);
+}
+
+/**
+ * Each turn's two windows (one build, both scenarios, back to back) give that build's a and b; turns pair as the
+ * windows do, for B − A. Events per request are the answers' own (tokens, the role chunk and [DONE]), not a window's
+ * count of requests that happened to end in it.
+ */
+function summariseSplit(options: Options, [short, long]: [Scenario, Scenario], rounds: Round[]): void {
+  const eventsOf = (s: Scenario) => s.tokens + 2;
+  const turns: Array<{ build: 'A' | 'B'; cpu: ReturnType<typeof splitCosts>; user: ReturnType<typeof splitCosts> }> = [];
+  for (let i = 0; i + 1 < rounds.length; i += 2) {
+    const [x, y] = [rounds[i] as Round, rounds[i + 1] as Round];
+    const [s, l] = x.scenario === short.name ? [x, y] : [y, x];
+    const window = (r: Round, scenario: Scenario, pick: (r: Round) => number) => ({ usPerEvent: pick(r), eventsPerRequest: eventsOf(scenario) });
+    turns.push({
+      build: x.build,
+      cpu: splitCosts(window(s, short, (r) => r.usPerEvent), window(l, long, (r) => r.usPerEvent)),
+      user: splitCosts(window(s, short, (r) => r.userPerUnit), window(l, long, (r) => r.userPerUnit)),
+    });
+  }
+  console.log(`\nsplit: CPU per event = b + a ÷ events per request (${short.name}: ${eventsOf(short)}, ${long.name}: ${eventsOf(long)}), each turn's two windows`);
+  for (const [label, pick] of [
+    ['CPU', (t: (typeof turns)[number]) => t.cpu],
+    ["the main thread's user time", (t: (typeof turns)[number]) => t.user],
+  ] as const) {
+    const of = (build: 'A' | 'B', field: 'usPerRequest' | 'usPerEvent') => turns.filter((t) => t.build === build).map((t) => pick(t)[field]);
+    const delta = (field: 'usPerRequest' | 'usPerEvent') => {
+      const values: number[] = [];
+      for (let i = 0; i + 1 < turns.length; i += 2) {
+        const [x, y] = [turns[i] as (typeof turns)[number], turns[i + 1] as (typeof turns)[number]];
+        const [a, b] = x.build === 'A' ? [x, y] : [y, x];
+        values.push(pick(b)[field] - pick(a)[field]);
+      }
+      return values;
+    };
+    console.log(`  ${label}:`);
+    console.log(`    A ${options.a}: a ${range(of('A', 'usPerRequest'), 0)} µs/request, b ${range(of('A', 'usPerEvent'), 1)} µs/event`);
+    console.log(`    B ${options.b}: a ${range(of('B', 'usPerRequest'), 0)} µs/request, b ${range(of('B', 'usPerEvent'), 1)} µs/event`);
+    console.log(`    B − A paired: a ${range(delta('usPerRequest'), 0)} µs/request, b ${range(delta('usPerEvent'), 1)} µs/event`);
+  }
 }
 
 main().catch((error: unknown) => {

@@ -9,6 +9,7 @@ import type { ScenarioResult } from '../bench/proxy/run.js';
 import { checkTargets, ISSUE_27 } from '../bench/proxy/targets.js';
 import { formatSustained, sustainedStreams } from '../bench/proxy/sustained.js';
 import { scenarioNamed } from '../bench/proxy/options.js';
+import { splitCosts, splitProblem } from '../bench/proxy/split.js';
 
 /** A scenario's result with the figures compare() reads, per target. */
 function result(name: string, rows: Record<string, { usPerEvent?: number; usPerRequest?: number; ttftP50?: number; ttftP99?: number; itlP99?: number; rss?: number; events?: number }>): ScenarioResult {
@@ -102,6 +103,26 @@ describe('the reqs scenario', () => {
     expect(scenarioNamed('reqs').stream).toBe(true);
     expect(tokensOf(scenarioNamed('c64s'), options)).toBe(64);
     expect(tokensOf(scenarioNamed('c1'), options)).toBe(64);
+  });
+});
+
+describe('bench/ab.js --split: a cost per request and one per event from two answer lengths', () => {
+  it('recovers a and b from two windows built from them', () => {
+    // 300 µs per request and 10 µs per event: 10 + 300/66 and 10 + 300/202 per event.
+    const split = splitCosts({ usPerEvent: 10 + 300 / 66, eventsPerRequest: 66 }, { usPerEvent: 10 + 300 / 202, eventsPerRequest: 202 });
+    expect(split.usPerRequest).toBeCloseTo(300, 9);
+    expect(split.usPerEvent).toBeCloseTo(10, 9);
+    // A proxy whose cost per event does not depend on the answer's length has no cost per request.
+    expect(splitCosts({ usPerEvent: 20, eventsPerRequest: 66 }, { usPerEvent: 20, eventsPerRequest: 202 })).toEqual({ usPerRequest: 0, usPerEvent: 20 });
+  });
+
+  it('says undetermined for one answer length, and refuses scenarios that differ in more than it', () => {
+    expect(splitCosts({ usPerEvent: 20, eventsPerRequest: 66 }, { usPerEvent: 30, eventsPerRequest: 66 })).toEqual({ usPerRequest: Number.NaN, usPerEvent: Number.NaN });
+    expect(splitProblem(scenarioNamed('c64s'), scenarioNamed('c64'))).toBeUndefined();
+    expect(splitProblem(scenarioNamed('c64s'), scenarioNamed('c256s'))).toBe('c256s differs from c64s in more than its answer length');
+    expect(splitProblem(scenarioNamed('c64s'), scenarioNamed('c64s'))).toBe("c64s has c64s's answer length: nothing tells a from b");
+    expect(splitProblem(scenarioNamed('c64s'), scenarioNamed('reqs'))).toBe('both scenarios must stream answers of more than one token');
+    expect(splitProblem(scenarioNamed('c64'), scenarioNamed('max'))).toBe('both scenarios must be paced (a saturated read carries several events)');
   });
 });
 

@@ -3,8 +3,10 @@
  * (`???:0x…`), and `node --perf-basic-prof` writes, for each piece of code V8 makes, its address, size and name to
  * /tmp/perf-PID.map (`npm run bench:instructions -- --perf-map` runs its targets so). This joins the two.
  *
- *   node dist/bench/callgrind-names.js FILE.callgrind /tmp/perf-PID.map [--inclusive] [--per N] [--top N]
+ *   node dist/bench/callgrind-names.js FILE.callgrind /tmp/perf-PID.map [--inclusive] [--per N] [--top N] [--event NAME]
  *
+ * `--event NAME`: another of the events callgrind recorded than instructions (`Ir`), e.g. `ILmr` (instruction fetches
+ * that missed the last-level cache) from a run with `bench/instructions.js --cache-sim`.
  * `--per N` divides every count (by the requests or events counted, say); `--inclusive` counts what each function
  * called too. V8 reuses code space as it drops and recompiles functions, so an address can be in several entries: the
  * latest is taken (the count is of the warm end of the run). Names starting `*` are optimized code, `^` baseline and
@@ -56,12 +58,14 @@ function main(): void {
     const at = args.indexOf(name);
     return at < 0 ? fallback : Number(args[at + 1]);
   };
-  const [file, map] = args.filter((arg, i) => !arg.startsWith('--') && !['--per', '--top'].includes(args[i - 1] ?? ''));
-  if (file === undefined || map === undefined) throw new Error('usage: callgrind-names.js FILE.callgrind /tmp/perf-PID.map [--inclusive] [--per N] [--top N]');
+  const [file, map] = args.filter((arg, i) => !arg.startsWith('--') && !['--per', '--top', '--event'].includes(args[i - 1] ?? ''));
+  if (file === undefined || map === undefined) throw new Error('usage: callgrind-names.js FILE.callgrind /tmp/perf-PID.map [--inclusive] [--per N] [--top N] [--event NAME]');
+  const event = args.includes('--event') ? String(args[args.indexOf('--event') + 1]) : 'Ir';
+  if (!/^[A-Za-z0-9]+$/.test(event)) throw new Error(`--event: an event's name, e.g. Ir or ILmr (got ${event})`);
   const per = flag('--per', 1);
   const top = flag('--top', 60);
   const entries = readMap(map);
-  const table = execFileSync('callgrind_annotate', ['--threshold=100', `--inclusive=${args.includes('--inclusive') ? 'yes' : 'no'}`, file], { encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 });
+  const table = execFileSync('callgrind_annotate', ['--threshold=100', `--show=${event}`, `--sort=${event}`, `--inclusive=${args.includes('--inclusive') ? 'yes' : 'no'}`, file], { encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 });
   const sums = new Map<string, number>();
   for (const line of table.split('\n')) {
     const match = /^\s*([\d,]+)\s+\([^)]*\)\s+(.*)$/.exec(line);

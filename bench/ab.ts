@@ -105,7 +105,10 @@ async function main(): Promise<void> {
   pinSelf(LOAD_CORE);
   const dir = mkdtempSync(join(tmpdir(), 'waybill-ab-'));
   const bin = (checkout: string) => join(resolve(checkout), 'bin', 'waybill.js');
-  // One simulator for both scenarios of a split: its answers are capped by each request's max_tokens.
+  // One simulator for both scenarios of a split: its answers are capped by each request's max_tokens. So the shorter
+  // scenario's answers end with finish_reason "length", not the "stop" of its standalone run (src/sim/plan.ts): the
+  // same events, two bytes longer, and the gateway settles them as truncated (its output check fails) rather than
+  // accepted, through the same code with other values.
   const first = workloads[0] as Scenario;
   const outputTokens = Math.max(...workloads.map((w) => w.tokens));
   const sim = await startSim(bin(options.b), LOAD_CORE, dir, { itlMs: first.itlMs, ttftMs: first.ttftMs, outputTokens, seed: 1 });

@@ -60,12 +60,12 @@ function main(): void {
   };
   const [file, map] = args.filter((arg, i) => !arg.startsWith('--') && !['--per', '--top', '--event'].includes(args[i - 1] ?? ''));
   if (file === undefined || map === undefined) throw new Error('usage: callgrind-names.js FILE.callgrind /tmp/perf-PID.map [--inclusive] [--per N] [--top N] [--event NAME]');
-  const event = args.includes('--event') ? String(args[args.indexOf('--event') + 1]) : 'Ir';
-  if (!/^[A-Za-z0-9]+$/.test(event)) throw new Error(`--event: an event's name, e.g. Ir or ILmr (got ${event})`);
+  const event = args.includes('--event') ? args[args.indexOf('--event') + 1] : 'Ir';
+  if (event === undefined || !/^[A-Za-z0-9]+$/.test(event)) throw new Error(`--event: an event's name, e.g. Ir or ILmr (got ${String(event)})`);
   const per = flag('--per', 1);
   const top = flag('--top', 60);
   const entries = readMap(map);
-  const table = execFileSync('callgrind_annotate', ['--threshold=100', `--show=${event}`, `--sort=${event}`, `--inclusive=${args.includes('--inclusive') ? 'yes' : 'no'}`, file], { encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 });
+  const table = execFileSync('callgrind_annotate', ['--threshold=100', '--auto=no', `--show=${event}`, `--sort=${event}`, `--inclusive=${args.includes('--inclusive') ? 'yes' : 'no'}`, file], { encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 });
   const sums = new Map<string, number>();
   for (const line of table.split('\n')) {
     const match = /^\s*([\d,]+)\s+\([^)]*\)\s+(.*)$/.exec(line);

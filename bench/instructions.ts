@@ -46,7 +46,7 @@ interface Options {
   cacheSim: boolean;
 }
 
-const USAGE = `usage: node dist/bench/instructions.js [--a DIR] [--b DIR] [--floor|--no-floor] [--runs N] [--warmup N] [--requests N] [--concurrency N] [--perf-map]
+const USAGE = `usage: node dist/bench/instructions.js [--a DIR] [--b DIR] [--floor|--no-floor] [--runs N] [--warmup N] [--requests N] [--concurrency N] [--perf-map] [--cache-sim]
   --a DIR          a second checkout with dist/ built, counted beside --b (B/A is reported)
   --b DIR          the checkout counted (default .)
   --no-floor       leave out the bare Node relay (bench/proxy/floor.ts)
@@ -58,9 +58,9 @@ const USAGE = `usage: node dist/bench/instructions.js [--a DIR] [--b DIR] [--flo
   --itl-ms N       the simulator's time between tokens when streaming (default 10)
   --perf-map       each target's node also writes /tmp/perf-PID.map (--perf-basic-prof): the names of the JIT code
                    callgrind lists as bare addresses (take the map's latest entry covering one: V8 reuses code space)
-  --cache-sim      also simulate the caches (callgrind --cache-sim=yes, the host's sizes): instruction and data
-                   misses of the first and last level, per unit, beside the instructions (user space only: what
-                   the kernel's side of a system call evicts is not simulated)`;
+  --cache-sim      also simulate the caches (callgrind --cache-sim=yes: the host's first level, and a last level of
+                   1 MiB, 8-way, this VM's L2): instruction and data misses of each, per unit, beside the
+                   instructions (user space only: what the kernel's side of a system call evicts is not simulated)`;
 
 function parse(argv: string[]): Options {
   const options: Options = { a: undefined, b: '.', floor: true, runs: 2, warmup: 4000, requests: 2000, concurrency: 32, tokens: 0, itlMs: 10, perfMap: false, cacheSim: false };
@@ -176,7 +176,7 @@ async function count(target: Target, simOrigin: string, dir: string, options: Op
  * followed by its share in parentheses), then the function's name.
  */
 function read(file: string): Count {
-  const text = execFileSync('callgrind_annotate', ['--threshold=100', '--inclusive=no', file], { encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 });
+  const text = execFileSync('callgrind_annotate', ['--threshold=100', '--auto=no', '--inclusive=no', file], { encoding: 'utf8', maxBuffer: 256 * 1024 * 1024 });
   const names = /^Events shown:\s+(.*)$/m.exec(text)?.[1]?.trim().split(/\s+/) ?? ['Ir'];
   const totals = new Map<string, number>();
   const compiled = new Map<string, number>();

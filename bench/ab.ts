@@ -254,6 +254,13 @@ function summariseSplit(options: Options, [short, long]: [Scenario, Scenario], r
     console.log(`    A ${options.a}: a ${range(of('A', 'usPerRequest'), 0)} µs/request, b ${range(of('A', 'usPerEvent'), 1)} µs/event`);
     console.log(`    B ${options.b}: a ${range(of('B', 'usPerRequest'), 0)} µs/request, b ${range(of('B', 'usPerEvent'), 1)} µs/event`);
     console.log(`    B − A paired: a ${range(delta('usPerRequest'), 0)} µs/request, b ${range(delta('usPerEvent'), 1)} µs/event`);
+    // Steadier than any turn's a (a 10% change in one window moves it by hundreds of µs): each scenario's median paired
+    // gap per event, solved once.
+    const gap = (scenario: Scenario, unit: (r: Round) => number) =>
+      median(pairs(rounds.filter((r) => r.scenario === scenario.name)).map(([a, b]) => unit(b) - unit(a)));
+    const unit = label === 'CPU' ? (r: Round) => r.usPerEvent : (r: Round) => r.userPerUnit;
+    const fromGaps = splitCosts({ usPerEvent: gap(short, unit), eventsPerRequest: eventsOf(short) }, { usPerEvent: gap(long, unit), eventsPerRequest: eventsOf(long) });
+    console.log(`    B − A from each scenario's median paired gap: a ${fromGaps.usPerRequest.toFixed(0)} µs/request, b ${fromGaps.usPerEvent.toFixed(1)} µs/event`);
   }
 }
 

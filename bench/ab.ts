@@ -17,6 +17,8 @@
  *
  * `--a relay`: A is the bare Node relay (bench/proxy/floor.ts, this checkout's build) instead of a gateway, so the
  * ratio to issue 27's bar comes paired, round by round, rather than from one window of each in a full run.
+ * `--b floor-inside`: B is that relay served from inside a gateway's process (bench/proxy/floor-inside.ts), the
+ * gateway idle beside it: with `--a relay`, what the gateway's process costs a relay.
  *
  * `--split LONG` (e.g. `--scenario c64s --split c64`): each build's turn runs both scenarios, one after the other, and
  * each turn's two windows split that proxy's CPU into a cost per request and a cost per event (bench/proxy/split.ts);
@@ -26,7 +28,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { runLoad } from './proxy/client.js';
-import { FLOOR } from './proxy/layout.js';
+import { BIN, FLOOR, FLOOR_INSIDE } from './proxy/layout.js';
 import { parseConfigKeys } from './proxy/options.js';
 import { killAll, mainThreadUserUs, pinSelf, processCpuUs, startFloor, startGateway, startSim, type Child } from './proxy/procs.js';
 import { measuresRequests, requestBody, SCENARIOS, type Scenario } from './proxy/scenarios.js';
@@ -36,6 +38,8 @@ import { distribution, median } from './proxy/stats.js';
 const PROXY_CORE = 0;
 /** `--a relay`: the bare Node relay as A. */
 const RELAY = 'relay';
+/** `--b floor-inside`: the same relay served from inside a gateway's process (bench/proxy/floor-inside.ts). */
+const INSIDE = 'floor-inside';
 const LOAD_CORE = 1;
 
 
@@ -76,6 +80,7 @@ function parse(argv: string[]): Options {
     else throw new Error(`unknown flag ${flag}`);
   }
   if (options.a === '') throw new Error('--a DIR is required (a checkout with dist/ built, or `relay`: the bare Node relay)');
+  if (options.a === INSIDE) throw new Error('--a floor-inside: it is B only (--b floor-inside)');
   if (options.b === RELAY) throw new Error('--b relay: the relay is A only (--a relay)');
   if (options.a === RELAY && (options.aFlags.length > 0 || options.aConfig !== undefined)) throw new Error('--a-flags, --a-config: not with --a relay');
   for (const name of [options.scenario, options.split]) {
@@ -104,14 +109,14 @@ async function main(): Promise<void> {
   const workloads = [scenarioOf(options.scenario), ...(options.split === undefined ? [] : [scenarioOf(options.split)])];
   pinSelf(LOAD_CORE);
   const dir = mkdtempSync(join(tmpdir(), 'waybill-ab-'));
-  const bin = (checkout: string) => join(resolve(checkout), 'bin', 'waybill.js');
+  const bin = (checkout: string) => (checkout === INSIDE ? FLOOR_INSIDE : join(resolve(checkout), 'bin', 'waybill.js'));
   // One simulator for both scenarios of a split: its answers are capped by each request's max_tokens. So the shorter
   // scenario's answers end with finish_reason "length", not the "stop" of its standalone run (src/sim/plan.ts): the
   // same events, two bytes longer, and the gateway settles them as truncated (its output check fails) rather than
   // accepted, through the same code with other values.
   const first = workloads[0] as Scenario;
   const outputTokens = Math.max(...workloads.map((w) => w.tokens));
-  const sim = await startSim(bin(options.b), LOAD_CORE, dir, { itlMs: first.itlMs, ttftMs: first.ttftMs, outputTokens, seed: 1 });
+  const sim = await startSim(options.b === INSIDE ? BIN : bin(options.b), LOAD_CORE, dir, { itlMs: first.itlMs, ttftMs: first.ttftMs, outputTokens, seed: 1 });
   const gateways: Record<'A' | 'B', { child: Child; origin: string }> = {
     A:
       options.a === RELAY

@@ -8,8 +8,10 @@
  *
  *   node dist/bench/proxy/floor.js --port 8080 --upstream http://127.0.0.1:8000
  */
+import { realpathSync } from 'node:fs';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
+import { pathToFileURL } from 'node:url';
 import { Pool, type Dispatcher } from 'undici';
 import { chunkFrame } from '../../src/proxy/client-writer.js';
 
@@ -20,8 +22,6 @@ function arg(name: string): string {
   return value;
 }
 
-const port = Number(arg('--port'));
-const pool = new Pool(arg('--upstream'), { connections: null, pipelining: 1, keepAliveTimeout: 60_000 });
 
 /** Hop-by-hop and framing headers: the server frames its own response. */
 const DROPPED = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length']);
@@ -66,19 +66,28 @@ class Relay implements Dispatcher.DispatchHandler {
   }
 }
 
-createServer({ keepAliveTimeout: 60_000 }, (req: IncomingMessage, res: ServerResponse) => {
-  const body: Buffer[] = [];
-  req.on('data', (piece: Buffer) => body.push(piece));
-  req.on('end', () => {
-    const headers: Record<string, string> = {};
-    const type = req.headers['content-type'];
-    if (type !== undefined) headers['content-type'] = type;
-    pool.dispatch(
-      { method: req.method as Dispatcher.HttpMethod, path: req.url ?? '/', headers, body: body.length === 0 ? null : Buffer.concat(body) },
-      new Relay(res),
-    );
-  });
-}).listen(port, '127.0.0.1', () => console.log(`node-floor on http://127.0.0.1:${port}`));
+/** The relay's request handler, to `upstream` over one keep-alive pool (bench/proxy/floor-inside.ts serves it too). */
+export function relayHandler(upstream: string): (req: IncomingMessage, res: ServerResponse) => void {
+  const pool = new Pool(upstream, { connections: null, pipelining: 1, keepAliveTimeout: 60_000 });
+  return (req, res) => {
+    const body: Buffer[] = [];
+    req.on('data', (piece: Buffer) => body.push(piece));
+    req.on('end', () => {
+      const headers: Record<string, string> = {};
+      const type = req.headers['content-type'];
+      if (type !== undefined) headers['content-type'] = type;
+      pool.dispatch(
+        { method: req.method as Dispatcher.HttpMethod, path: req.url ?? '/', headers, body: body.length === 0 ? null : Buffer.concat(body) },
+        new Relay(res),
+      );
+    });
+  };
+}
 
-// An exit of its own on SIGTERM, so what it runs under (a profiler, callgrind: bench/instructions.ts) writes its output.
-process.once('SIGTERM', () => process.exit(0));
+// Run as a script (not imported): the path node was given may be a symlink of this file's.
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(realpathSync(process.argv[1])).href) {
+  const port = Number(arg('--port'));
+  createServer({ keepAliveTimeout: 60_000 }, relayHandler(arg('--upstream'))).listen(port, '127.0.0.1', () => console.log(`node-floor on http://127.0.0.1:${port}`));
+  // An exit of its own on SIGTERM, so what it runs under (a profiler, callgrind: bench/instructions.ts) writes its output.
+  process.once('SIGTERM', () => process.exit(0));
+}

@@ -6,6 +6,8 @@ import { fileURLToPath } from 'node:url';
 export const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 export const BIN = join(REPO, 'bin', 'waybill.js');
 export const FLOOR = join(REPO, 'dist', 'bench', 'proxy', 'floor.js');
+/** The relay served from inside a gateway's process (bench/ab.js --b floor-inside). */
+export const FLOOR_INSIDE = join(REPO, 'dist', 'bench', 'proxy', 'floor-inside.js');
 export const GC_HOOK = join(REPO, 'dist', 'bench', 'proxy', 'gc-hook.js');
 /** The proxy under test, alone. */
 export const PROXY_CORE = 0;

@@ -31,8 +31,8 @@ import { runLoad } from './proxy/client.js';
 import { BIN, FLOOR, FLOOR_INSIDE } from './proxy/layout.js';
 import { parseConfigKeys } from './proxy/options.js';
 import { killAll, mainThreadUserUs, pinSelf, processCpuUs, startFloor, startGateway, startSim, type Child } from './proxy/procs.js';
-import { measuresRequests, requestBody, SCENARIOS, type Scenario } from './proxy/scenarios.js';
-import { splitCosts, splitProblem } from './proxy/split.js';
+import { eventsPerAnswer, measuresRequests, requestBody, SCENARIOS, type Scenario } from './proxy/scenarios.js';
+import { splitCosts, splitProblem, type CostSplit } from './proxy/split.js';
 import { distribution, median } from './proxy/stats.js';
 
 const PROXY_CORE = 0;
@@ -193,11 +193,11 @@ function range(values: number[], digits = 3): string {
   return `median ${median(values).toFixed(digits)} (range ${(sorted[0] ?? NaN).toFixed(digits)}–${(sorted[sorted.length - 1] ?? NaN).toFixed(digits)})`;
 }
 
-/** A's and B's windows of one scenario, paired as they ran (A B, B A, …). */
-function pairs(rounds: Round[]): Array<[Round, Round]> {
-  const paired: Array<[Round, Round]> = [];
-  for (let i = 0; i + 1 < rounds.length; i += 2) {
-    const [x, y] = [rounds[i] as Round, rounds[i + 1] as Round];
+/** A's and B's windows (or turns) of one scenario, paired as they ran (A B, B A, …): [A's, B's]. */
+function pairs<T extends { build: 'A' | 'B' }>(runs: T[]): Array<[T, T]> {
+  const paired: Array<[T, T]> = [];
+  for (let i = 0; i + 1 < runs.length; i += 2) {
+    const [x, y] = [runs[i] as T, runs[i + 1] as T];
     paired.push(x.build === 'A' ? [x, y] : [y, x]);
   }
   return paired;
@@ -228,43 +228,32 @@ function summarise(options: Options, workload: Scenario, rounds: Round[]): void 
  * count of requests that happened to end in it.
  */
 function summariseSplit(options: Options, [short, long]: [Scenario, Scenario], rounds: Round[]): void {
-  const eventsOf = (s: Scenario) => s.tokens + 2;
-  const turns: Array<{ build: 'A' | 'B'; cpu: ReturnType<typeof splitCosts>; user: ReturnType<typeof splitCosts> }> = [];
-  for (let i = 0; i + 1 < rounds.length; i += 2) {
-    const [x, y] = [rounds[i] as Round, rounds[i + 1] as Round];
-    const [s, l] = x.scenario === short.name ? [x, y] : [y, x];
-    const window = (r: Round, scenario: Scenario, pick: (r: Round) => number) => ({ usPerEvent: pick(r), eventsPerRequest: eventsOf(scenario) });
-    turns.push({
-      build: x.build,
-      cpu: splitCosts(window(s, short, (r) => r.usPerEvent), window(l, long, (r) => r.usPerEvent)),
-      user: splitCosts(window(s, short, (r) => r.userPerUnit), window(l, long, (r) => r.userPerUnit)),
-    });
-  }
+  const eventsOf = (s: Scenario) => eventsPerAnswer(s.tokens);
+  const figures = [
+    ['CPU', (r: Round) => r.usPerEvent],
+    ["the main thread's user time", (r: Round) => r.userPerUnit],
+  ] as const;
+  /** a and b from two windows of one scenario each, per event by `unit`. */
+  const solve = (s: Round, l: Round, unit: (r: Round) => number) =>
+    splitCosts({ usPerEvent: unit(s), eventsPerRequest: eventsOf(short) }, { usPerEvent: unit(l), eventsPerRequest: eventsOf(long) });
   console.log(`\nsplit: CPU per event = b + a ÷ events per request (${short.name}: ${eventsOf(short)}, ${long.name}: ${eventsOf(long)}), each turn's two windows`);
-  for (const [label, pick] of [
-    ['CPU', (t: (typeof turns)[number]) => t.cpu],
-    ["the main thread's user time", (t: (typeof turns)[number]) => t.user],
-  ] as const) {
-    const of = (build: 'A' | 'B', field: 'usPerRequest' | 'usPerEvent') => turns.filter((t) => t.build === build).map((t) => pick(t)[field]);
-    const delta = (field: 'usPerRequest' | 'usPerEvent') => {
-      const values: number[] = [];
-      for (let i = 0; i + 1 < turns.length; i += 2) {
-        const [x, y] = [turns[i] as (typeof turns)[number], turns[i + 1] as (typeof turns)[number]];
-        const [a, b] = x.build === 'A' ? [x, y] : [y, x];
-        values.push(pick(b)[field] - pick(a)[field]);
-      }
-      return values;
-    };
+  for (const [label, unit] of figures) {
+    const turns: Array<{ build: 'A' | 'B'; costs: CostSplit }> = [];
+    for (let i = 0; i + 1 < rounds.length; i += 2) {
+      const [x, y] = [rounds[i] as Round, rounds[i + 1] as Round];
+      const [s, l] = x.scenario === short.name ? [x, y] : [y, x];
+      turns.push({ build: x.build, costs: solve(s, l, unit) });
+    }
+    const of = (build: 'A' | 'B', field: keyof CostSplit) => turns.filter((t) => t.build === build).map((t) => t.costs[field]);
+    const delta = (field: keyof CostSplit) => pairs(turns).map(([a, b]) => b.costs[field] - a.costs[field]);
     console.log(`  ${label}:`);
     console.log(`    A ${options.a}: a ${range(of('A', 'usPerRequest'), 0)} µs/request, b ${range(of('A', 'usPerEvent'), 1)} µs/event`);
     console.log(`    B ${options.b}: a ${range(of('B', 'usPerRequest'), 0)} µs/request, b ${range(of('B', 'usPerEvent'), 1)} µs/event`);
     console.log(`    B − A paired: a ${range(delta('usPerRequest'), 0)} µs/request, b ${range(delta('usPerEvent'), 1)} µs/event`);
     // Steadier than any turn's a (a 10% change in one window moves it by hundreds of µs): each scenario's median paired
     // gap per event, solved once.
-    const gap = (scenario: Scenario, unit: (r: Round) => number) =>
-      median(pairs(rounds.filter((r) => r.scenario === scenario.name)).map(([a, b]) => unit(b) - unit(a)));
-    const unit = label === 'CPU' ? (r: Round) => r.usPerEvent : (r: Round) => r.userPerUnit;
-    const fromGaps = splitCosts({ usPerEvent: gap(short, unit), eventsPerRequest: eventsOf(short) }, { usPerEvent: gap(long, unit), eventsPerRequest: eventsOf(long) });
+    const gap = (scenario: Scenario) => median(pairs(rounds.filter((r) => r.scenario === scenario.name)).map(([a, b]) => unit(b) - unit(a)));
+    const fromGaps = splitCosts({ usPerEvent: gap(short), eventsPerRequest: eventsOf(short) }, { usPerEvent: gap(long), eventsPerRequest: eventsOf(long) });
     console.log(`    B − A from each scenario's median paired gap: a ${fromGaps.usPerRequest.toFixed(0)} µs/request, b ${fromGaps.usPerEvent.toFixed(1)} µs/event`);
   }
 }

@@ -24,6 +24,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Pool } from 'undici';
 import { freePort, killAll, pinSelf, spawnPinned, startSim, waitFor200, type Child } from './proxy/procs.js';
+import { eventsPerAnswer } from './proxy/scenarios.js';
 
 const PROXY_CORE = 0;
 /** The simulator and this process (the load): off the counted process's core, so it runs at its own pace. */
@@ -218,7 +219,7 @@ async function main(): Promise<void> {
     { label: options.a !== undefined ? 'B' : 'waybill', dir: b, kind: 'waybill' },
     ...(options.floor ? [{ label: 'floor', dir: b, kind: 'floor' as const }] : []),
   ];
-  const kind = options.tokens === 0 ? 'non-streaming request' : `request streamed with ${options.tokens} tokens (${options.tokens + 2} events) every ${options.itlMs} ms`;
+  const kind = options.tokens === 0 ? 'non-streaming request' : `request streamed with ${options.tokens} tokens (${eventsPerAnswer(options.tokens)} events) every ${options.itlMs} ms`;
   console.log(`instructions per ${kind} under callgrind: ${options.warmup} warm-up requests, ${options.requests} counted, ${options.concurrency} in flight, ${options.runs} run(s) each; logs in ${dir}`);
   const sim = await startSim(join(b, 'bin/waybill.js'), SIM_CORE, dir, { itlMs: options.itlMs, ttftMs: options.tokens === 0 ? 50 : 20, outputTokens: Math.max(1, options.tokens), seed: 1 });
   const results = new Map<string, number[]>(targets.map((t) => [t.label, []]));
@@ -230,7 +231,7 @@ async function main(): Promise<void> {
         results.get(target.label)?.push(perRequest(total - compiler));
         console.log(`  run ${run} ${target.label.padEnd(8)} ${perRequest(total)} instructions/request: compiler ${perRequest(compiler)}, execution ${perRequest(total - compiler)}`);
         if (options.cacheSim) {
-          const unit = options.tokens === 0 ? options.requests : options.requests * (options.tokens + 2);
+          const unit = options.tokens === 0 ? options.requests : options.requests * eventsPerAnswer(options.tokens);
           const perUnit = [...events].map(([name, n]) => `${name} ${(n / unit).toFixed(name === 'Ir' || name === 'Dr' || name === 'Dw' ? 0 : 1)}`).join(', ');
           console.log(`    per ${options.tokens === 0 ? 'request' : 'event'}, execution (the compiler's share taken out): ${perUnit}`);
         }
@@ -241,7 +242,7 @@ async function main(): Promise<void> {
   }
   const execution = new Map([...results].map(([label, values]) => [label, median(values)]));
   console.log('execution instructions per request (median of runs):');
-  for (const [label, value] of execution) console.log(`  ${label.padEnd(8)} ${value}${options.tokens === 0 ? '' : `, ${Math.round(value / (options.tokens + 2))} per event`}`);
+  for (const [label, value] of execution) console.log(`  ${label.padEnd(8)} ${value}${options.tokens === 0 ? '' : `, ${Math.round(value / eventsPerAnswer(options.tokens))} per event`}`);
   const floor = execution.get('floor');
   for (const label of ['A', 'B', 'waybill']) {
     const value = execution.get(label);

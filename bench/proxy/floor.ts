@@ -22,7 +22,6 @@ function arg(name: string): string {
   return value;
 }
 
-
 /** Hop-by-hop and framing headers: the server frames its own response. */
 const DROPPED = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length']);
 

@@ -57,6 +57,11 @@ export function measuresRequests(scenario: Scenario): boolean {
   return !scenario.stream || scenario.tokens === 1;
 }
 
+/** The events of a streamed answer of `tokens` tokens, one per event: the role chunk, the tokens, and `data: [DONE]`. */
+export function eventsPerAnswer(tokens: number): number {
+  return tokens + 2;
+}
+
 /** The chat completion every scenario sends: `max_tokens` answers of one token per event. */
 export function requestBody(outputTokens: number, contract = false, stream = true): Buffer {
   return Buffer.from(

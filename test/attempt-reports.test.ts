@@ -14,7 +14,7 @@ import type { Upstream } from '../src/proxy/upstreams.js';
 const chunk = (text: string): string =>
   `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"${text}"},"logprobs":null,"finish_reason":null}]}\n\n`;
 
-function harness(share: boolean, taken: (event: AttemptEvent) => boolean = () => true) {
+function harness(share: boolean, taken: (event: AttemptEvent) => boolean = () => true, ordinaryRead?: (attempt: number, chunk: Buffer, at: number) => boolean) {
   let reads = 0;
   let time = 100;
   const now = () => {
@@ -42,6 +42,7 @@ function harness(share: boolean, taken: (event: AttemptEvent) => boolean = () =>
     wallNow: () => 0,
     now,
     turnShare: share ? { turns, budgetMs: 1000 } : undefined,
+    ordinaryRead,
   });
   const controller = { pause() {}, resume() {}, abort() {} } as unknown as Dispatcher.DispatchController;
   attempt.onRequestStart(controller);
@@ -137,6 +138,43 @@ describe('an attempt stamps a read with one clock read', () => {
     after.reports.length = 0;
     after.attempt.onResponseEnd();
     expect(after.reports.map((r) => r.event.type)).toEqual(['chunk_done', 'stream_end', 'attempt_settled']);
+  });
+});
+
+describe('an attempt offers a whole read to the ordinary path only between blocks', () => {
+  it('offered while the framer is idle; taken, it reports nothing; declined, or inside a block, it is framed', () => {
+    const offered: Array<{ text: string; at: number }> = [];
+    // The receiver takes reads of `b` and `d` whole and declines the rest, as the machine's ordinaryRead would.
+    const h = harness(true, () => true, (attempt, read, at) => {
+      expect(attempt).toBe(1);
+      offered.push({ text: read.toString(), at });
+      return read.toString() === chunk('b') || read.toString() === chunk('d');
+    });
+    h.attempt.answering = true;
+    // The stream's first read: its first line may open with a BOM, so the framer is not idle yet: framed.
+    h.attempt.onResponseData(h.controller, Buffer.from(chunk('a')));
+    expect(offered).toEqual([]);
+    expect(h.reports.map((r) => r.event.type)).toEqual(['block']);
+    h.reports.length = 0;
+    const before = h.reads();
+    h.attempt.onResponseData(h.controller, Buffer.from(chunk('b')));
+    expect(offered.map((o) => o.text)).toEqual([chunk('b')]);
+    expect(h.reports).toEqual([]);
+    // Stamped with the read's one clock read, and charged to the turn as a framed read is.
+    expect(h.reads() - before).toBe(2);
+    expect(offered[0]?.at).toBe(100 + 1.5 * (before + 1));
+    expect(h.charged).toHaveLength(2);
+    // Declined: framed as ever.
+    h.attempt.onResponseData(h.controller, Buffer.from(chunk('c')));
+    expect(offered).toHaveLength(2);
+    expect(h.reports.map((r) => [r.event.type, r.event.type === 'block' ? r.event.endOfRead : undefined])).toEqual([['block', true]]);
+    h.reports.length = 0;
+    // Half of `d` is offered (declined); its rest continues a block the framer holds: not offered, framed.
+    const d = chunk('d');
+    h.attempt.onResponseData(h.controller, Buffer.from(d.slice(0, 30)));
+    h.attempt.onResponseData(h.controller, Buffer.from(d.slice(30)));
+    expect(offered.map((o) => o.text).slice(2)).toEqual([d.slice(0, 30)]);
+    expect(h.reports.map((r) => r.event.type)).toEqual(['chunk_done', 'block']);
   });
 });
 

@@ -431,3 +431,34 @@ describe('createFramer: a data line left undecoded (DataLineEvent)', () => {
     }
   });
 });
+
+describe('createFramer: idle, between blocks', () => {
+  it('is idle only with nothing of a block, a line or a CR kept, past the first line, not framing, failed or ended', () => {
+    const seen: boolean[] = [];
+    const framer = createFramer({ onBlock: () => void seen.push(framer.idle), onOversized: () => undefined }, { maxEventBytes: 64 });
+    // Before the first line (which may open with a BOM).
+    expect(framer.idle).toBe(false);
+    framer.feed(Buffer.from('data: a\n\n'));
+    expect(framer.idle).toBe(true);
+    // Inside a callback: a chunk is being framed.
+    expect(seen).toEqual([false]);
+    framer.feed(Buffer.from('data: b\n'));
+    expect(framer.idle).toBe(false);
+    framer.feed(Buffer.from('\n'));
+    expect(framer.idle).toBe(true);
+    framer.feed(Buffer.from('data: c'));
+    expect(framer.idle).toBe(false);
+    framer.feed(Buffer.from('\r\n\r'));
+    // The block is complete but its CR may be the first half of a CRLF.
+    expect(framer.idle).toBe(false);
+    framer.feed(Buffer.from('\n'));
+    expect(framer.idle).toBe(true);
+    framer.feed(Buffer.from(`data: ${'x'.repeat(100)}`));
+    expect(framer.failed).toBe(true);
+    expect(framer.idle).toBe(false);
+    const ended = createFramer({ onBlock: () => undefined, onOversized: () => undefined });
+    ended.feed(Buffer.from('data: a\n\n'));
+    ended.end();
+    expect(ended.idle).toBe(false);
+  });
+});

@@ -71,9 +71,7 @@ export function recordStreamEvent(rec: RequestRecord, info: RequestInfo, at: num
       if (facts.output.length === 0) {
         verdict = rec.committedAt !== undefined ? 'forward' : 'hold';
       } else {
-        attempt.firstOutputAt ??= at;
-        if (rec.lastOutputAt !== undefined) rec.outputGapMs = at - rec.lastOutputAt;
-        rec.lastOutputAt = at;
+        recordOutput(rec, attempt, at);
         if (rec.committedAt !== undefined) {
           verdict = 'forward';
         } else {
@@ -86,6 +84,29 @@ export function recordStreamEvent(rec: RequestRecord, info: RequestInfo, at: num
       return facts.terminal === true ? finished(rec, info, at, attempt, verdict === 'commit') : verdict;
     }
   }
+}
+
+/** An event with output at `at`: the attempt's first, and the gap since the request's last. */
+function recordOutput(rec: RequestRecord, attempt: AttemptFacts, at: number): void {
+  attempt.firstOutputAt ??= at;
+  if (rec.lastOutputAt !== undefined) rec.outputGapMs = at - rec.lastOutputAt;
+  rec.lastOutputAt = at;
+}
+
+/**
+ * `recordStreamEvent` for a committed stream's ordinary delta: output for expected choice `index` (`chars` UTF-16
+ * units, more than none) and nothing else — no finish, usage, sequence or parts to assemble — in an attempt that has
+ * seen neither `[DONE]` nor an error. The same record; its verdict is always `forward`. The caller checks all that
+ * (delivery/phases/attempt.ts, ordinaryRead).
+ */
+export function recordOrdinaryOutput(rec: RequestRecord, attempt: AttemptFacts, at: number, index: number, chars: number, id: string | undefined, model: string | undefined): void {
+  rec.outputGapMs = undefined;
+  rec.answered[index] = true;
+  rec.responseId ??= id;
+  rec.responseModel ??= model;
+  rec.outputEvents++;
+  rec.outputChars += chars;
+  recordOutput(rec, attempt, at);
 }
 
 /**

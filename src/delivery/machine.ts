@@ -35,6 +35,7 @@ import type { SseEvent } from '../sse/framer.js';
 import type { RetryBudget } from './retry-budget.js';
 import type { RetryRules } from './retry-policy.js';
 import { createState, type ClientSide, type DeliveryState, type Phase, type UpstreamSide } from './state.js';
+import { ordinaryRead } from './phases/attempt.js';
 import { step } from './step.js';
 
 export type TimerName = 'total' | 'first_output' | 'idle' | 'drain' | 'retry' | 'linger';
@@ -168,5 +169,14 @@ export class DeliveryMachine {
   /** One event, at time `at`: the effects to carry out, in order. The array is reused by the next call. */
   handle(event: MachineEvent, at: number): readonly Effect[] {
     return step(this.state, event, at);
+  }
+
+  /**
+   * A committed stream's read that is one ordinary delta event, taken whole (phases/attempt.ts, ordinaryRead): the
+   * bytes to write — the step's one effect for it — or undefined, nothing changed, for any other read (frame it and
+   * hand its events to `handle`).
+   */
+  ordinaryRead(attempt: number, chunk: Buffer, at: number): Buffer | undefined {
+    return ordinaryRead(this.state, attempt, chunk, at);
   }
 }

@@ -95,6 +95,11 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
       /** The shell's clock: monotonic milliseconds, sub-millisecond (performance.now). */
       now: () => number;
       turnShare?: TurnShare | undefined;
+      /**
+       * Takes a read that may be one whole ordinary delta event without the framer (the delivery machine's
+       * ordinaryRead): true when it took the read and wrote it; false, nothing done, and the read is framed.
+       */
+      ordinaryRead?: ((attempt: number, chunk: Buffer, at: number) => boolean) | undefined;
     },
   ) {
     this.chunkDone = { type: 'chunk_done', attempt: number };
@@ -214,20 +219,10 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
       // write makes it answering) is what the budget keeps room for.
       const share = this.answering ? this.options.turnShare : undefined;
       const start = this.options.now();
-      // A read inside a read (a report's effects resuming the upstream) keeps its own stamp and end.
-      const outer = this.readAt;
-      const outerEnded = this.readEnded;
-      this.readAt = start;
-      this.readEnded = false;
-      let ended: boolean;
-      try {
-        this.framer.feed(chunk);
-      } finally {
-        ended = this.readEnded;
-        this.readAt = outer;
-        this.readEnded = outerEnded;
-      }
-      if (!ended) this.report(this.chunkDone, start);
+      // A committed stream's ordinary delta, alone in its read (vLLM's usual), is taken whole: nothing to frame, report
+      // or step. Only between blocks: a read that continues an earlier one's block is framed.
+      const ordinary = this.options.ordinaryRead;
+      if (ordinary === undefined || !this.framer.idle || !ordinary(this.number, chunk, start)) this.frame(chunk, start);
       if (share !== undefined && share.turns.spent(this.options.now() - start, share.budgetMs) && !this.done && !this.yieldedTurn) {
         this.yieldedTurn = true;
         this.controller?.pause();
@@ -251,6 +246,24 @@ export class Attempt implements Dispatcher.DispatchHandler, Yielding {
     }
     this.bodyBytes += chunk.length;
     this.body.push(chunk);
+  }
+
+  /** Frames a stream's read and reports its blocks, each stamped `start`, and the read's end. */
+  private frame(chunk: Buffer, start: number): void {
+    // A read inside a read (a report's effects resuming the upstream) keeps its own stamp and end.
+    const outer = this.readAt;
+    const outerEnded = this.readEnded;
+    this.readAt = start;
+    this.readEnded = false;
+    let ended: boolean;
+    try {
+      (this.framer as Framer).feed(chunk);
+    } finally {
+      ended = this.readEnded;
+      this.readAt = outer;
+      this.readEnded = outerEnded;
+    }
+    if (!ended) this.report(this.chunkDone, start);
   }
 
   onResponseEnd(): void {

@@ -149,6 +149,23 @@ export class Exchange {
   /** How attempts report: straight into the event queue. */
   private readonly report = (event: MachineEvent, at?: number) => this.send(event, at);
   private readonly drained = () => this.send({ type: 'client_drain' });
+  /**
+   * An attempt's read that may be one ordinary delta event of a committed stream: the machine takes it whole
+   * (DeliveryMachine.ordinaryRead) and its one effect, the write, is carried out here. Not while a step's effects are
+   * being carried out: what comes then waits its turn in the queue, as an event. A throw (a bug) ends the request as
+   * one inside a step or an effect does, an internal error; the read, taken, is not framed again.
+   */
+  private readonly ordinaryRead = (attempt: number, chunk: Buffer, at: number): boolean => {
+    if (this.running) return false;
+    try {
+      const data = this.machine.ordinaryRead(attempt, chunk, this.pending.clock(at));
+      if (data === undefined) return false;
+      if (!this.writer.write(data)) this.send({ type: 'client_blocked' });
+    } catch (error) {
+      this.send({ type: 'internal_error', error });
+    }
+    return true;
+  };
   private readonly writer: ClientWriter;
   private held: HeldRequest | undefined;
   /** The in-flight gauge's label this request was counted under (request_started), taken off the same one at settlement. */
@@ -378,6 +395,7 @@ export class Exchange {
       wallNow: this.deps.wallNow,
       now: this.deps.now,
       turnShare: this.turnShare(),
+      ordinaryRead: this.ordinaryRead,
     });
     this.current = attempt;
     this.attempts.push(attempt);

@@ -329,6 +329,20 @@ export function fastClassifyBytes(bytes: Buffer, from: number, to: number, known
 }
 
 /**
+ * `fastClassifyBytes` for a chunk that one of `into`'s kept templates matches (stream-head.ts), and undefined for
+ * any other, scanning nothing and keeping nothing new: a committed stream's ordinary delta, read without the framer
+ * (delivery/phases/attempt.ts, ordinaryRead). Where it answers, its facts are the ones `fastClassifyBytes` fills in.
+ */
+export function matchKeptTemplate(bytes: Buffer, from: number, to: number, into: ChunkScratch): EventFacts | undefined {
+  src = bytes;
+  pos = from;
+  end = to;
+  const facts = matchTemplates(bytes, from, into.head, into);
+  src = NO_BYTES;
+  return facts;
+}
+
+/**
  * A chunk made of a kept template's prefix, a valid JSON string and its suffix (stream-head.ts, ChunkTemplate): its
  * facts, filled into `into`, or undefined (not such a chunk: the caller scans it). Leaves `pos` anywhere.
  */

@@ -65,8 +65,7 @@ export interface FramerCallbacks {
 }
 
 export interface FramerOptions {
-  /** default 1 MiB */
-  maxEventBytes?: number;
+  maxEventBytes?: number; // default 1 MiB
 }
 
 export interface Framer {
@@ -86,6 +85,11 @@ export interface Framer {
   end(): number;
   /** True once onOversized fired. */
   readonly failed: boolean;
+  /**
+   * Between blocks: nothing of a block or line kept, no CR waiting for its LF, the first line (and BOM) behind, no chunk
+   * being framed. A whole block fed now is framed from its own bytes alone, so a receiver may read it itself instead.
+   */
+  readonly idle: boolean;
 }
 
 const DEFAULT_MAX_EVENT_BYTES = 1024 * 1024;
@@ -144,6 +148,10 @@ class SseFramer implements Framer {
 
   get failed(): boolean {
     return this.#failed;
+  }
+
+  get idle(): boolean {
+    return this.#pieces.length === 0 && !this.#afterCR && !this.#atStreamStart && !this.#feeding && !this.#failed && !this.#ended;
   }
 
   feed(chunk: Buffer): void {
@@ -306,13 +314,8 @@ class SseFramer implements Framer {
         }
         break;
       case 5:
-        if (
-          buf[start] === 0x65 /* e */ &&
-          buf[start + 1] === 0x76 /* v */ &&
-          buf[start + 2] === 0x65 /* e */ &&
-          buf[start + 3] === 0x6e /* n */ &&
-          buf[start + 4] === 0x74 /* t */
-        ) {
+        // e v e n t
+        if (buf[start] === 0x65 && buf[start + 1] === 0x76 && buf[start + 2] === 0x65 && buf[start + 3] === 0x6e && buf[start + 4] === 0x74) {
           this.#type = buf.toString('utf8', valueStart, end);
         }
         break;

@@ -4,11 +4,12 @@
  * is over (`ending`: the drain grace reads on, for accounting only). The record rules on each event (hold, commit,
  * forward, drop) and on how the response ends; `decide` (ending.ts) carries that out.
  */
-import { currentAttempt, recordAttemptStart, wantsParts } from '../../accounting/record.js';
-import { recordBody, recordConnectFailure, recordProtocolViolation, recordStreamEnd, recordStreamEvent } from '../../accounting/record-upstream.js';
+import { currentAttempt, isExpectedChoice, recordAttemptStart, wantsParts } from '../../accounting/record.js';
+import { recordBody, recordConnectFailure, recordOrdinaryOutput, recordProtocolViolation, recordStreamEnd, recordStreamEvent } from '../../accounting/record-upstream.js';
+import { matchKeptTemplate } from '../../sse/fast-classify.js';
 import type { SseEvent } from '../../sse/framer.js';
 import type { MachineEvent } from '../machine.js';
-import { arm, clear, dropOut, emit, endClient, flush, forward, isArmed, observe, reportAnomalies, responseEnded, writeHead, type DeliveryState } from '../state.js';
+import { arm, attemptOpen, clear, dropOut, emit, endClient, flush, forward, isArmed, observe, reportAnomalies, responseEnded, writeHead, type DeliveryState } from '../state.js';
 import { classifyStreamEvent, classifyWholeBody, sseHead } from '../wire.js';
 import { decide, retryNow, settleIfDone } from './ending.js';
 
@@ -68,6 +69,47 @@ export function upstreamFact(s: DeliveryState, event: Exclude<Extract<MachineEve
       recordConnectFailure(s.record, s.request.info, s.at, event.failure);
       return decide(s);
   }
+}
+
+/** `data: ` and the blank line after it: how vLLM frames each of its events, alone in its read. */
+const DATA_FIELD = 6;
+const LF = 0x0a;
+
+/**
+ * A committed stream's steady state, without the framer and the step (issue 27): the read `chunk` of attempt
+ * `attempt` at `at` when it is exactly one ordinary delta event — `data: `, a chunk one of the stream's kept templates
+ * matches (sse/stream-head.ts) with output for an expected choice, and one blank line — while the request streams
+ * plainly (committed, not ending, no output contract's parts to assemble, nothing forwarded and unwritten, the
+ * attempt open with neither `[DONE]` nor an error seen). Then the state changes as `step` changes it for that read's
+ * one `block` event (endOfRead) — the record, the idle clock, the inter-token gap — and the read's bytes are returned:
+ * the step's one effect would have been their write. Anything else returns undefined with nothing changed, and the
+ * caller frames the read and steps its events. Bytes between those of such a read cannot hold a line end (the
+ * template's grammar has no whitespace and its string no raw control character), so the framer, idle between blocks,
+ * would have made it one block of one data line. test/ordinary-read.property.test.ts holds both paths to equal records,
+ * writes and settlements.
+ */
+export function ordinaryRead(s: DeliveryState, attempt: number, chunk: Buffer, at: number): Buffer | undefined {
+  const rec = s.record;
+  // An answer to assemble is read from parsed events, which keep no template; declined here all the same.
+  if (s.phase !== 'streaming' || attempt !== s.attempt || !attemptOpen(s) || rec.ending !== undefined || rec.assembly !== undefined || s.outCount !== 0) return undefined;
+  const route = s.request.info.route;
+  if (route !== 'chat_completions' && route !== 'completions') return undefined;
+  const n = chunk.length;
+  if (n <= DATA_FIELD + 2 || n > s.deps.settings.maxEventBytes || chunk[n - 1] !== LF || chunk[n - 2] !== LF) return undefined;
+  // d a t a : space
+  if (chunk[0] !== 0x64 || chunk[1] !== 0x61 || chunk[2] !== 0x74 || chunk[3] !== 0x61 || chunk[4] !== 0x3a || chunk[5] !== 0x20) return undefined;
+  const facts = matchKeptTemplate(chunk, DATA_FIELD, n - 2, s.factsScratch);
+  if (facts === undefined || facts.kind !== 'chunk' || facts.output.length !== 1) return undefined;
+  const index = facts.output[0] as number;
+  const current = rec.attempts[rec.attempts.length - 1];
+  if (!isExpectedChoice(s.request.info, index) || current === undefined || current.sawDone || current.error !== undefined) return undefined;
+  s.effectCount = 0;
+  s.at = at;
+  if (isArmed(s, 'idle')) s.idleFrom = at;
+  recordOrdinaryOutput(rec, current, at, index, facts.outputChars ?? 0, facts.id, facts.model);
+  const gap = rec.outputGapMs;
+  if (gap !== undefined) s.deps.onInterTokenGap(gap);
+  return chunk;
 }
 
 function block(s: DeliveryState, raw: Buffer, event: SseEvent | null): void {

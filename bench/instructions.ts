@@ -196,8 +196,12 @@ function read(file: string): Count {
 
 function writeConfig(dir: string, port: number, upstream: string): string {
   const file = join(dir, `waybill-${port}.yaml`);
-  // JSON is YAML: the bench's gateway (bench/proxy/procs.ts startGateway), the default configuration otherwise.
-  writeFileSync(file, JSON.stringify({ server: { host: '127.0.0.1', port }, pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: upstream }] }], shutdown: { grace: 0, drain_timeout: 1 } }));
+  // JSON is YAML: the bench's gateway (bench/proxy/procs.ts startGateway), the default configuration otherwise, but
+  // for the read turns. Their budget is wall-clock time per turn of the event loop (src/proxy/read-turns.ts), and under
+  // valgrind every read takes ~50× its time: answering streams would yield at almost every read (pausing and resuming
+  // their upstreams) where at c64s's pace they never do.
+  const streaming = { turn_budget: '0ms' };
+  writeFileSync(file, JSON.stringify({ server: { host: '127.0.0.1', port }, pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: upstream }] }], streaming, shutdown: { grace: 0, drain_timeout: 1 } }));
   return file;
 }
 

@@ -199,7 +199,7 @@ function writeConfig(dir: string, port: number, upstream: string): string {
   // JSON is YAML: the bench's gateway (bench/proxy/procs.ts startGateway), the default configuration otherwise, but
   // for the read turns. Their budget is wall-clock time per turn of the event loop (src/proxy/read-turns.ts), and under
   // valgrind every read takes ~50× its time: answering streams would yield at almost every read (pausing and resuming
-  // their upstreams) where at c64s's pace they never do.
+  // their upstreams) where at c64s's pace they never do. (A checkout from before the key, 219baf5, refuses this file.)
   const streaming = { turn_budget: '0ms' };
   writeFileSync(file, JSON.stringify({ server: { host: '127.0.0.1', port }, pools: [{ name: 'sim', models: ['sim-model'], upstreams: [{ name: 'sim-0', url: upstream }] }], streaming, shutdown: { grace: 0, drain_timeout: 1 } }));
   return file;

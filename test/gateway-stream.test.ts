@@ -84,7 +84,8 @@ describe('delivered streams', () => {
   });
 
   it("takes a committed stream's ordinary deltas whole (the machine's ordinaryRead), with the same bytes and counts", async () => {
-    const s = await open({ sim: { itlMs: 5 } });
+    // 20 ms between tokens: the kernel seldom joins two of them into one read.
+    const s = await open({ sim: { itlMs: 20 } });
     const ordinary = vi.spyOn(DeliveryMachine.prototype, 'ordinaryRead');
     try {
       const upstream = await direct(s, STREAM);

@@ -253,7 +253,7 @@ describe('a committed stream’s ordinary read, taken whole, against framing it'
         });
         let i = 0;
         const fast = run(side(n, assembly, route), true, script, (s) => {
-          expect(stateOf(s)).toEqual(states[i]);
+          expect(stateOf(s)).toStrictEqual(states[i]);
           expect(s.trace).toEqual(general.trace.slice(0, traced[i]));
           i++;
         });
@@ -261,7 +261,7 @@ describe('a committed stream’s ordinary read, taken whole, against framing it'
         expect(fast.gaps).toEqual(general.gaps);
         expect(fast.machine.phase).toBe(general.machine.phase);
         expect(fast.settlements).toHaveLength(1);
-        expect(fast.settlements).toEqual(general.settlements);
+        expect(fast.settlements).toStrictEqual(general.settlements);
         // An answer to assemble is assembled on the general path only.
         if (assembly !== 'none') expect(fast.taken).toBe(0);
         taken += fast.taken;
@@ -285,7 +285,7 @@ describe('a committed stream’s ordinary read, taken whole, against framing it'
       expect(fast.gaps).toEqual(Array.from({ length: 19 }, () => 10));
       expect(fast.trace).toEqual(general.trace);
       expect(fast.settlements[0]?.outcome).toBe('delivered');
-      expect(fast.settlements).toEqual(general.settlements);
+      expect(fast.settlements).toStrictEqual(general.settlements);
     }
   });
 
@@ -298,7 +298,7 @@ describe('a committed stream’s ordinary read, taken whole, against framing it'
     const general = run(side(2, 'none', route), false, script);
     const fast = run(side(2, 'none', route), true, script);
     expect(fast.taken).toBe(1);
-    expect(stateOf(fast)).toEqual(stateOf(general));
+    expect(stateOf(fast)).toStrictEqual(stateOf(general));
     expect(answered(fast)).toEqual([true, true]);
   });
 
@@ -309,7 +309,7 @@ describe('a committed stream’s ordinary read, taken whole, against framing it'
     const general = run(side(1, 'none', route), false, script);
     const fast = run(side(1, 'none', route), true, script);
     expect(fast.taken).toBe(1);
-    expect(fast.settlements).toEqual(general.settlements);
+    expect(fast.settlements).toStrictEqual(general.settlements);
     expect(fast.settlements[0]?.anomalies.map((a) => a.kind)).toContain('oversized_event');
   });
 
@@ -324,12 +324,12 @@ describe('a committed stream’s ordinary read, taken whole, against framing it'
     // A template is kept (from the empty delta), but nothing is committed yet.
     const before = stateOf(s);
     expect(s.machine.ordinaryRead(1, ordinary, 3)).toBeUndefined();
-    expect(stateOf(s)).toEqual(before);
+    expect(stateOf(s)).toStrictEqual(before);
     read(s, Buffer.from(`data: ${delta(route, 'a')}\n\n`), 4, false);
     expect(s.machine.phase).toBe('streaming');
     const committed = stateOf(s);
     expect(s.machine.ordinaryRead(2, ordinary, 5)).toBeUndefined();
-    expect(stateOf(s)).toEqual(committed);
+    expect(stateOf(s)).toStrictEqual(committed);
     expect(s.machine.ordinaryRead(1, ordinary, 5)).toBe(ordinary);
   });
 });

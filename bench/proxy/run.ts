@@ -214,7 +214,8 @@ export async function runScenario(scenario: Scenario, options: Options, dir: str
 /** One unlabelled series of a gateway's /metrics (NaN when unreadable). */
 export async function metricOf(origin: string, name: string): Promise<number> {
   try {
-    const text = await (await fetch(`${origin}/metrics`)).text();
+    // A gateway that stopped answering must not hang the bench: its figure is unreadable.
+    const text = await (await fetch(`${origin}/metrics`, { signal: AbortSignal.timeout(5000) })).text();
     const line = text.split('\n').find((l) => l.startsWith(`${name} `));
     return line === undefined ? Number.NaN : Number(line.slice(name.length + 1));
   } catch {

@@ -173,8 +173,8 @@ export class DeliveryMachine {
 
   /**
    * A committed stream's read that is one ordinary delta event, taken whole (phases/attempt.ts, ordinaryRead): the
-   * bytes to write — the step's one effect for it — or undefined, nothing changed, for any other read (frame it and
-   * hand its events to `handle`).
+   * bytes to write — the step's one effect for it — or undefined, nothing a later step reads changed, for any other
+   * read (frame it and hand its events to `handle`).
    */
   ordinaryRead(attempt: number, chunk: Buffer, at: number): Buffer | undefined {
     return ordinaryRead(this.state, attempt, chunk, at);

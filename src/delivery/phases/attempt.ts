@@ -71,7 +71,7 @@ export function upstreamFact(s: DeliveryState, event: Exclude<Extract<MachineEve
   }
 }
 
-/** `data: ` and the blank line after it: how vLLM frames each of its events, alone in its read. */
+/** `data: `, the field each of vLLM's events is (one per read, ended by a blank line): its length. */
 const DATA_FIELD = 6;
 const LF = 0x0a;
 
@@ -79,11 +79,13 @@ const LF = 0x0a;
  * A committed stream's steady state, without the framer and the step (issue 27): the read `chunk` of attempt
  * `attempt` at `at` when it is exactly one ordinary delta event — `data: `, a chunk one of the stream's kept templates
  * matches (sse/stream-head.ts) with output for an expected choice, and one blank line — while the request streams
- * plainly (committed, not ending, no output contract's parts to assemble, nothing forwarded and unwritten, the
- * attempt open with neither `[DONE]` nor an error seen). Then the state changes as `step` changes it for that read's
- * one `block` event (endOfRead) — the record, the idle clock, the inter-token gap — and the read's bytes are returned:
- * the step's one effect would have been their write. Anything else returns undefined with nothing changed, and the
- * caller frames the read and steps its events. Bytes between those of such a read cannot hold a line end (the
+ * plainly (committed, not ending, no answer to assemble for an output contract or captureAnswer, nothing forwarded
+ * and unwritten, the attempt open with neither `[DONE]` nor an error seen), on chat or legacy completions. Then the
+ * state changes as `step` changes it for that read's one `block` event (endOfRead) — the record, the idle clock, the
+ * inter-token gap — and the read's bytes are returned: the step's one effect would have been their write. Anything
+ * else returns undefined with nothing a later step reads changed (a template matched for an unexpected choice leaves
+ * its facts in the classifier's scratch, which is read within a step only), and the caller frames the read and steps
+ * its events. Bytes between those of such a read cannot hold a line end (the
  * template's grammar has no whitespace and its string no raw control character), so the framer, idle between blocks,
  * would have made it one block of one data line. test/ordinary-read.property.test.ts holds both paths to equal records,
  * writes and settlements.

@@ -12,11 +12,12 @@
  */
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { promptLenClasses } from '../src/accounting/prompt-len.js';
 import type { Settlement } from '../src/accounting/ledger.js';
 import { DeliveryMachine, type Effect, type MachineEvent } from '../src/delivery/machine.js';
 import { RetryBudget } from '../src/delivery/retry-budget.js';
 import { createFramer, type Framer } from '../src/sse/framer.js';
+import { splitAt } from './fixtures/sse-fixtures.js';
+import { requestInfo } from './helpers/ledger-info.js';
 
 /** The size limit both sides read with (streaming.max_event_bytes). */
 const MAX_EVENT_BYTES = 4096;
@@ -64,18 +65,12 @@ function side(n: number, assembly: Assembly, route: Route): Side {
   const gaps: number[] = [];
   const machine = new DeliveryMachine(
     {
-      info: {
-        model: 'm',
+      info: requestInfo({
         route,
-        stream: true,
         expectedChoices: n,
-        dropUsageChunk: true,
-        slo: { ttftMs: 1000, tpotMs: 50, e2eMs: 5000, ttftByPromptLenMs: {} },
-        promptLenBoundaries: [1024],
-        promptLenClasses: promptLenClasses([1024]),
         ...(assembly === 'contract' && { contract: { content: { kind: 'json_object' }, tools: undefined, toolChoice: 'auto', compile: () => undefined } }),
         ...(assembly === 'capture' && { captureAnswer: true }),
-      },
+      }),
       arrivalAt: 0,
       requestId: 'r',
       gated: false,
@@ -199,14 +194,7 @@ function readsOf(route: Route, events: string[], cuts: number[] | null): Buffer[
   const all = [...opening, ...events, `data: [DONE]\n\n`];
   if (cuts === null) return all.map((event) => Buffer.from(event));
   const bytes = Buffer.from(all.join(''));
-  const at = [...new Set(cuts.map((cut) => cut % bytes.length))].filter((cut) => cut > 0).sort((a, b) => a - b);
-  const reads: Buffer[] = [];
-  let from = 0;
-  for (const cut of [...at, bytes.length]) {
-    reads.push(bytes.subarray(from, cut));
-    from = cut;
-  }
-  return reads;
+  return splitAt(bytes, [...new Set(cuts.map((cut) => cut % bytes.length))].filter((cut) => cut > 0).sort((a, b) => a - b));
 }
 
 interface Script {
